@@ -1,0 +1,54 @@
+/* Convolution building blocks: im2col and the depthwise direct kernel.
+ * Tensors are NCHW; a "view" is (buffer, element offset, batch stride).
+ */
+#include "common.h"
+
+/* col[z][k][n] for z = b*G + g, k = (c, ky, kx), n = (oy, ox). */
+__kernel void yc_im2col(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                        const int CG, const int H, const int W,
+                        __global dtype* restrict col, const int OH, const int OW,
+                        const int KS, const int SX, const int SY, const int PAD, const int DIL, const int G)
+{
+    const int n = get_global_id(0), k = get_global_id(1), z = get_global_id(2);
+    const int N = OH * OW, K = CG * KS * KS;
+    const int b = z / G, g = z - b * G;
+    const int c = k / (KS * KS), r = k - c * KS * KS;
+    const int ky = r / KS, kx = r - ky * KS;
+    const int oy = n / OW, ox = n - oy * OW;
+    const int iy = oy * SY - PAD + ky * DIL, ix = ox * SX - PAD + kx * DIL;
+    float v = 0.0f;
+    if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+        v = LD(X, x_off + b * x_bstride + (g * CG + c) * H * W + iy * W + ix);
+    ST(col, (size_t)z * K * N + (size_t)k * N + n, v);
+}
+
+/* Depthwise conv (groups == channels == filters): one output element per work-item.
+ * Weights W[c][KS][KS] (float), fused bias, activation and optional residual add. */
+__kernel void yc_depthwise(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                           const int H, const int W,
+                           __global const float* restrict Wt, __global const float* restrict bias,
+                           __global dtype* restrict Y, const int y_off, const int y_bstride,
+                           __global const dtype* restrict R, const int r_off, const int r_bstride,
+                           const int OH, const int OW, const int KS, const int SX, const int SY,
+                           const int PAD, const int DIL)
+{
+    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    if (n >= OH * OW) return;
+    const int oy = n / OW, ox = n - oy * OW;
+    const int base = x_off + b * x_bstride + c * H * W;
+    float acc = 0.0f;
+    for (int ky = 0; ky < KS; ++ky) {
+        const int iy = oy * SY - PAD + ky * DIL;
+        if (iy < 0 || iy >= H) continue;
+        for (int kx = 0; kx < KS; ++kx) {
+            const int ix = ox * SX - PAD + kx * DIL;
+            if (ix < 0 || ix >= W) continue;
+            acc = fma(Wt[(c * KS + ky) * KS + kx], LD(X, base + iy * W + ix), acc);
+        }
+    }
+    float v = yc_activate(acc + bias[c], ACT);
+#ifdef RESIDUAL
+    v = yc_activate(v + LD(R, r_off + b * r_bstride + c * OH * OW + n), ACT2);
+#endif
+    ST(Y, y_off + b * y_bstride + c * OH * OW + n, v);
+}

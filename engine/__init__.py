@@ -1,0 +1,13 @@
+"""yolo-cl: Darknet-compatible YOLO inference on OpenCL.
+
+    >>> import yolo_cl, cv2
+    >>> det = yolo_cl.Detector("yolov3-tiny")
+    >>> det.detect(cv2.imread("dog.jpg"))
+"""
+from .detector import Detector
+from .errors import CfgError, DeviceError, ImageError, LimitError, WeightsError, YoloClError
+from .postprocess import Detection
+
+__version__ = "0.1.0"
+__all__ = ["Detector", "Detection", "YoloClError", "CfgError", "WeightsError", "ImageError", "DeviceError",
+           "LimitError", "__version__"]

@@ -1,0 +1,178 @@
+"""Parse Darknet ``.cfg`` files into sections of typed, line-numbered options.
+
+The parser knows which sections exist and reads values lazily through typed getters,
+so every error (unknown section, bad number, value out of range) names the file and
+the line it came from. Options Darknet uses only for training are accepted and ignored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence, TypeVar, Union
+
+from .errors import CfgError
+
+# Darknet's section names and their aliases -> canonical kind.
+SECTION_KINDS = {
+    "net": "net", "network": "net",
+    "convolutional": "convolutional", "conv": "convolutional",
+    "maxpool": "maxpool", "max": "maxpool",
+    "avgpool": "avgpool", "avg": "avgpool",
+    "route": "route",
+    "shortcut": "shortcut",
+    "upsample": "upsample",
+    "reorg": "reorg",
+    "scale_channels": "scale_channels",
+    "sam": "sam",
+    "dropout": "dropout",
+    "softmax": "softmax", "soft": "softmax",
+    "yolo": "yolo",
+    "region": "region",
+}
+# Sections Darknet has but yolo-cl does not run: named so the error can say so.
+UNSUPPORTED = {"connected", "crnn", "rnn", "gru", "lstm", "conv_lstm", "history", "local", "deconvolutional",
+               "deconv", "crop", "cost", "detection", "normalization", "lrn", "batchnorm", "gaussian_yolo",
+               "implicit_add", "implicit_mul", "contrastive", "empty", "silence", "activation", "reorg3d",
+               "l2norm", "logistic"}
+
+MAX_CFG_BYTES = 4 << 20
+MAX_SECTIONS = 10000
+
+T = TypeVar("T")
+_REQUIRED = object()
+
+
+@dataclass
+class Section:
+    """One ``[kind]`` block: its options as raw strings with the line each came from."""
+
+    kind: str
+    path: str
+    line: int
+    options: dict = field(default_factory=dict)  # key -> (raw value, line number)
+    index: int = -1  # layer index (net = -1)
+
+    def where(self, key: Optional[str] = None) -> str:
+        """``file:line`` of an option (or of the section header)."""
+        line = self.options[key][1] if key is not None and key in self.options else self.line
+        return f"{self.path}:{line}"
+
+    def error(self, msg: str, key: Optional[str] = None) -> CfgError:
+        """A CfgError located at ``key`` (or the header), naming the section."""
+        return CfgError(f"{self.where(key)}: [{self.kind}]: {msg}")
+
+    def has(self, key: str) -> bool:
+        return key in self.options
+
+    def _get(self, key: str, default, conv: Callable[[str], T], what: str,
+             lo: Optional[float], hi: Optional[float]) -> T:
+        if key not in self.options:
+            if default is _REQUIRED:
+                raise self.error(f"missing required option '{key}'")
+            return default
+        raw = self.options[key][0]
+        try:
+            value = conv(raw)
+        except (ValueError, OverflowError):
+            raise self.error(f"option '{key}={raw}' is not {what}", key) from None
+        if lo is not None and value < lo or hi is not None and value > hi:
+            raise self.error(f"option '{key}={raw}' is out of range [{lo}, {hi}]", key)
+        return value
+
+    def int(self, key: str, default=_REQUIRED, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+        """Integer option; Darknet's atoi also accepts '3.0', so we do the same only for exact integers."""
+        return self._get(key, default, _to_int, "an integer", lo, hi)
+
+    def float(self, key: str, default=_REQUIRED, lo: Optional[float] = None, hi: Optional[float] = None) -> float:
+        return self._get(key, default, _to_float, "a number", lo, hi)
+
+    def str(self, key: str, default=_REQUIRED, choices: Optional[Sequence[str]] = None) -> str:
+        value = self._get(key, default, lambda s: s.strip(), "text", None, None)
+        if choices is not None and value not in choices:
+            raise self.error(f"option '{key}={value}' is not one of {', '.join(choices)}", key)
+        return value
+
+    def ints(self, key: str, default=_REQUIRED, lo: Optional[int] = None, hi: Optional[int] = None) -> list:
+        """Comma-separated integer list."""
+        values = self._get(key, default, lambda s: [_to_int(v) for v in s.split(",") if v.strip()],
+                           "a list of integers", None, None)
+        for v in values:
+            if lo is not None and v < lo or hi is not None and v > hi:
+                raise self.error(f"option '{key}' has value {v} out of range [{lo}, {hi}]", key)
+        return values
+
+    def floats(self, key: str, default=_REQUIRED) -> list:
+        return self._get(key, default, lambda s: [_to_float(v) for v in s.split(",") if v.strip()],
+                         "a list of numbers", None, None)
+
+
+def _to_int(s: str) -> int:
+    s = s.strip()
+    try:
+        return int(s)
+    except ValueError:
+        f = float(s)
+        if f != int(f):
+            raise
+        return int(f)
+
+
+def _to_float(s: str) -> float:
+    v = float(s.strip())
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(s)
+    return v
+
+
+def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
+    """Parse a cfg file (or ``text`` attributed to ``source``) into sections; the first is ``[net]``."""
+    path = str(source)
+    if text is None:
+        p = Path(path)
+        if not p.is_file():
+            raise CfgError(f"{path}: cfg file not found")
+        if p.stat().st_size > MAX_CFG_BYTES:
+            raise CfgError(f"{path}: cfg file is larger than {MAX_CFG_BYTES >> 20} MiB; not a Darknet cfg")
+        data = p.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data[:e.start].count(b"\n") + 1
+            raise CfgError(f"{path}:{line}: cfg file is not valid UTF-8 text") from None
+    sections: list = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].split(";", 1)[0].strip().replace("\x00", "")
+        if not line:
+            continue
+        if line.startswith("["):
+            if not line.endswith("]"):
+                raise CfgError(f"{path}:{lineno}: malformed section header '{line[:40]}'")
+            name = line[1:-1].strip().lower()
+            if name in UNSUPPORTED:
+                raise CfgError(f"{path}:{lineno}: section [{name}] is not supported by yolo-cl")
+            if name not in SECTION_KINDS:
+                raise CfgError(f"{path}:{lineno}: unknown section [{name[:40]}]")
+            if len(sections) >= MAX_SECTIONS:
+                raise CfgError(f"{path}:{lineno}: more than {MAX_SECTIONS} sections")
+            sections.append(Section(SECTION_KINDS[name], path, lineno))
+            continue
+        if "=" not in line:
+            raise CfgError(f"{path}:{lineno}: expected 'key=value', got '{line[:40]}'")
+        if not sections:
+            raise CfgError(f"{path}:{lineno}: option before the first [section]")
+        key, value = line.split("=", 1)
+        key = key.strip().lower()
+        if not key:
+            raise CfgError(f"{path}:{lineno}: empty option name")
+        sections[-1].options[key] = (value.strip(), lineno)
+    if not sections:
+        raise CfgError(f"{path}: no sections; not a Darknet cfg")
+    if sections[0].kind != "net":
+        raise CfgError(f"{sections[0].where()}: the first section must be [net], not [{sections[0].kind}]")
+    for i, s in enumerate(sections[1:]):
+        if s.kind == "net":
+            raise CfgError(f"{s.where()}: a second [net] section")
+        s.index = i
+    if len(sections) == 1:
+        raise CfgError(f"{path}: the cfg has no layers after [net]")
+    return sections

@@ -1,0 +1,113 @@
+"""Run a planned graph: one arena, pre-bound launches, one upload and one download per call.
+
+Everything that can be decided once is decided in the constructor (memory plan, buffers,
+kernel choice, compiled programs, bound arguments). ``run`` only copies the input in,
+enqueues the launch list and reads the outputs back: no allocation, no compilation.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .errors import YoloClError
+from .graph import Graph
+from .kernels import BindContext, bind_node, workspace_elems
+from .planner import plan_memory
+
+
+@dataclass
+class LayerTime:
+    """Device time of one launch, from OpenCL profiling events."""
+
+    label: str
+    op: str
+    name: str
+    ms: float
+    flops: int
+    config: dict
+
+
+class Executor:
+    """A graph bound to a runtime for one batch size and storage precision."""
+
+    def __init__(self, rt, graph: Graph, batch: int = 1, half: bool = False, tuning=None,
+                 weight_cache: Optional[dict] = None) -> None:
+        self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
+        self.plan = plan_memory(graph, batch)
+        item = 2 if half else 4
+        self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
+        ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
+        self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning,
+                               weight_cache=weight_cache if weight_cache is not None else {})
+        self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
+        self.workspace_bytes = ws * item if ws else 0
+        self.launches = []
+        for node in graph.nodes:
+            try:
+                self.launches.extend(bind_node(self.ctx, node))
+            except YoloClError as e:
+                raise type(e)(f"layer {node.label} ({node.describe()}): {e}") from None
+        dtype = np.float16 if half else np.float32
+        self._host_in = np.empty((batch,) + (graph.input.c, graph.input.h, graph.input.w), dtype)
+        self._host_out = [np.empty((batch,) + v.shape, dtype) for v in graph.outputs]
+        self._out_offsets = [(self.plan.offset(v.tensor) + v.c0 * v.h * v.w) * item for v in graph.outputs]
+        self._out_bstride = [v.tensor.size * item for v in graph.outputs]
+        self._in_offset = self.plan.offset(graph.input) * item
+        self.events: list = []
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.plan.arena_elems * (2 if self.half else 4)
+
+    @property
+    def naive_bytes(self) -> int:
+        return self.plan.naive_elems * (2 if self.half else 4)
+
+    def run(self, blob: np.ndarray, profile: bool = False) -> list:
+        """Forward ``blob`` (batch, C, H, W) float32; returns the output views as float32 arrays."""
+        cl, q = self.rt.cl, self.rt.queue
+        expect = self._host_in.shape
+        if blob.shape != expect:
+            raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {expect}")
+        np.copyto(self._host_in, blob, casting="unsafe")
+        cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
+        events = []
+        for l in self.launches:
+            ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
+            if profile:
+                events.append(ev)
+        outs = []
+        for host, off, bs, v in zip(self._host_out, self._out_offsets, self._out_bstride, self.graph.outputs):
+            n = v.c * v.h * v.w
+            if bs == n * host.itemsize or self.batch == 1:
+                cl.enqueue_copy(q, host, self.arena, src_offset=off, is_blocking=False)
+            else:
+                flat = host.reshape(self.batch, -1)
+                for b in range(self.batch):
+                    cl.enqueue_copy(q, flat[b], self.arena, src_offset=off + b * bs, is_blocking=False)
+        q.finish()
+        for host in self._host_out:
+            outs.append(host.astype(np.float32, copy=True))
+        self.events = events
+        return outs
+
+    def layer_times(self) -> list:
+        """Per-launch device times of the last ``run(profile=True)`` (needs a profiling queue)."""
+        out = []
+        for l, ev in zip(self.launches, self.events):
+            ms = (ev.profile.end - ev.profile.start) * 1e-6
+            out.append(LayerTime(l.node.label, l.node.describe(), l.name, ms, l.flops, l.config))
+        return out
+
+    def time_run(self, blob: np.ndarray, repeats: int = 10) -> float:
+        """Median wall-clock ms of ``run`` after one warm-up."""
+        self.run(blob)
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.run(blob)
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(ts))

@@ -1,0 +1,260 @@
+"""Build the fused inference graph from Darknet layers and their weights.
+
+What happens here, and only here:
+- batchnorm is folded into the convolution's weights and bias (in float64, eps 1e-5, as Darknet);
+- a convolution's activation and a following ``[shortcut]`` (add + its own activation)
+  become one node, the shortcut's add running in the conv's epilogue;
+- a multi-input ``[route]`` becomes one concat tensor that its producers write straight
+  into (each into its channel slice), so no copy runs; ``[route]`` with ``groups`` and
+  ``[dropout]`` are just views.
+
+The graph is a list of nodes in execution order, each reading and writing *views*
+(a channel slice of a tensor). Tensors get memory later, from the planner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .layers import Layer, NetInfo, head_layers
+
+BN_EPS = 1e-5
+# Layer kinds that produce a fresh tensor (and so can write into a concat slice).
+PRODUCERS = {"convolutional", "maxpool", "avgpool", "upsample", "reorg", "shortcut", "scale_channels", "sam",
+             "softmax"}
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A block of activations, batch-major NCHW, that the planner will place in memory."""
+
+    id: int
+    c: int
+    h: int
+    w: int
+    name: str
+
+    @property
+    def size(self) -> int:
+        """Elements per image."""
+        return self.c * self.h * self.w
+
+
+@dataclass(frozen=True, eq=False)
+class View:
+    """Channels ``[c0, c0 + c)`` of a tensor: contiguous within each image."""
+
+    tensor: Tensor
+    c0: int
+    c: int
+
+    @property
+    def h(self) -> int:
+        return self.tensor.h
+
+    @property
+    def w(self) -> int:
+        return self.tensor.w
+
+    @property
+    def shape(self) -> tuple:
+        return (self.c, self.tensor.h, self.tensor.w)
+
+    def slice(self, c0: int, c: int) -> "View":
+        return View(self.tensor, self.c0 + c0, c)
+
+
+@dataclass(eq=False)
+class Node:
+    """One step of execution: an op reading ``inputs`` and writing ``output``."""
+
+    op: str
+    layers: list
+    inputs: list
+    output: View
+    attrs: dict = field(default_factory=dict)
+    flops: int = 0
+
+    @property
+    def label(self) -> str:
+        return "+".join(str(i) for i in self.layers)
+
+    def describe(self) -> str:
+        a = self.attrs
+        if self.op == "conv":
+            s = f"conv {a['size']}x{a['size']}/{a['stride_x']}"
+            if a["groups"] > 1:
+                s += f" g{a['groups']}"
+            s += f" {a['activation']}"
+            if a.get("residual") is not None:
+                s += f" +add {a['activation2']}"
+            return s
+        return self.op
+
+
+@dataclass
+class Graph:
+    """The fused network: nodes in order, the input tensor, and the views ``forward`` returns."""
+
+    net: NetInfo
+    layers: list
+    nodes: list
+    input: Tensor
+    outputs: list            # views: raw inputs of each [yolo]/[region] layer, or the last layer's output
+    heads: list              # the [yolo]/[region] Layer records, aligned with outputs (empty if none)
+    tensors: list
+
+    @property
+    def flops(self) -> int:
+        return sum(n.flops for n in self.nodes)
+
+
+def fold_batchnorm(params) -> tuple:
+    """Darknet's fuse_conv_batchnorm: fold BN into (weights, bias), computed in float64."""
+    w = params.weights.astype(np.float64)
+    b = params.biases.astype(np.float64)
+    if params.scales is not None:
+        k = params.scales.astype(np.float64) / np.sqrt(params.variance.astype(np.float64) + BN_EPS)
+        b = b - k * params.mean.astype(np.float64)
+        w = w * k[:, None, None, None]
+    return w.astype(np.float32), b.astype(np.float32)
+
+
+def _consumers(layers: list) -> dict:
+    uses: dict = {l.index: [] for l in layers}
+    uses[-1] = []
+    for l in layers:
+        for j in l.inputs:
+            uses[j].append(l.index)
+    return uses
+
+
+def build_graph(net: NetInfo, layers: list, params: Optional[dict]) -> Graph:
+    """Fuse layers into nodes. ``params`` maps conv layer index -> ConvParams (None: shapes only)."""
+    tensors: list = []
+
+    def new_tensor(c: int, h: int, w: int, name: str) -> Tensor:
+        t = Tensor(len(tensors), c, h, w, name)
+        tensors.append(t)
+        return t
+
+    uses = _consumers(layers)
+    heads = head_layers(layers)
+    by_index = {l.index: l for l in layers}
+
+    # 1. Concat targets: each multi-input route claims producers that can write into its slices.
+    slot: dict = {}      # producer layer index -> (route index, channel offset)
+    for l in layers:
+        if l.kind != "route" or len(l.inputs) < 2 or l.p["groups"] != 1:
+            continue
+        offset = 0
+        for j in l.inputs:
+            src = by_index[j]
+            if src.kind in PRODUCERS and j not in slot and not _fuses_into_shortcut(src, by_index, uses):
+                slot[j] = (l.index, offset)
+            offset += src.c
+
+    # 2. Shortcuts fused into the conv that feeds them.
+    fused_into: dict = {}  # conv index -> shortcut layer
+    for l in layers:
+        if l.kind == "shortcut":
+            conv = by_index.get(l.inputs[0])
+            if conv is not None and _fuses_into_shortcut(conv, by_index, uses):
+                fused_into[conv.index] = l
+
+    graph_input = new_tensor(net.channels, net.height, net.width, "input")
+    view: dict = {-1: View(graph_input, 0, net.channels)}
+    concat: dict = {}    # route index -> Tensor
+    nodes: list = []
+
+    def out_view(l: Layer) -> View:
+        """Where layer l writes: its slice of a concat, or a fresh tensor."""
+        target = l
+        if l.kind == "convolutional" and l.index in fused_into:
+            target = fused_into[l.index]
+        if target.index in slot:
+            r, off = slot[target.index]
+            if r not in concat:
+                route = by_index[r]
+                concat[r] = new_tensor(route.c, route.h, route.w, f"route{r}")
+            return View(concat[r], off, target.c)
+        return View(new_tensor(target.c, target.h, target.w, f"l{target.index}"), 0, target.c)
+
+    fused_shortcuts = {s.index for s in fused_into.values()}
+    for l in layers:
+        i, p = l.index, l.p
+        if i in fused_shortcuts:
+            continue   # already emitted with its conv
+        if l.kind in ("dropout", "yolo", "region"):
+            view[i] = view[l.inputs[0]]
+            continue
+        if l.kind == "route":
+            if len(l.inputs) == 1 or p["groups"] > 1:
+                parts = []
+                for j in l.inputs:
+                    v = view[j]
+                    part = v.c // p["groups"]
+                    parts.append(v.slice(p["group_id"] * part, part))
+                if len(parts) == 1:
+                    view[i] = parts[0]
+                    continue
+            else:
+                parts = [view[j] for j in l.inputs]
+            if i not in concat:
+                concat[i] = new_tensor(l.c, l.h, l.w, f"route{i}")
+            out = View(concat[i], 0, l.c)
+            offset = 0
+            for j, v in zip(l.inputs, parts):
+                if v.tensor is not out.tensor or v.c0 != offset:
+                    nodes.append(Node("copy", [i], [v], out.slice(offset, v.c)))
+                offset += v.c
+            view[i] = out
+            continue
+        out = out_view(l)
+        x = view[l.inputs[0]]
+        if l.kind == "convolutional":
+            attrs = dict(p)
+            if params is not None:
+                attrs["weights"], attrs["bias"] = fold_batchnorm(params[i])
+            layers_done = [i]
+            sc = fused_into.get(i)
+            attrs["residual"] = None
+            if sc is not None:
+                attrs["residual"] = view[sc.inputs[1]]
+                attrs["activation2"] = sc.p["activation"]
+                layers_done.append(sc.index)
+                view[sc.index] = out
+            k = (p["in_c"] // p["groups"]) * p["size"] ** 2
+            nodes.append(Node("conv", layers_done, [x], out, attrs, 2 * p["filters"] * k * l.h * l.w))
+        elif l.kind == "maxpool":
+            op = "maxpool_depth" if p["depth"] else "maxpool"
+            nodes.append(Node(op, [i], [x], out, dict(p)))
+        elif l.kind == "shortcut":
+            nodes.append(Node("add", [i], [x] + [view[j] for j in l.inputs[1:]], out, dict(p)))
+        elif l.kind in ("scale_channels", "sam"):
+            # inputs: [the scale (previous layer), the tensor being scaled (from)]
+            nodes.append(Node(l.kind, [i], [x, view[l.inputs[1]]], out, dict(p)))
+        else:   # avgpool, upsample, reorg, softmax
+            nodes.append(Node(l.kind, [i], [x], out, dict(p)))
+        view[i] = out
+
+    if heads:
+        outputs = [view[h.inputs[0]] for h in heads]
+    else:
+        outputs = [view[layers[-1].index]]
+    return Graph(net, layers, nodes, graph_input, outputs, heads, tensors)
+
+
+def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
+    """True if ``conv`` feeds only a single-source [shortcut] whose other input has its exact shape."""
+    if conv.kind != "convolutional" or len(uses[conv.index]) != 1:
+        return False
+    sc = by_index[uses[conv.index][0]]
+    if sc.kind != "shortcut" or len(sc.inputs) != 2 or sc.inputs[0] != conv.index:
+        return False
+    other = sc.inputs[1]
+    src = by_index.get(other)
+    shape = (src.c, src.h, src.w) if src is not None else None
+    return shape == (conv.c, conv.h, conv.w)

@@ -1,0 +1,88 @@
+"""Turn graph nodes into launches: specialised kernels with their arguments bound once.
+
+``bind_node`` is the single entry point; each op lives in one module (``conv`` for
+convolutions, ``simple`` for the rest). A :class:`Launch` is everything needed to
+enqueue one kernel per frame with no Python work beyond the call itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..graph import Node, View
+from ..layers import ACT_ID
+
+
+@dataclass
+class Launch:
+    """One pre-bound kernel enqueue."""
+
+    kernel: object
+    gsize: tuple
+    lsize: Optional[tuple]
+    node: Node
+    name: str
+    config: dict = field(default_factory=dict)
+    flops: int = 0
+
+
+@dataclass
+class BindContext:
+    """What binding needs: the runtime, the arena and plan, batch size, storage precision."""
+
+    rt: object
+    arena: object
+    plan: object
+    batch: int
+    half: bool
+    workspace: object = None
+    tuning: object = None          # tuning database lookups (None: heuristics)
+    weight_cache: dict = field(default_factory=dict)   # device weights, shared by every batch size
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.half else 4
+
+    @property
+    def dtype(self):
+        return np.float16 if self.half else np.float32
+
+    def view(self, v: View) -> list:
+        """Kernel arguments for a view: buffer, element offset, batch stride."""
+        t = v.tensor
+        return [self.arena, np.int32(self.plan.offset(t) + v.c0 * t.h * t.w), np.int32(t.size)]
+
+    def defines(self, **extra) -> dict:
+        d = {"HALF_STORAGE": self.half}
+        d.update(extra)
+        return d
+
+    def kernel(self, source: str, name: str, defines: dict, args: list):
+        """Build (cached) and return a kernel with ``args`` bound."""
+        k = self.rt.cl.Kernel(self.rt.program(source, defines), name)
+        k.set_args(*args)
+        return k
+
+
+def act_id(name: str) -> int:
+    return ACT_ID[name]
+
+
+def i32(*values) -> list:
+    return [np.int32(v) for v in values]
+
+
+def bind_node(ctx: BindContext, node: Node) -> list:
+    """Launches for ``node`` (in order)."""
+    from . import conv, simple
+    if node.op == "conv":
+        return conv.bind(ctx, node)
+    return simple.bind(ctx, node)
+
+
+def workspace_elems(node: Node, batch: int) -> int:
+    """Scratch elements a node needs (im2col); 0 if none."""
+    from . import conv
+    return conv.workspace_elems(node, batch) if node.op == "conv" else 0

@@ -1,0 +1,145 @@
+"""Convolution launches: pick an algorithm and a kernel config, bind weights and views.
+
+Algorithms (``config["algo"]``):
+- ``gemm1x1``: 1x1 stride-1 conv, the input *is* the B matrix, no im2col;
+- ``im2col``: im2col into a shared workspace, then the generated GEMM;
+- ``depthwise``: direct kernel for groups == channels == filters.
+The GEMM kernel is ``cl/gemm.cl`` specialised by the config's defines; the tuner
+(or, without one, :func:`heuristic_config`) chooses them per layer shape.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import BindContext, Launch, act_id, i32
+from ..graph import Node
+
+
+def conv_shape(node: Node, batch: int = 1) -> dict:
+    """The GEMM view of a conv: M (filters per group), N (output pixels), K, G, batch."""
+    a = node.attrs
+    g = a["groups"]
+    return dict(M=a["filters"] // g, N=node.output.h * node.output.w, K=(a["in_c"] // g) * a["size"] ** 2, G=g,
+                B=batch)
+
+
+def is_depthwise(node: Node) -> bool:
+    a = node.attrs
+    return a["groups"] > 1 and a["groups"] == a["in_c"] == a["filters"]
+
+
+def is_pointwise(node: Node) -> bool:
+    a = node.attrs
+    return a["size"] == 1 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["pad"] == 0
+
+
+def algorithms(node: Node) -> list:
+    """Algorithms that can run this conv."""
+    if is_depthwise(node):
+        return ["depthwise", "im2col"]
+    if is_pointwise(node):
+        return ["gemm1x1", "im2col"]
+    return ["im2col"]
+
+
+def heuristic_config(node: Node, device_is_cpu: bool, batch: int = 1) -> dict:
+    """A sane untuned choice: the layer's natural algorithm and a mid-size register block."""
+    s = conv_shape(node, batch)
+    algo = algorithms(node)[0]
+    if algo == "depthwise":
+        return {"algo": algo}
+    vw = 16 if device_is_cpu and s["N"] >= 64 else (8 if s["N"] >= 8 else 1)
+    tm = 8 if s["M"] >= 8 else (4 if s["M"] >= 4 else 1)
+    return {"algo": algo, "TM": tm, "VW": vw, "KU": 1}
+
+
+def workspace_elems(node: Node, batch: int) -> int:
+    """im2col scratch for the worst algorithm this node may run (tuner may pick im2col)."""
+    if "im2col" not in algorithms(node):
+        return 0
+    s = conv_shape(node, batch)
+    return s["B"] * s["G"] * s["K"] * s["N"]
+
+
+def gemm_defines(ctx: BindContext, cfg: dict, s: dict, node: Node) -> dict:
+    a = node.attrs
+    d = ctx.defines(TM=cfg["TM"], VW=cfg["VW"], KU=cfg.get("KU", 1), ACT=act_id(a["activation"]))
+    if s["M"] % cfg["TM"]:
+        d["CHECK_M"] = True
+    if s["N"] % cfg["VW"]:
+        d["CHECK_N"] = True
+    if a.get("residual") is not None:
+        d["RESIDUAL"] = True
+        d["ACT2"] = act_id(a["activation2"])
+    return d
+
+
+def gemm_global(cfg: dict, s: dict) -> tuple:
+    return (-(-s["N"] // cfg["VW"]), -(-s["M"] // cfg["TM"]), s["B"] * s["G"])
+
+
+def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
+    """Launches for one conv node under ``config`` (default: the tuning database or heuristic)."""
+    if config is None:
+        config = ctx.tuning.conv_config(node, ctx.batch) if ctx.tuning is not None else \
+            heuristic_config(node, ctx.rt.is_cpu, ctx.batch)
+    weights = upload_weights(ctx, node)
+    algo = config["algo"]
+    if algo == "depthwise":
+        return [_bind_depthwise(ctx, node, config, weights)]
+    return _bind_gemm(ctx, node, config, weights)
+
+
+def upload_weights(ctx: BindContext, node: Node) -> dict:
+    """Device copies of the folded weights (storage precision) and bias (float), uploaded once per node."""
+    a = node.attrs
+    key = (id(node), ctx.half)
+    if key not in ctx.weight_cache:
+        w = a["weights"].reshape(a["filters"], -1)
+        ctx.weight_cache[key] = {
+            "A": ctx.rt.upload(w.astype(ctx.dtype), f"weights of layer {node.label}"),
+            "Af": ctx.rt.upload(w.astype(np.float32), f"weights of layer {node.label}") if is_depthwise(node) else None,
+            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
+        }
+    return ctx.weight_cache[key]
+
+
+def _residual_args(ctx: BindContext, node: Node) -> list:
+    r = node.attrs.get("residual")
+    return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
+
+
+def _bind_gemm(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> list:
+    a = node.attrs
+    s = conv_shape(node, ctx.batch)
+    x, out = node.inputs[0], node.output
+    launches = []
+    if cfg["algo"] == "gemm1x1":
+        xb, xoff, xbs = ctx.view(x)
+        b_args = [xb, xoff, xbs, np.int32(s["K"] * x.h * x.w), np.int32(x.h * x.w)]
+    else:
+        KN = s["K"] * s["N"]
+        im2col_args = ctx.view(x) + i32(a["in_c"] // a["groups"], x.h, x.w) + [ctx.workspace] + \
+            i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], a["groups"])
+        k = ctx.kernel("conv.cl", "yc_im2col", ctx.defines(), im2col_args)
+        launches.append(Launch(k, (s["N"], s["K"], s["B"] * s["G"]), None, node, "im2col"))
+        b_args = [ctx.workspace, np.int32(0), np.int32(s["G"] * KN), np.int32(KN), np.int32(s["N"])]
+    yb, yoff, ybs = ctx.view(out)
+    args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(s["N"])] + _residual_args(ctx, node) + \
+        i32(s["M"], s["N"], s["K"], s["G"])
+    defines = gemm_defines(ctx, cfg, s, node)
+    k = ctx.kernel("gemm.cl", "yc_gemm", defines, args)
+    launches.append(Launch(k, gemm_global(cfg, s), None, node, "gemm", dict(cfg), node.flops * ctx.batch))
+    return launches
+
+
+def _bind_depthwise(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> Launch:
+    a = node.attrs
+    x, out = node.inputs[0], node.output
+    d = ctx.defines(ACT=act_id(a["activation"]))
+    if a.get("residual") is not None:
+        d.update(RESIDUAL=True, ACT2=act_id(a["activation2"]))
+    args = ctx.view(x) + i32(x.h, x.w) + [wts["Af"], wts["bias"]] + ctx.view(out) + _residual_args(ctx, node) + \
+        i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"])
+    k = ctx.kernel("conv.cl", "yc_depthwise", d, args)
+    return Launch(k, (out.h * out.w, out.c, ctx.batch), None, node, "depthwise", dict(cfg), node.flops * ctx.batch)

@@ -1,0 +1,259 @@
+"""Darknet's layers, one function each: read a section's options and infer its output shape.
+
+This is the only place that knows what each ``[section]`` means. The result is a flat
+list of :class:`Layer` records in cfg order, each with its input layer indices and
+output shape — no weights, no device, no fusion yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .cfg import Section
+from .errors import CfgError
+
+ACTIVATIONS = ("linear", "leaky", "relu", "relu6", "logistic", "tanh", "mish", "swish", "hard_mish")
+ACT_ID = {name: i for i, name in enumerate(ACTIVATIONS)}
+
+MAX_SIDE = 16384      # largest network width/height we accept
+MAX_CHANNELS = 65536  # largest channel count of any tensor
+MAX_KERNEL = 64
+
+
+@dataclass
+class Layer:
+    """One cfg layer with its inferred output shape (channels, height, width)."""
+
+    index: int
+    kind: str
+    section: Section
+    inputs: list          # producer layer indices; -1 is the network input
+    c: int
+    h: int
+    w: int
+    p: dict = field(default_factory=dict)   # parsed parameters
+
+    @property
+    def name(self) -> str:
+        return f"layer {self.index} [{self.kind}]"
+
+    def error(self, msg: str, key: Optional[str] = None) -> CfgError:
+        return CfgError(f"{self.section.where(key)}: layer {self.index} [{self.kind}]: {msg}")
+
+
+@dataclass
+class NetInfo:
+    """The [net] section: input size and the resize mode Darknet uses for it."""
+
+    width: int
+    height: int
+    channels: int
+    letter_box: bool
+
+
+def parse_net(s: Section, input_size=None) -> NetInfo:
+    """Read [net]; ``input_size`` (int or (width, height)) overrides the cfg's size."""
+    w = s.int("width", 416, 1, MAX_SIDE)
+    h = s.int("height", 416, 1, MAX_SIDE)
+    if input_size is not None:
+        w, h = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
+        if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE):
+            raise CfgError(f"input size {w}x{h} is out of range [1, {MAX_SIDE}]")
+    return NetInfo(w, h, s.int("channels", 3, 1, 4096), bool(s.int("letter_box", 0, 0, 1)))
+
+
+def _activation(s: Section, default: str) -> str:
+    return s.str("activation", default, ACTIVATIONS)
+
+
+def _rel(s: Section, idx: int, value: int, key: str) -> int:
+    """Resolve Darknet's relative (negative) or absolute layer index."""
+    j = idx + value if value < 0 else value
+    if not 0 <= j < idx:
+        raise s.error(f"'{key}' refers to layer {value}, which is not an earlier layer", key)
+    return j
+
+
+def _conv(s, i, c, h, w, prev):
+    filters = s.int("filters", 1, 1, MAX_CHANNELS)
+    size = s.int("size", 1, 1, MAX_KERNEL)
+    stride = s.int("stride", 1, 1, MAX_KERNEL)
+    sx = s.int("stride_x", -1, -1, MAX_KERNEL)
+    sy = s.int("stride_y", -1, -1, MAX_KERNEL)
+    sx = stride if sx < 1 else sx
+    sy = stride if sy < 1 else sy
+    groups = s.int("groups", 1, 1, MAX_CHANNELS)
+    dilation = 1 if size == 1 else s.int("dilation", 1, 1, MAX_KERNEL)
+    padding = s.int("padding", 0, 0, MAX_KERNEL)
+    if s.int("pad", 0, 0, 1):
+        padding = size // 2
+    for key in ("binary", "xnor", "antialiasing", "assisted_excitation", "coordconv"):
+        if s.has(key) and s.float(key) != 0:
+            raise s.error(f"option '{key}' is not supported", key)
+    if c % groups or filters % groups:
+        raise s.error(f"groups={groups} must divide the input channels ({c}) and filters ({filters})", "groups")
+    pad = padding * dilation
+    oh = (h + 2 * pad - dilation * (size - 1) - 1) // sy + 1
+    ow = (w + 2 * pad - dilation * (size - 1) - 1) // sx + 1
+    if oh < 1 or ow < 1:
+        raise s.error(f"a {size}x{size} kernel does not fit the {w}x{h} input", "size")
+    p = dict(filters=filters, size=size, stride_x=sx, stride_y=sy, pad=pad, dilation=dilation, groups=groups,
+             bn=bool(s.int("batch_normalize", 0, 0, 1)), activation=_activation(s, "logistic"), in_c=c, in_h=h, in_w=w)
+    return [prev], filters, oh, ow, p
+
+
+def _maxpool(s, i, c, h, w, prev):
+    stride = s.int("stride", 1, 1, MAX_KERNEL)
+    sx = s.int("stride_x", stride, 1, MAX_KERNEL)
+    sy = s.int("stride_y", stride, 1, MAX_KERNEL)
+    size = s.int("size", stride, 1, MAX_KERNEL)
+    padding = s.int("padding", size - 1, 0, MAX_KERNEL)
+    if s.int("antialiasing", 0) != 0:
+        raise s.error("option 'antialiasing' is not supported", "antialiasing")
+    if s.int("maxpool_depth", 0, 0, 1):
+        oc = s.int("out_channels", 1, 1, MAX_CHANNELS)
+        return [prev], oc, h, w, dict(depth=True, out_channels=oc)
+    oh = (h + padding - size) // sy + 1
+    ow = (w + padding - size) // sx + 1
+    if oh < 1 or ow < 1:
+        raise s.error(f"a {size}x{size} pool does not fit the {w}x{h} input", "size")
+    return [prev], c, oh, ow, dict(depth=False, size=size, stride_x=sx, stride_y=sy, padding=padding)
+
+
+def _avgpool(s, i, c, h, w, prev):
+    return [prev], c, 1, 1, {}
+
+
+def _route(s, i, c, h, w, prev, layers):
+    idx = [_rel(s, i, v, "layers") for v in s.ints("layers")]
+    if not idx:
+        raise s.error("'layers' is empty", "layers")
+    groups = s.int("groups", 1, 1, MAX_CHANNELS)
+    group_id = s.int("group_id", 0, 0, groups - 1)
+    first = layers[idx[0]]
+    total = 0
+    for j in idx:
+        lj = layers[j]
+        if (lj.h, lj.w) != (first.h, first.w):
+            raise s.error(f"layer {j} is {lj.w}x{lj.h} but layer {idx[0]} is {first.w}x{first.h}; "
+                          "routed layers must share a size", "layers")
+        if lj.c % groups:
+            raise s.error(f"groups={groups} does not divide layer {j}'s {lj.c} channels", "groups")
+        total += lj.c // groups
+    return idx, total, first.h, first.w, dict(groups=groups, group_id=group_id)
+
+
+def _shortcut(s, i, c, h, w, prev, layers):
+    idx = [_rel(s, i, v, "from") for v in s.ints("from")]
+    if not idx:
+        raise s.error("'from' is empty", "from")
+    if s.str("weights_type", "none") != "none":
+        raise s.error("weighted shortcuts (weights_type) are not supported", "weights_type")
+    for j in idx:
+        if (layers[j].h, layers[j].w) != (h, w):
+            raise s.error(f"layer {j} is {layers[j].w}x{layers[j].h} but the input is {w}x{h}", "from")
+    return [prev] + idx, c, h, w, dict(activation=_activation(s, "linear"))
+
+
+def _upsample(s, i, c, h, w, prev):
+    stride = s.int("stride", 2, 1, 64)
+    return [prev], c, h * stride, w * stride, dict(stride=stride, scale=s.float("scale", 1.0))
+
+
+def _reorg(s, i, c, h, w, prev):
+    stride = s.int("stride", 1, 1, 64)
+    if s.int("reverse", 0) != 0:
+        raise s.error("reverse reorg is not supported", "reverse")
+    if h % stride or w % stride:
+        raise s.error(f"stride {stride} does not divide the {w}x{h} input", "stride")
+    return [prev], c * stride * stride, h // stride, w // stride, dict(stride=stride, in_c=c, in_h=h, in_w=w)
+
+
+def _scale_channels(s, i, c, h, w, prev, layers):
+    j = _rel(s, i, s.int("from"), "from")
+    src = layers[j]
+    wh = bool(s.int("scale_wh", 0, 0, 1))
+    ok = (c == 1 and (h, w) == (src.h, src.w)) if wh else (c == src.c and h == 1 and w == 1)
+    if not ok:
+        raise s.error(f"input {c}x{h}x{w} cannot scale layer {j}'s {src.c}x{src.h}x{src.w}", "from")
+    return [prev, j], src.c, src.h, src.w, dict(scale_wh=wh, activation=_activation(s, "linear"))
+
+
+def _sam(s, i, c, h, w, prev, layers):
+    j = _rel(s, i, s.int("from"), "from")
+    src = layers[j]
+    if (src.c, src.h, src.w) != (c, h, w):
+        raise s.error(f"input {c}x{h}x{w} differs from layer {j}'s {src.c}x{src.h}x{src.w}", "from")
+    return [prev, j], c, h, w, dict(activation=_activation(s, "linear"))
+
+
+def _dropout(s, i, c, h, w, prev):
+    s.float("probability", 0.5, 0.0, 1.0)
+    return [prev], c, h, w, {}
+
+
+def _softmax(s, i, c, h, w, prev):
+    groups = s.int("groups", 1, 1, MAX_CHANNELS)
+    if (c * h * w) % groups:
+        raise s.error(f"groups={groups} does not divide the {c * h * w} inputs", "groups")
+    return [prev], c, h, w, dict(groups=groups, temperature=s.float("temperature", 1.0))
+
+
+def _yolo(s, i, c, h, w, prev):
+    classes = s.int("classes", 20, 1, 100000)
+    num = s.int("num", 1, 1, 1000)
+    mask = s.ints("mask", list(range(num)), 0, num - 1)
+    anchors = s.floats("anchors", [0.5] * (2 * num))
+    if len(anchors) < 2 * num:
+        raise s.error(f"'anchors' has {len(anchors)} values; num={num} needs {2 * num}", "anchors")
+    if c != len(mask) * (classes + 5):
+        raise s.error(f"input has {c} channels; {len(mask)} masks x ({classes} classes + 5) need "
+                      f"{len(mask) * (classes + 5)}", "classes")
+    nms_kind = s.str("nms_kind", "default")
+    if nms_kind not in ("default", "greedynms", "diounms", "cornersnms"):
+        nms_kind = "default"
+    return [prev], c, h, w, dict(classes=classes, mask=mask, anchors=anchors,
+                                 scale_x_y=s.float("scale_x_y", 1.0), new_coords=bool(s.int("new_coords", 0, 0, 1)),
+                                 nms_kind=nms_kind, beta_nms=s.float("beta_nms", 0.6))
+
+
+def _region(s, i, c, h, w, prev):
+    classes = s.int("classes", 20, 1, 100000)
+    coords = s.int("coords", 4, 4, 4)
+    num = s.int("num", 1, 1, 1000)
+    anchors = s.floats("anchors", [0.5] * (2 * num))
+    if len(anchors) < 2 * num:
+        raise s.error(f"'anchors' has {len(anchors)} values; num={num} needs {2 * num}", "anchors")
+    if c != num * (classes + coords + 1):
+        raise s.error(f"input has {c} channels; num={num} x ({classes} classes + 5) need "
+                      f"{num * (classes + coords + 1)}", "classes")
+    return [prev], c, h, w, dict(classes=classes, num=num, anchors=anchors, softmax=bool(s.int("softmax", 0)),
+                                 nms_kind="default", beta_nms=0.6)
+
+
+_SIMPLE: dict = {"convolutional": _conv, "maxpool": _maxpool, "avgpool": _avgpool, "upsample": _upsample,
+                 "reorg": _reorg, "dropout": _dropout, "softmax": _softmax, "yolo": _yolo, "region": _region}
+_WITH_LAYERS: dict = {"route": _route, "shortcut": _shortcut, "scale_channels": _scale_channels, "sam": _sam}
+
+
+def build_layers(sections: list, net: NetInfo) -> list:
+    """Turn parsed sections (after [net]) into layers with inferred shapes."""
+    layers: list = []
+    c, h, w = net.channels, net.height, net.width
+    for s in sections[1:]:
+        i = s.index
+        prev = i - 1
+        if s.kind in _SIMPLE:
+            inputs, oc, oh, ow, p = _SIMPLE[s.kind](s, i, c, h, w, prev)
+        else:
+            inputs, oc, oh, ow, p = _WITH_LAYERS[s.kind](s, i, c, h, w, prev, layers)
+        if not (1 <= oc <= MAX_CHANNELS * 64 and oh >= 1 and ow >= 1):
+            raise s.error(f"output shape {oc}x{oh}x{ow} is not valid")
+        layers.append(Layer(i, s.kind, s, inputs, oc, oh, ow, p))
+        c, h, w = oc, oh, ow
+    return layers
+
+
+def head_layers(layers: list) -> list:
+    """The [yolo]/[region] layers, in cfg order."""
+    return [l for l in layers if l.kind in ("yolo", "region")]

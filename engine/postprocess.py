@@ -1,0 +1,161 @@
+"""Network heads -> detections, as Darknet (AlexeyAB) decodes them.
+
+``[yolo]``: logistic on x, y, objectness and classes (not with ``new_coords``), ``scale_x_y``,
+box sizes from anchors; ``[region]``: logistic x, y, objectness and softmax classes. Boxes are
+mapped back with ``correct_yolo_boxes`` and suppressed per class by the head's ``nms_kind``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .preprocess import letterbox_size
+
+
+@dataclass
+class Detection:
+    """One detected object: class, confidence and box (x1, y1, x2, y2) in original image pixels."""
+
+    class_id: int
+    label: str
+    confidence: float
+    box: tuple
+
+    def to_dict(self) -> dict:
+        return {"class_id": self.class_id, "label": self.label, "confidence": round(float(self.confidence), 6),
+                "box": [round(float(v), 2) for v in self.box]}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def decode_yolo(raw: np.ndarray, p: dict, net_w: int, net_h: int, thresh: float):
+    """One [yolo] head (C, H, W) -> (boxes xywh relative to the network input, objectness, probs)."""
+    nm = len(p["mask"])
+    c5 = p["classes"] + 5
+    _, lh, lw = raw.shape
+    x = raw.reshape(nm, c5, lh, lw).astype(np.float32)
+    if not p["new_coords"]:
+        x = x.copy()
+        x[:, 0:2] = _sigmoid(x[:, 0:2])
+        x[:, 4:] = _sigmoid(x[:, 4:])
+    s = p["scale_x_y"]
+    xy = x[:, 0:2] * s - 0.5 * (s - 1)
+    obj = x[:, 4]
+    keep = obj > thresh
+    n_idx, row, col = np.nonzero(keep)
+    anchors = np.asarray(p["anchors"], np.float32).reshape(-1, 2)[np.asarray(p["mask"])[n_idx]]
+    bx = (col + xy[n_idx, 0, row, col]) / lw
+    by = (row + xy[n_idx, 1, row, col]) / lh
+    tw, th = x[n_idx, 2, row, col], x[n_idx, 3, row, col]
+    if p["new_coords"]:
+        bw = tw * tw * 4 * anchors[:, 0] / net_w
+        bh = th * th * 4 * anchors[:, 1] / net_h
+    else:
+        bw = np.exp(tw) * anchors[:, 0] / net_w
+        bh = np.exp(th) * anchors[:, 1] / net_h
+    o = obj[n_idx, row, col]
+    probs = o[:, None] * x[n_idx, 5:, row, col]
+    probs = np.where(probs > thresh, probs, 0.0)
+    return np.stack([bx, by, bw, bh], 1), o, probs
+
+
+def decode_region(raw: np.ndarray, p: dict, thresh: float):
+    """One [region] head (YOLOv2) -> (boxes, objectness, probs); Darknet sets objectness to 1."""
+    n = p["num"]
+    c5 = p["classes"] + 5
+    _, lh, lw = raw.shape
+    x = raw.reshape(n, c5, lh, lw).astype(np.float32)
+    obj = _sigmoid(x[:, 4])
+    cls = x[:, 5:]
+    if p["softmax"]:
+        e = np.exp(cls - cls.max(axis=1, keepdims=True))
+        cls = e / e.sum(axis=1, keepdims=True)
+    probs = obj[:, None] * cls                       # (n, classes, lh, lw)
+    probs = np.where(probs > thresh, probs, 0.0)
+    keep = probs.max(axis=1) > 0
+    n_idx, row, col = np.nonzero(keep)
+    anchors = np.asarray(p["anchors"], np.float32).reshape(-1, 2)[n_idx]
+    bx = (col + _sigmoid(x[n_idx, 0, row, col])) / lw
+    by = (row + _sigmoid(x[n_idx, 1, row, col])) / lh
+    bw = np.exp(x[n_idx, 2, row, col]) * anchors[:, 0] / lw
+    bh = np.exp(x[n_idx, 3, row, col]) * anchors[:, 1] / lh
+    probs = probs[n_idx, :, row, col]
+    return np.stack([bx, by, bw, bh], 1), np.ones(len(n_idx), np.float32), probs
+
+
+def correct_boxes(boxes: np.ndarray, img_w: int, img_h: int, net_w: int, net_h: int, letter: bool) -> np.ndarray:
+    """Darknet's correct_yolo_boxes: undo the letterbox offset/scale; result still relative to the image."""
+    new_w, new_h = letterbox_size(img_w, img_h, net_w, net_h) if letter else (net_w, net_h)
+    b = boxes.astype(np.float64).copy()
+    b[:, 0] = (b[:, 0] - (net_w - new_w) / 2.0 / net_w) / (new_w / net_w)
+    b[:, 1] = (b[:, 1] - (net_h - new_h) / 2.0 / net_h) / (new_h / net_h)
+    b[:, 2] *= net_w / new_w
+    b[:, 3] *= net_h / new_h
+    return b
+
+
+def _iou_terms(a: np.ndarray, b: np.ndarray):
+    """IoU of box a (xywh) with boxes b, plus DIoU's centre-distance term (d^2 / c^2)."""
+    ax1, ay1, ax2, ay2 = a[0] - a[2] / 2, a[1] - a[3] / 2, a[0] + a[2] / 2, a[1] + a[3] / 2
+    bx1, by1, bx2, by2 = b[:, 0] - b[:, 2] / 2, b[:, 1] - b[:, 3] / 2, b[:, 0] + b[:, 2] / 2, b[:, 1] + b[:, 3] / 2
+    iw = np.minimum(ax2, bx2) - np.maximum(ax1, bx1)
+    ih = np.minimum(ay2, by2) - np.maximum(ay1, by1)
+    inter = np.where((iw > 0) & (ih > 0), iw * ih, 0.0)
+    union = a[2] * a[3] + b[:, 2] * b[:, 3] - inter
+    iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+    cw = np.maximum(ax2, bx2) - np.minimum(ax1, bx1)
+    ch = np.maximum(ay2, by2) - np.minimum(ay1, by1)
+    c2 = cw * cw + ch * ch
+    d2 = (a[0] - b[:, 0]) ** 2 + (a[1] - b[:, 1]) ** 2
+    dterm = np.where(c2 > 0, d2 / np.where(c2 > 0, c2, 1), 0.0)
+    return iou, dterm
+
+
+def nms(boxes: np.ndarray, probs: np.ndarray, thresh: float, kind: str = "default", beta: float = 0.6) -> np.ndarray:
+    """Darknet's per-class NMS (do_nms_sort / diounms_sort): zeroes suppressed entries of ``probs``."""
+    probs = probs.copy()
+    if thresh <= 0 or len(boxes) == 0:
+        return probs
+    for k in range(probs.shape[1]):
+        col = probs[:, k]
+        order = np.argsort(-col, kind="stable")
+        order = order[col[order] > 0]
+        alive = np.ones(len(order), bool)
+        for ii in range(len(order)):
+            if not alive[ii]:
+                continue
+            i = order[ii]
+            rest = order[ii + 1:]
+            if len(rest) == 0:
+                break
+            iou, dterm = _iou_terms(boxes[i], boxes[rest])
+            if kind == "greedynms":
+                over = (iou - dterm ** 0.6) > thresh     # box_diou
+            elif kind == "diounms":
+                over = (iou - dterm ** beta) > thresh    # box_diounms
+            else:
+                over = iou > thresh
+            alive[ii + 1:] &= ~over
+        col[order[~alive]] = 0
+    return probs
+
+
+def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
+                  names: Optional[list]) -> list:
+    """Every (box, class) with probability above ``thresh``, in original pixels, best first."""
+    out = []
+    rows, cls = np.nonzero(probs > thresh)
+    for r, k in zip(rows, cls):
+        x, y, w, h = boxes[r]
+        x1 = max(0.0, (x - w / 2) * img_w)
+        y1 = max(0.0, (y - h / 2) * img_h)
+        x2 = min(float(img_w), (x + w / 2) * img_w)
+        y2 = min(float(img_h), (y + h / 2) * img_h)
+        label = names[k] if names and k < len(names) else str(k)
+        out.append(Detection(int(k), label, float(probs[r, k]), (float(x1), float(y1), float(x2), float(y2))))
+    out.sort(key=lambda d: -d.confidence)
+    return out

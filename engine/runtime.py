@@ -1,0 +1,246 @@
+"""Talk to OpenCL: pick a device, own a context and queue, build and cache programs.
+
+Programs are ``cl/*.cl`` sources specialised with ``-D`` defines. Each (source, defines)
+pair is built once per process; built binaries are also cached on disk per device,
+driver and source hash, so a warm start skips the compiler entirely.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+from .errors import DeviceError
+from .resources import resource_dir
+
+INSTALL_HINT = ("no OpenCL device found. Install a driver for your GPU, or the CPU device from PyPI: "
+                "pip install pocl-binary-distribution")
+
+
+def _cl():
+    try:
+        import pyopencl as cl
+    except ImportError as e:   # pragma: no cover - pyopencl is a hard dependency
+        raise DeviceError(f"pyopencl is not importable ({e}); pip install pyopencl") from None
+    return cl
+
+
+def list_devices() -> list:
+    """All OpenCL devices as (platform index, device index, platform, device)."""
+    cl = _cl()
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return []
+    out = []
+    for pi, p in enumerate(platforms):
+        try:
+            devs = p.get_devices()
+        except cl.Error:
+            continue
+        for di, d in enumerate(devs):
+            out.append((pi, di, p, d))
+    return out
+
+
+def select_device(spec: Optional[Union[str, int]] = None):
+    """Pick a device: ``"P:D"`` indices, an index into the flat list, or a name substring.
+
+    Default (None): the ``YOLO_CL_DEVICE`` environment variable, else the first GPU, else the first device.
+    """
+    devices = list_devices()
+    if not devices:
+        raise DeviceError(INSTALL_HINT)
+    spec = os.environ.get("YOLO_CL_DEVICE") if spec is None else spec
+    if spec is None or spec == "":
+        cl = _cl()
+        gpus = [d for d in devices if d[3].type & cl.device_type.GPU]
+        return (gpus or devices)[0][3]
+    s = str(spec).strip()
+    if ":" in s and all(part.isdigit() for part in s.split(":", 1)):
+        pi, di = (int(v) for v in s.split(":", 1))
+        for d in devices:
+            if d[0] == pi and d[1] == di:
+                return d[3]
+        raise DeviceError(f"no OpenCL device {s}; run 'yolo-cl devices' to list them")
+    if s.isdigit():
+        i = int(s)
+        if i < len(devices):
+            return devices[i][3]
+        raise DeviceError(f"no OpenCL device {s}; there are {len(devices)} (run 'yolo-cl devices')")
+    for d in devices:
+        if s.lower() in d[3].name.lower() or s.lower() in d[2].name.lower():
+            return d[3]
+    raise DeviceError(f"no OpenCL device matches '{s}'; run 'yolo-cl devices' to list them")
+
+
+def cache_dir() -> Path:
+    """Per-user cache root (program binaries, user tuning database)."""
+    root = os.environ.get("YOLO_CL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "yolo-cl")
+    return Path(root)
+
+
+def atomic_write(path: Union[str, Path], data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file + rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class Runtime:
+    """One device, one context, one in-order queue, and the programs built for them."""
+
+    def __init__(self, device=None, profiling: bool = False, binary_cache: bool = True) -> None:
+        cl = _cl()
+        self.cl = cl
+        self.device = device if device is not None and not isinstance(device, (str, int)) else select_device(device)
+        try:
+            self.context = cl.Context([self.device])
+            props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
+            self.queue = cl.CommandQueue(self.context, self.device, properties=props)
+        except cl.Error as e:
+            raise DeviceError(f"cannot open OpenCL device '{self.device.name}': {e}") from None
+        self.profiling = profiling
+        self.binary_cache = binary_cache and os.environ.get("YOLO_CL_NO_BINARY_CACHE") != "1"
+        self._programs: dict = {}
+        self._lock = threading.Lock()
+        self.fp16 = "cl_khr_fp16" in self.device.extensions
+        self.is_cpu = bool(self.device.type & cl.device_type.CPU)
+        self.builds = 0          # programs compiled from source (not from cache) in this process
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        return self.device.name.strip()
+
+    @property
+    def driver(self) -> str:
+        return self.device.driver_version.strip()
+
+    @property
+    def vendor(self) -> str:
+        return self.device.vendor.strip()
+
+    @property
+    def device_type(self) -> str:
+        return "CPU" if self.is_cpu else ("GPU" if self.device.type & self.cl.device_type.GPU else "ACCELERATOR")
+
+    # -- memory ------------------------------------------------------------------------------
+    def alloc(self, nbytes: int, what: str):
+        """A device buffer; a failure names what it was for and how much was asked."""
+        cl = self.cl
+        nbytes = max(int(nbytes), 4)
+        if nbytes > self.device.max_mem_alloc_size:
+            raise DeviceError(f"{what} needs {nbytes / 2**20:.1f} MiB, more than the device's largest "
+                              f"allocation ({self.device.max_mem_alloc_size / 2**20:.0f} MiB) on {self.device_name}")
+        try:
+            buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+            # Touch it so an out-of-memory device fails here, not mid-inference.
+            cl.enqueue_fill_buffer(self.queue, buf, np.zeros(1, np.float32), 0, nbytes - nbytes % 4)
+            self.queue.finish()
+        except cl.Error as e:
+            raise DeviceError(f"out of device memory: {what} needs {nbytes / 2**20:.1f} MiB on "
+                              f"{self.device_name} ({e.what() if hasattr(e, 'what') else e})") from None
+        return buf
+
+    def upload(self, array: np.ndarray, what: str):
+        buf = self.alloc(array.nbytes, what)
+        self.cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(array))
+        return buf
+
+    # -- programs ----------------------------------------------------------------------------
+    def program(self, source: str, defines: Optional[dict] = None):
+        """Build (or fetch from cache) ``cl/<source>`` specialised with ``defines``."""
+        opts = _options(defines or {})
+        key = (source, opts)
+        with self._lock:
+            prg = self._programs.get(key)
+            if prg is None:
+                prg = self._build(source, opts)
+                self._programs[key] = prg
+        return prg
+
+    def kernel(self, source: str, name: str, defines: Optional[dict] = None):
+        """A fresh kernel object (each has its own bound arguments)."""
+        return getattr(self.program(source, defines), name)
+
+    def _build(self, source: str, opts: str):
+        cl = self.cl
+        text = _source_text(source)
+        digest = hashlib.sha256("\0".join([text, opts, self.device_name, self.driver, self.vendor,
+                                           cl.VERSION_TEXT]).encode()).hexdigest()[:32]
+        path = cache_dir() / "binaries" / f"{digest}.bin"
+        if self.binary_cache and path.is_file():
+            try:
+                prg = cl.Program(self.context, [self.device], [path.read_bytes()]).build(options=opts)
+                return prg
+            except (cl.Error, OSError):
+                pass   # stale or corrupt binary: rebuild from source below
+        try:
+            prg = cl.Program(self.context, text).build(options=opts)
+        except cl.Error as e:
+            log = str(e).strip().splitlines()
+            detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
+            raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}") \
+                from None
+        self.builds += 1
+        if self.binary_cache:
+            try:
+                atomic_write(path, prg.get_info(cl.program_info.BINARIES)[0])
+            except OSError:
+                pass   # a read-only cache is not an error
+        return prg
+
+
+_SOURCES: dict = {}
+
+
+def _source_text(name: str) -> str:
+    """The kernel source with local #includes inlined (so the build needs no include path)."""
+    if name not in _SOURCES:
+        root = resource_dir("cl")
+        seen: set = set()
+
+        def expand(fname: str) -> str:
+            if fname in seen:
+                return ""
+            seen.add(fname)
+            out = []
+            for line in (root / fname).read_text().splitlines():
+                s = line.strip()
+                if s.startswith("#include \"") and s.endswith("\""):
+                    out.append(expand(s[len("#include \""):-1]))
+                else:
+                    out.append(line)
+            return "\n".join(out)
+
+        _SOURCES[name] = expand(name)
+    return _SOURCES[name]
+
+
+def _options(defines: dict) -> str:
+    parts = []
+    for k in sorted(defines):
+        v = defines[k]
+        if v is None or v is False:
+            continue
+        parts.append(f"-D{k}" if v is True else f"-D{k}={v}")
+    return " ".join(parts)

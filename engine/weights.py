@@ -1,0 +1,117 @@
+"""Load Darknet ``.weights`` files: header, then each convolution's parameters in cfg order.
+
+The expected byte count is computed from the layers first, so a truncated, oversized
+or mismatched file is rejected with a message naming the layer before anything is read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+from .errors import WeightsError
+
+
+@dataclass
+class ConvParams:
+    """Raw Darknet parameters of one convolutional layer (batchnorm not yet folded)."""
+
+    biases: np.ndarray
+    weights: np.ndarray              # (filters, channels // groups, size, size)
+    scales: Optional[np.ndarray] = None
+    mean: Optional[np.ndarray] = None
+    variance: Optional[np.ndarray] = None
+
+
+@dataclass
+class Header:
+    major: int
+    minor: int
+    revision: int
+    seen: int
+
+    @property
+    def nbytes(self) -> int:
+        return 12 + (8 if self.wide_seen else 4)
+
+    @property
+    def wide_seen(self) -> bool:
+        """Darknet stores ``seen`` as 64-bit from format 0.2 on (major*10+minor >= 2)."""
+        return self.major * 10 + self.minor >= 2 and self.major < 1000 and self.minor < 1000
+
+
+def conv_param_count(layer) -> int:
+    """Number of float32 values a conv layer reads from the weights file."""
+    p = layer.p
+    n = p["filters"]
+    return n * (4 if p["bn"] else 1) + n * (p["in_c"] // p["groups"]) * p["size"] ** 2
+
+
+def read_header(path: Union[str, Path]) -> Header:
+    """Read and sanity-check the header of a weights file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read weights file ({e.strerror})") from None
+    if len(head) < 16:
+        raise WeightsError(f"{path}: {len(head)} bytes is too short for a Darknet weights header")
+    major, minor, revision = (int(v) for v in np.frombuffer(head[:12], "<i4"))
+    if not (0 <= major < 1000 and 0 <= minor < 1000):
+        raise WeightsError(f"{path}: header version {major}.{minor} is not a Darknet weights file")
+    h = Header(major, minor, revision, 0)
+    if h.wide_seen and len(head) < 20:
+        raise WeightsError(f"{path}: truncated in the header")
+    h.seen = int(np.frombuffer(head[12:20], "<u8")[0] if h.wide_seen else np.frombuffer(head[12:16], "<u4")[0])
+    return h
+
+
+def load_weights(path: Union[str, Path], layers: list) -> dict:
+    """Return ``{layer index: ConvParams}`` for every convolutional layer, validating the exact size."""
+    p = Path(path)
+    if not p.is_file():
+        raise WeightsError(f"{path}: weights file not found")
+    header = read_header(p)
+    convs = [l for l in layers if l.kind == "convolutional"]
+    expected = header.nbytes + 4 * sum(conv_param_count(l) for l in convs)
+    actual = p.stat().st_size
+    if actual != expected:
+        # Name the first layer the file cannot fully supply (or say how much is left over).
+        offset, missing = header.nbytes, None
+        for l in convs:
+            offset += 4 * conv_param_count(l)
+            if offset > actual:
+                missing = l
+                break
+        if missing is not None:
+            raise WeightsError(f"{path}: truncated: {actual} bytes, but the cfg needs {expected}; "
+                               f"data ends inside layer {missing.index} [convolutional] (line {missing.section.line})")
+        raise WeightsError(f"{path}: {actual} bytes, but the cfg needs exactly {expected}: "
+                           f"{actual - expected} extra bytes; the weights do not match this cfg")
+    data = np.fromfile(p, dtype="<f4", offset=header.nbytes)
+    out: dict = {}
+    pos = 0
+
+    def take(n: int) -> np.ndarray:
+        nonlocal pos
+        pos += n
+        return data[pos - n:pos]
+
+    for l in convs:
+        q = l.p
+        n = q["filters"]
+        biases = take(n)
+        scales = mean = variance = None
+        if q["bn"]:
+            scales, mean, variance = take(n), take(n), take(n)
+        w = take(n * (q["in_c"] // q["groups"]) * q["size"] ** 2).reshape(n, q["in_c"] // q["groups"], q["size"], q["size"])
+        cp = ConvParams(biases, w, scales, mean, variance)
+        for name, arr in (("biases", biases), ("weights", w), ("scales", scales), ("mean", mean), ("variance", variance)):
+            if arr is not None and not np.all(np.isfinite(arr)):
+                raise WeightsError(f"{path}: layer {l.index} [convolutional] (line {l.section.line}) has non-finite {name}")
+        if variance is not None and np.any(variance < 0):
+            raise WeightsError(f"{path}: layer {l.index} [convolutional] (line {l.section.line}) has negative variance")
+        out[l.index] = cp
+    return out
