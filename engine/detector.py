@@ -8,6 +8,7 @@ are serialised by a lock, so it is safe to share between threads.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -20,7 +21,7 @@ from .executor import Executor
 from .graph import build_graph
 from .layers import build_layers, head_layers, parse_net
 from .postprocess import Detection
-from .preprocess import FITS, check_image, to_blob
+from .preprocess import FITS, check_image, letterbox_size, to_blob
 from .runtime import Runtime
 from .weights import load_weights
 from .zoo import default_names, read_names, resolve
@@ -44,15 +45,17 @@ class Detector:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
         self.cfg_path, self.weights_path = cfg_path, weights_path
-        sections = parse_cfg(cfg_path)
-        self.net = parse_net(sections[0], input_size)
-        self.layers = build_layers(sections, self.net)
-        params = load_weights(weights_path, self.layers) if weights_path is not None else None
-        if params is None:
+        self._sections = parse_cfg(cfg_path)
+        self.net = parse_net(self._sections[0], input_size)
+        self.layers = build_layers(self._sections, self.net)
+        if weights_path is None:
             raise YoloClError(f"{cfg_path}: no weights given (use --weights, or 'yolo-cl info' for shapes only)")
-        self.graph = build_graph(self.net, self.layers, params)
+        self._params = load_weights(weights_path, self.layers)
+        self.graph = build_graph(self.net, self.layers, self._params)
+        self._graphs: dict = {(self.net.width, self.net.height): self.graph}
         self.heads = head_layers(self.layers)
         self.classes = self.heads[0].p["classes"] if self.heads else self.layers[-1].c
+        self.stride = network_stride(self.layers, self.net)
         if isinstance(names, (list, tuple)):
             self.names = list(names)
         elif names is not None:
@@ -80,24 +83,47 @@ class Detector:
         """(width, height) of the network input."""
         return self.net.width, self.net.height
 
-    def executor(self, batch: int) -> Executor:
-        """The executor for ``batch`` images (built once, then reused)."""
+    def graph_for(self, size: Optional[tuple] = None):
+        """The fused graph at network input ``size`` (width, height); built once per size."""
+        size = tuple(size) if size is not None else self.input_size
         with self._lock:
-            ex = self._executors.get(batch)
+            g = self._graphs.get(size)
+            if g is None:
+                net = replace(self.net, width=size[0], height=size[1])
+                g = build_graph(net, build_layers(self._sections, net), self._params)
+                self._graphs[size] = g
+            return g
+
+    def executor(self, batch: int, size: Optional[tuple] = None) -> Executor:
+        """The executor for ``batch`` images at input ``size`` (built once, then reused)."""
+        size = tuple(size) if size is not None else self.input_size
+        with self._lock:
+            ex = self._executors.get((batch, size))
             if ex is None:
-                ex = Executor(self.runtime, self.graph, batch, self.precision == "fp16", self.tuning, self._weights)
-                self._executors[batch] = ex
+                ex = Executor(self.runtime, self.graph_for(size), batch, self.precision == "fp16", self.tuning,
+                              self._weights)
+                self._executors[(batch, size)] = ex
             return ex
 
+    def crop_size(self, img_w: int, img_h: int) -> tuple:
+        """Aspect-ratio network size for ``fit="crop"``: the image fitted inside the cfg's size,
+        each side rounded up to the network's stride (e.g. 16:9 in 416x416 -> 416x256)."""
+        w, h = letterbox_size(img_w, img_h, *self.input_size)
+        s = self.stride
+        return max(s, -(-w // s) * s), max(s, -(-h // s) * s)
+
     def forward(self, blob: np.ndarray) -> list:
-        """Raw head inputs (NCHW float32, one per [yolo]/[region] in cfg order) for an NCHW blob in [0, 1]."""
+        """Raw head inputs (NCHW float32, one per [yolo]/[region] in cfg order) for an NCHW blob in [0, 1].
+
+        The blob's height and width select the network size (the cfg's, or any other multiple
+        of the stride: the network is fully convolutional)."""
         blob = np.asarray(blob, dtype=np.float32)
         if blob.ndim == 3:
             blob = blob[None]
         if blob.ndim != 4:
             raise YoloClError(f"blob must be NCHW, got shape {blob.shape}")
         with self._lock:
-            return self.executor(blob.shape[0]).run(blob)
+            return self.executor(blob.shape[0], (blob.shape[3], blob.shape[2])).run(blob)
 
     # -- detection ---------------------------------------------------------------------------
     def detect(self, image_bgr: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> list:
@@ -105,23 +131,33 @@ class Detector:
         return self.detect_batch([image_bgr], thresh, nms)[0]
 
     def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45) -> list:
-        """Detections for several images in one forward pass; NMS runs per image."""
+        """Detections for several images, batched into one forward pass per network size; NMS per image."""
         imgs = [check_image(im) for im in images]
-        if not imgs:
-            return []
-        w, h = self.input_size
-        blob = np.empty((len(imgs), self.net.channels, h, w), np.float32)
-        for i, im in enumerate(imgs):
-            to_blob(im, w, h, self.fit, out=blob[i])
-        outs = self.forward(blob)
-        return [self.postprocess([o[i] for o in outs], im.shape[1], im.shape[0], thresh, nms)
-                for i, im in enumerate(imgs)]
+        sizes = [self.net_size_for(im.shape[1], im.shape[0]) for im in imgs]
+        results: list = [None] * len(imgs)
+        for size in dict.fromkeys(sizes):
+            idx = [i for i, s in enumerate(sizes) if s == size]
+            w, h = size
+            blob = np.empty((len(idx), self.net.channels, h, w), np.float32)
+            fit = "stretch" if self.fit == "crop" else self.fit
+            for j, i in enumerate(idx):
+                to_blob(imgs[i], w, h, fit, out=blob[j])
+            outs = self.forward(blob)
+            for j, i in enumerate(idx):
+                im = imgs[i]
+                results[i] = self.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], thresh, nms, size)
+        return results
 
-    def postprocess(self, heads: list, img_w: int, img_h: int, thresh: float = 0.25, nms: float = 0.45) -> list:
-        """Decode one image's raw heads, map boxes to its pixels, apply NMS."""
+    def net_size_for(self, img_w: int, img_h: int) -> tuple:
+        """The network input size used for an image of this size under the Detector's fit."""
+        return self.crop_size(img_w, img_h) if self.fit == "crop" else self.input_size
+
+    def postprocess(self, heads: list, img_w: int, img_h: int, thresh: float = 0.25, nms: float = 0.45,
+                    size: Optional[tuple] = None) -> list:
+        """Decode one image's raw heads (from a network of input ``size``), map boxes to its pixels, apply NMS."""
         if not self.heads:
             raise YoloClError(f"{self.cfg_path}: the network has no [yolo] or [region] layer to detect with")
-        w, h = self.input_size
+        w, h = size if size is not None else self.input_size
         all_boxes, all_probs = [], []
         for raw, head in zip(heads, self.heads):
             if head.kind == "yolo":
@@ -145,6 +181,13 @@ class Detector:
         wbytes = sum(n.attrs["weights"].size for n in self.graph.nodes if n.op == "conv") * item
         return {"pool_peak": ex.arena_bytes, "naive_total": ex.naive_bytes, "workspace": ex.workspace_bytes,
                 "weights": wbytes}
+
+
+def network_stride(layers: list, net) -> int:
+    """Total downsampling of the network (input width over the coarsest head's width), e.g. 32."""
+    heads = head_layers(layers)
+    widths = [l.w for l in heads] or [layers[-1].w]
+    return max(1, net.width // max(1, min(widths)))
 
 
 def _resolve_model(cfg, weights) -> tuple:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import ImageError
 
-FITS = ("stretch", "letterbox")
+FITS = ("stretch", "letterbox", "crop")
 
 
 def letterbox_size(img_w: int, img_h: int, net_w: int, net_h: int) -> tuple:

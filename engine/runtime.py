@@ -10,6 +10,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -195,7 +196,9 @@ class Runtime:
             except (cl.Error, OSError):
                 pass   # stale or corrupt binary: rebuild from source below
         try:
-            prg = cl.Program(self.context, text).build(options=opts)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # compiler chatter (e.g. ABI notes) is not the user's concern
+                prg = cl.Program(self.context, text).build(options=opts)
         except cl.Error as e:
             log = str(e).strip().splitlines()
             detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")

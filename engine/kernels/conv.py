@@ -93,7 +93,7 @@ def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
 def upload_weights(ctx: BindContext, node: Node) -> dict:
     """Device copies of the folded weights (storage precision) and bias (float), uploaded once per node."""
     a = node.attrs
-    key = (id(node), ctx.half)
+    key = (node.layers[0], ctx.half)   # same weights at every input size and batch
     if key not in ctx.weight_cache:
         w = a["weights"].reshape(a["filters"], -1)
         ctx.weight_cache[key] = {
