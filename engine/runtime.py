@@ -191,8 +191,9 @@ class Runtime:
         path = cache_dir() / "binaries" / f"{digest}.bin"
         if self.binary_cache and path.is_file():
             try:
-                prg = cl.Program(self.context, [self.device], [path.read_bytes()]).build(options=opts)
-                return prg
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return cl.Program(self.context, [self.device], [path.read_bytes()]).build(options=opts)
             except (cl.Error, OSError):
                 pass   # stale or corrupt binary: rebuild from source below
         try:
