@@ -5,9 +5,10 @@
     >>> det.detect(cv2.imread("dog.jpg"))
 """
 from .detector import Detector
+from .draw import draw
 from .errors import CfgError, DeviceError, ImageError, LimitError, WeightsError, YoloClError
 from .postprocess import Detection
 
 __version__ = "0.1.0"
 __all__ = ["Detector", "Detection", "YoloClError", "CfgError", "WeightsError", "ImageError", "DeviceError",
-           "LimitError", "__version__"]
+           "LimitError", "draw", "__version__"]
