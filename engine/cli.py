@@ -24,11 +24,13 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .errors import DeviceError, ImageError, YoloClError
+from .preprocess import FITS
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".dib", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm",
               ".pnm", ".jp2", ".sr", ".ras", ".exr", ".hdr", ".pic"}
 VIDEO_EXTS = {".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv"}
 WRITABLE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+VIDEO_OUT_EXTS = {".mp4", ".avi", ".mkv"}
 URL_RE = re.compile(r"^(rtsp|rtsps|rtmp|http|https)://", re.IGNORECASE)
 DEFAULT_MODEL = "yolov3-tiny"
 MIB = 2.0 ** 20
@@ -95,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--names", help="class names file, one per line (default: by class count, COCO or VOC)")
     d.add_argument("--thresh", type=_fraction, default=0.25, help="confidence threshold (default 0.25)")
     d.add_argument("--nms", type=_fraction, default=0.45, help="NMS IoU threshold, 0 disables (default 0.45)")
-    d.add_argument("--out", metavar="DIR", help="write annotated images (and videos) to DIR")
+    d.add_argument("--out", metavar="DIR", help="write annotated images and videos to DIR (same file names)")
     d.add_argument("--json", action="store_true",
                    help="print one JSON document in Darknet's -out layout instead of text")
     d.add_argument("--jsonl", metavar="FILE", help="streams: write one JSON line per frame to FILE")
@@ -103,14 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
                                     "$YOLO_CL_DEVICE, else the first GPU)")
     d.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     d.add_argument("--letterbox", action="store_true", help="short for --fit letterbox")
-    d.add_argument("--fit", choices=("stretch", "letterbox"),
+    d.add_argument("--fit", choices=FITS,
                    help="resize mode (default: the cfg's letter_box, as Darknet)")
     d.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
     d.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
     d.add_argument("--show", action="store_true", help="streams: show frames in a window")
-    d.add_argument("--live", action="store_true", help="streams: treat the source as live (drop late frames)")
-    d.add_argument("--reconnect", type=_count, default=0, metavar="N",
-                   help="streams: reconnect up to N times after the source drops")
+    d.add_argument("--live", action="store_true", default=None,
+                   help="streams: treat the source as live, dropping late frames (default: cameras and URLs)")
+    d.add_argument("--reconnect", type=_count, default=None, metavar="N",
+                   help="streams: reconnect up to N times after a live source drops")
     d.set_defaults(func=cmd_detect)
 
     i = sub.add_parser("info", help="show a model's fused graph and memory plan (no device needed)")
@@ -266,16 +269,21 @@ def _make_detector(args):
 
 
 class _OutputNames:
-    """File names for annotated images in --out: the source's name, made unique within this run."""
+    """File names for annotated images and videos in --out: the source's name, unique within this run."""
 
     def __init__(self, out_dir: Path) -> None:
         self.dir = out_dir
         self.used: set = set()
 
-    def path_for(self, source: str) -> Path:
+    def path_for(self, source: str, exts: set = WRITABLE_EXTS, default_ext: str = ".jpg") -> Path:
         src = Path(source)
-        ext = src.suffix.lower() if src.suffix.lower() in WRITABLE_EXTS else ".jpg"
-        stem = src.stem or "image"
+        ext = src.suffix.lower() if src.suffix.lower() in exts else default_ext
+        if source.isdigit():
+            stem = f"camera{source}"
+        elif URL_RE.match(source):
+            stem = "stream"
+        else:
+            stem = src.stem or "image"
         name, k = f"{stem}{ext}", 1
         while name in self.used or _same_file(self.dir / name, src):
             name, k = f"{stem}_{k}{ext}", k + 1
@@ -372,7 +380,8 @@ def cmd_detect(args) -> int:
             pending.append(src)
             continue
         flush_images()
-        failures += _run_stream(detector, src, args)
+        video = out_names.path_for(src, VIDEO_OUT_EXTS, ".mp4") if out_names is not None else None
+        failures += _run_stream(detector, src, argparse.Namespace(**{**vars(args), "out": video}))
     flush_images()
     if args.json:
         print(json.dumps(frames, indent=1))
@@ -380,7 +389,10 @@ def cmd_detect(args) -> int:
 
 
 def _run_stream(detector, source: str, args) -> int:
-    """Hand a video/camera/URL source to yolo_cl.video; returns the number of failures (0 or 1)."""
+    """Hand a video/camera/URL source to yolo_cl.video; returns the number of failures (0 or 1).
+
+    There ``args.out`` is the annotated video's file (in the --out folder), not the folder.
+    """
     try:
         from .video import run_detect_stream
     except ImportError as e:
