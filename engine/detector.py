@@ -21,7 +21,7 @@ from .executor import Executor
 from .graph import build_graph
 from .layers import build_layers, head_layers, parse_net
 from .postprocess import Detection
-from .preprocess import FITS, check_image, letterbox_size, to_blob
+from .preprocess import FITS, Placement, check_image, placement, to_blob
 from .runtime import Runtime
 from .weights import load_weights
 from .zoo import default_names, read_names, resolve
@@ -105,12 +105,18 @@ class Detector:
                 self._executors[(batch, size)] = ex
             return ex
 
-    def crop_size(self, img_w: int, img_h: int) -> tuple:
-        """Aspect-ratio network size for ``fit="crop"``: the image fitted inside the cfg's size,
-        each side rounded up to the network's stride (e.g. 16:9 in 416x416 -> 416x256)."""
-        w, h = letterbox_size(img_w, img_h, *self.input_size)
-        s = self.stride
-        return max(s, -(-w // s) * s), max(s, -(-h // s) * s)
+    def placement(self, img_w: int, img_h: int) -> Placement:
+        """How an image of this size is laid out in the network input under the Detector's fit.
+
+        ``fit="crop"`` shrinks the input to the image's aspect ratio (16:9 in 416x416 ->
+        416x256): the network is fully convolutional, so only the yolo grids change."""
+        w, h = self.input_size
+        return placement(self.fit, img_w, img_h, w, h, self.stride)
+
+    def net_size_for(self, img_w: int, img_h: int) -> tuple:
+        """The network input (width, height) used for an image of this size."""
+        p = self.placement(img_w, img_h)
+        return p.net_w, p.net_h
 
     def forward(self, blob: np.ndarray) -> list:
         """Raw head inputs (NCHW float32, one per [yolo]/[region] in cfg order) for an NCHW blob in [0, 1].
@@ -133,31 +139,27 @@ class Detector:
     def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45) -> list:
         """Detections for several images, batched into one forward pass per network size; NMS per image."""
         imgs = [check_image(im) for im in images]
-        sizes = [self.net_size_for(im.shape[1], im.shape[0]) for im in imgs]
+        places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
-        for size in dict.fromkeys(sizes):
-            idx = [i for i, s in enumerate(sizes) if s == size]
-            w, h = size
-            blob = np.empty((len(idx), self.net.channels, h, w), np.float32)
-            fit = "stretch" if self.fit == "crop" else self.fit
+        for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
+            idx = [i for i, p in enumerate(places) if (p.net_w, p.net_h) == size]
+            blob = np.empty((len(idx), self.net.channels, size[1], size[0]), np.float32)
             for j, i in enumerate(idx):
-                to_blob(imgs[i], w, h, fit, out=blob[j])
+                to_blob(imgs[i], size[0], size[1], out=blob[j], place=places[i])
             outs = self.forward(blob)
             for j, i in enumerate(idx):
                 im = imgs[i]
-                results[i] = self.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], thresh, nms, size)
+                results[i] = self.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], thresh, nms, places[i])
         return results
 
-    def net_size_for(self, img_w: int, img_h: int) -> tuple:
-        """The network input size used for an image of this size under the Detector's fit."""
-        return self.crop_size(img_w, img_h) if self.fit == "crop" else self.input_size
-
     def postprocess(self, heads: list, img_w: int, img_h: int, thresh: float = 0.25, nms: float = 0.45,
-                    size: Optional[tuple] = None) -> list:
-        """Decode one image's raw heads (from a network of input ``size``), map boxes to its pixels, apply NMS."""
+                    place: Optional[Placement] = None) -> list:
+        """Decode one image's raw heads, map boxes to its pixels through ``place``
+        (default: the Detector's layout for that image size), apply NMS."""
         if not self.heads:
             raise YoloClError(f"{self.cfg_path}: the network has no [yolo] or [region] layer to detect with")
-        w, h = size if size is not None else self.input_size
+        place = place if place is not None else self.placement(img_w, img_h)
+        w, h = place.net_w, place.net_h
         all_boxes, all_probs = [], []
         for raw, head in zip(heads, self.heads):
             if head.kind == "yolo":
@@ -168,7 +170,7 @@ class Detector:
             all_probs.append(probs)
         boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4))
         probs = np.concatenate(all_probs) if all_probs else np.zeros((0, self.classes))
-        boxes = post.correct_boxes(boxes, img_w, img_h, w, h, self.fit == "letterbox")
+        boxes = post.correct_boxes(boxes, place)
         p = self.heads[-1].p
         probs = post.nms(boxes, probs, nms, p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)

@@ -1,0 +1,909 @@
+"""Video files, cameras and streams through a Detector, as a pipeline of threads.
+
+``open_source`` turns a video file, a camera index, a stream URL or an iterable of frames
+into numbered frames. ``Pipeline`` runs decode -> preprocess -> inference -> postprocess in
+their own threads joined by small bounded channels, so throughput approaches the slowest
+stage rather than the sum of all stages. Files keep every frame, in order (a full channel
+blocks its producer). Live sources keep only the newest frame in front of inference (a full
+channel drops its oldest item and counts it), so latency stays bounded when the camera is
+faster than the network. ``run_detect_stream`` is the CLI's driver: it adds drawing, video
+and JSONL output written atomically, a progress line and a summary.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Union
+
+import cv2
+import numpy as np
+
+from .errors import ImageError, YoloClError
+from .preprocess import check_image, to_blob
+
+log = logging.getLogger("yolo_cl.video")
+
+VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv", ".flv", ".ts",
+              ".mts", ".3gp", ".ogv", ".gif"}
+URL_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+MAX_BACKOFF_S = 30.0
+MAX_BAD_GRABS = 25          # failed grabs in a row inside a file before it counts as its end
+
+
+# -- sources ------------------------------------------------------------------------------------
+@dataclass
+class Frame:
+    """One decoded frame: its index in the source, BGR pixels, time stamp (s) and when it was read."""
+
+    index: int
+    image: np.ndarray
+    timestamp: float
+    read_at: float
+
+
+class Source:
+    """Numbered frames from somewhere. ``read`` returns the next Frame, or None at the end
+    (``end_reason`` then says why). ``corrupt`` counts frames that could not be decoded."""
+
+    name = "<source>"
+    live = False
+    fps: Optional[float] = None
+    size: Optional[tuple] = None        # (width, height) if known before the first frame
+    frame_count: Optional[int] = None   # frames in a file, if the container says
+    corrupt = 0
+    reconnects = 0
+    end_reason = ""
+
+    def read(self) -> Optional[Frame]:
+        raise NotImplementedError
+
+    def interrupt(self) -> None:
+        """Ask a blocked or backing-off ``read`` to give up soon (safe from any thread)."""
+
+    def close(self) -> None:
+        """Release the source (only once no thread is reading it)."""
+
+
+class IterableSource(Source):
+    """Frames from any iterable of images (a list, a generator, another library's frames).
+
+    Items that are not usable images (None, empty or wrongly shaped arrays) are skipped and
+    counted as corrupt. Time stamps are ``index / fps`` when ``fps`` is given, else seconds
+    since the first frame.
+    """
+
+    def __init__(self, frames: Iterable, live: bool = False, fps: Optional[float] = None,
+                 name: str = "<frames>") -> None:
+        self._it = iter(frames)
+        self.live, self.fps, self.name = bool(live), fps, name
+        self._next = 0
+        self._t0: Optional[float] = None
+        self._stop = threading.Event()
+
+    def read(self) -> Optional[Frame]:
+        for item in self._it:
+            if self._stop.is_set():
+                break
+            try:
+                image = check_image(item)
+            except ImageError:
+                self.corrupt += 1
+                continue
+            now = time.monotonic()
+            if self._t0 is None:
+                self._t0 = now
+            index, self._next = self._next, self._next + 1
+            ts = index / self.fps if self.fps else now - self._t0
+            return Frame(index, image, ts, now)
+        self.end_reason = "interrupted" if self._stop.is_set() else "end of frames"
+        return None
+
+    def interrupt(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            try:
+                close()
+            except (RuntimeError, ValueError):   # a generator still running in another thread
+                pass
+
+
+def _open_capture(target: Union[int, str], kind: str, timeout_s: float):
+    """A ``cv2.VideoCapture`` for ``target``, or None if OpenCV cannot open it."""
+    level = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)   # no WARN spam for a bad index
+    try:
+        if kind == "url":
+            ms = int(timeout_s * 1000)
+            cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG,
+                                   [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms])
+            if not cap.isOpened():
+                cap = cv2.VideoCapture(target)
+        else:
+            cap = cv2.VideoCapture(target)
+    finally:
+        cv2.utils.logging.setLogLevel(level)
+    if not cap.isOpened():
+        cap.release()
+        return None
+    return cap
+
+
+class CaptureSource(Source):
+    """A video file, camera or stream URL read through ``cv2.VideoCapture``.
+
+    A frame that fails to decode is skipped and counted. A live source that stops delivering
+    is reopened up to ``reconnect`` times, waiting ``backoff`` seconds, doubling each try
+    (at most 30 s); a frame arriving resets the count. After that the source ends and
+    ``end_reason`` says so.
+    """
+
+    def __init__(self, target: Union[int, str], kind: str, name: str, live: Optional[bool] = None,
+                 reconnect: int = 5, backoff: float = 1.0, timeout: float = 10.0) -> None:
+        self.target, self.kind, self.name = target, kind, name
+        self.reconnect, self.backoff, self.timeout = max(0, int(reconnect)), max(0.0, float(backoff)), timeout
+        self._stop = threading.Event()
+        self._cap = _open_capture(target, kind, timeout)
+        if self._cap is None:
+            what = {"camera": f"camera {target}: cannot open (no such camera, or it is busy)",
+                    "url": f"{name}: cannot open the stream (unreachable, or not a format OpenCV reads)",
+                    "file": f"{name}: cannot open as a video (not a format OpenCV can decode)"}[kind]
+            raise ImageError(what)
+        fps = self._cap.get(cv2.CAP_PROP_FPS)
+        self.fps = fps if 0 < fps < 1000 else None
+        w, h = int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        self.size = (w, h) if w > 0 and h > 0 else None
+        count = int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        self.frame_count = count if count > 0 and kind != "camera" else None
+        if live is None:   # a URL with a known length is a file served over the network
+            live = kind == "camera" or (kind == "url" and self.frame_count is None)
+        self.live = bool(live)
+        self._next = 0
+        self._t0 = time.monotonic()
+        self._bad_grabs = 0
+
+    def read(self) -> Optional[Frame]:
+        while not self._stop.is_set():
+            if not self._cap.grab():
+                if self._more_in_file():
+                    continue
+                if self.live and self.kind != "file" and self._reopen():
+                    continue
+                if not self.end_reason:
+                    self.end_reason = "end of file" if not self.live else "stream ended"
+                return None
+            ok, image = self._cap.retrieve()
+            if not ok or image is None or image.size == 0:
+                self.corrupt += 1
+                continue
+            self.corrupt += self._bad_grabs   # failed grabs followed by a good one were bad frames
+            self._bad_grabs = 0
+            now = time.monotonic()
+            index, self._next = self._next, self._next + 1
+            return Frame(index, image, self._timestamp(index, now), now)
+        self.end_reason = "interrupted"
+        return None
+
+    def _timestamp(self, index: int, now: float) -> float:
+        """Container time for files (CAP_PROP_POS_MSEC, else index / fps); wall time for live sources."""
+        if self.live:
+            return now - self._t0
+        ms = self._cap.get(cv2.CAP_PROP_POS_MSEC)
+        if ms > 0 or index == 0:
+            return ms / 1000.0
+        return index / self.fps if self.fps else now - self._t0
+
+    def _more_in_file(self) -> bool:
+        """Whether a failed grab inside a file is worth retrying (a damaged packet, not the end)."""
+        if self.live or self.frame_count is None or self._bad_grabs >= MAX_BAD_GRABS:
+            return False
+        if self._next + self._bad_grabs >= self.frame_count:
+            return False
+        self._bad_grabs += 1
+        return True
+
+    def _reopen(self) -> bool:
+        """Reconnect with exponential backoff; False once every attempt has failed."""
+        self._cap.release()
+        for attempt in range(1, self.reconnect + 1):
+            delay = min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            log.warning("%s: no frame, reconnecting in %.1f s (attempt %d/%d)", self.name, delay, attempt,
+                        self.reconnect)
+            if self._stop.wait(delay):
+                break
+            cap = _open_capture(self.target, self.kind, self.timeout)
+            if cap is not None:
+                self._cap = cap
+                self.reconnects += 1
+                return True
+        self._cap = _ClosedCapture()
+        if self._stop.is_set():
+            self.end_reason = "interrupted"
+        elif self.reconnect:
+            self.end_reason = f"stream lost: no frames after {self.reconnect} reconnect attempts"
+        else:
+            self.end_reason = "stream lost (reconnect disabled)"
+        return False
+
+    def interrupt(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._cap.release()
+
+
+class _ClosedCapture:
+    """Stands in for a capture that is gone, so ``read`` and ``close`` need no None checks."""
+
+    def grab(self) -> bool:
+        return False
+
+    def release(self) -> None:
+        pass
+
+
+def source_kind(spec) -> str:
+    """'camera', 'url', 'file' or 'frames' for a source spec (no I/O)."""
+    if isinstance(spec, (int, np.integer)) or (isinstance(spec, str) and spec.strip().isdigit()):
+        return "camera"
+    if isinstance(spec, (str, Path)):
+        return "url" if URL_RE.match(str(spec)) else "file"
+    return "frames"
+
+
+def is_stream_source(spec) -> bool:
+    """True for what the CLI should hand to ``run_detect_stream``: a camera, a URL, a video file."""
+    kind = source_kind(spec)
+    if kind in ("camera", "url"):
+        return True
+    return kind == "file" and Path(str(spec)).suffix.lower() in VIDEO_EXTS
+
+
+def open_source(spec, live: Optional[bool] = None, reconnect: int = 5, backoff: float = 1.0,
+                timeout: float = 10.0, fps: Optional[float] = None) -> Source:
+    """A Source for ``spec``: a video file path, a camera index (``0`` or ``"0"``), a URL
+    (``rtsp://``, ``http(s)://``, anything OpenCV's FFmpeg opens), an iterable of BGR frames,
+    or a Source (returned as is). ``live`` defaults to True for cameras and URLs without a
+    known length, False otherwise. ``reconnect`` and ``backoff`` apply to live cameras and
+    URLs; ``timeout`` (s) bounds opening and reading a URL; ``fps`` times an iterable.
+    Raises ImageError, naming the source, if it cannot be opened.
+    """
+    if isinstance(spec, Source):
+        return spec
+    kind = source_kind(spec)
+    if kind == "frames":
+        if not hasattr(spec, "__iter__") or isinstance(spec, (bytes, np.ndarray)):
+            raise ImageError(f"cannot use a {type(spec).__name__} as a video source "
+                             "(give a path, camera index, URL or iterable of frames)")
+        return IterableSource(spec, live=bool(live), fps=fps)
+    if kind == "camera":
+        return CaptureSource(int(spec), "camera", f"camera {int(spec)}", live, reconnect, backoff, timeout)
+    name = str(spec)
+    if kind == "file" and not Path(name).is_file():
+        raise ImageError(f"{name}: no such video file")
+    return CaptureSource(name, kind, name, live, reconnect, backoff, timeout)
+
+
+# -- statistics ---------------------------------------------------------------------------------
+class StageTimes:
+    """Durations of one stage: mean over all samples, 95th percentile over the most recent ones."""
+
+    CAPACITY = 4096
+
+    def __init__(self) -> None:
+        self._ring = np.zeros(self.CAPACITY)
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, seconds: float) -> None:
+        self._ring[self.count % self.CAPACITY] = seconds
+        self.count += 1
+        self.total += seconds
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000.0 * self.total / self.count if self.count else 0.0
+
+    @property
+    def p95_ms(self) -> float:
+        n = min(self.count, self.CAPACITY)
+        return 1000.0 * float(np.percentile(self._ring[:n], 95)) if n else 0.0
+
+
+STAGES = ("decode", "preprocess", "inference", "postprocess", "output")
+
+
+class StreamStats:
+    """What a stream run did: frames out, frames dropped / corrupt, fps, per-stage times."""
+
+    def __init__(self, source: str = "", batch: int = 1) -> None:
+        self.source, self.batch = source, batch
+        self.stages = {name: StageTimes() for name in STAGES}
+        self.latency = StageTimes()    # frame read -> detections ready
+        self.read = 0
+        self.frames = 0
+        self.dropped = 0
+        self.corrupt = 0
+        self.reconnects = 0
+        self.end = ""
+        self.started = time.monotonic()
+        self.finished: Optional[float] = None
+        self._lock = threading.Lock()
+
+    def count_drop(self, n: int = 1) -> None:
+        with self._lock:
+            self.dropped += n
+
+    @property
+    def seconds(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+    @property
+    def fps(self) -> float:
+        s = self.seconds
+        return self.frames / s if s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        """The summary as plain data (what the CLI prints, what benchmarks record)."""
+        stages = {name: {"mean_ms": round(t.mean_ms, 3), "p95_ms": round(t.p95_ms, 3), "count": t.count}
+                  for name, t in self.stages.items() if t.count}
+        return {"source": self.source, "frames": self.frames, "dropped": self.dropped, "corrupt": self.corrupt,
+                "reconnects": self.reconnects, "fps": round(self.fps, 3), "seconds": round(self.seconds, 3),
+                "batch": self.batch, "end": self.end, "stages": stages,
+                "latency": {"mean_ms": round(self.latency.mean_ms, 3), "p95_ms": round(self.latency.p95_ms, 3)}}
+
+    def format(self) -> str:
+        """A short human summary: one headline and one line per stage."""
+        lines = [f"{self.source}: {self.frames} frames, {self.dropped} dropped, {self.corrupt} corrupt, "
+                 f"{self.fps:.1f} fps in {self.seconds:.1f} s ({self.end or 'done'})"]
+        if self.reconnects:
+            lines[0] += f", {self.reconnects} reconnects"
+        lines.append(f"  {'stage':<12}{'mean ms':>9}{'p95 ms':>9}")
+        for name, t in self.stages.items():
+            if t.count:
+                label = f"{name} x{self.batch}" if name == "inference" and self.batch > 1 else name
+                lines.append(f"  {label:<12}{t.mean_ms:>9.1f}{t.p95_ms:>9.1f}")
+        if self.latency.count:
+            lines.append(f"  {'latency':<12}{self.latency.mean_ms:>9.1f}{self.latency.p95_ms:>9.1f}")
+        return "\n".join(lines)
+
+
+# -- channels -----------------------------------------------------------------------------------
+_END = object()
+
+
+class Channel:
+    """A bounded FIFO between two threads.
+
+    ``drop_stale=False``: ``put`` waits while the channel is full (every item arrives).
+    ``drop_stale=True``: ``put`` evicts the oldest item instead and hands it to ``on_drop``
+    (the newest item wins). ``close`` marks the end of the items; ``stop`` aborts both ends.
+    """
+
+    def __init__(self, capacity: int, drop_stale: bool = False, on_drop=None) -> None:
+        self.capacity, self.drop_stale, self.on_drop = max(1, capacity), drop_stale, on_drop
+        self._items: collections.deque = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._stopped = False
+
+    def put(self, item) -> bool:
+        """Add ``item``; False if the channel was stopped."""
+        with self._cond:
+            while len(self._items) >= self.capacity and not self._stopped:
+                if self.drop_stale:
+                    old = self._items.popleft()
+                    if self.on_drop is not None:
+                        self.on_drop(old)
+                else:
+                    self._cond.wait(0.1)
+            if self._stopped:
+                return False
+            self._items.append(item)
+            self._cond.notify_all()
+            return True
+
+    def get(self):
+        """The next item, or ``_END`` once the channel is closed and empty, or stopped."""
+        with self._cond:
+            while not self._items and not self._closed and not self._stopped:
+                self._cond.wait(0.1)
+            if self._stopped or not self._items:
+                return _END
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+
+# -- pipeline -----------------------------------------------------------------------------------
+@dataclass
+class Result:
+    """One processed frame: source index, BGR frame, detections, time stamp (s) and read time."""
+
+    index: int
+    frame: np.ndarray
+    detections: list
+    timestamp: float
+    read_at: float
+
+
+@dataclass
+class _Batch:
+    frames: list
+    blob: np.ndarray
+    size: tuple      # network input (width, height) the blob was made for
+
+
+class Pipeline:
+    """decode -> preprocess -> inference -> postprocess on four threads; iterate for Results.
+
+    For files (``source.live`` False) every frame comes out, in order, and ``batch`` frames
+    share one forward pass (the last batch is padded, so no new executor is built). For live
+    sources ``batch`` is 1 and the channels in front of inference hold one item each and drop
+    the older one, so inference always takes the newest frame; drops are counted in
+    ``stats.dropped``. Blobs come from a fixed pool per network input size (one size for a
+    whole video, unless frame sizes change under ``fit="crop"``), so nothing is allocated
+    per frame beyond the decoded image itself.
+    """
+
+    def __init__(self, detector, source: Source, *, thresh: float = 0.25, nms: float = 0.45, batch: int = 1,
+                 depth: int = 2) -> None:
+        self.detector, self.source, self.thresh, self.nms = detector, source, thresh, nms
+        self.live = source.live
+        self.batch = 1 if self.live else max(1, int(batch))
+        self.stats = StreamStats(source.name, self.batch)
+        if self.live:
+            self._decoded = Channel(1, True, lambda _: self.stats.count_drop())
+            self._blobs = Channel(1, True, self._drop_batch)
+            self._heads, self._results = Channel(1), Channel(1)
+        else:
+            self._decoded, self._blobs = Channel(depth), Channel(depth)
+            self._heads, self._results = Channel(depth * self.batch), Channel(depth)
+        self._fit = "stretch" if detector.fit == "crop" else detector.fit   # crop: stretch to an aspect-ratio size
+        self._pools: dict = {}          # network size -> deque of free (batch, C, H, W) blobs
+        self._pool_cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._threads: list = []
+        if source.size is not None:     # compile for this batch and size now, not on the first frame
+            detector.executor(self.batch, detector.net_size_for(*source.size))
+
+    # The four stages. Each ends by closing its output channel, so the end flows downstream.
+    def _decode(self) -> None:
+        src, times = self.source, self.stats.stages["decode"]
+        try:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                frame = src.read()
+                if frame is None:
+                    break
+                times.add(time.perf_counter() - t0)
+                self.stats.read += 1
+                if not self._decoded.put(frame):
+                    break
+        finally:
+            self.stats.corrupt, self.stats.reconnects = src.corrupt, src.reconnects
+            self.stats.end = src.end_reason
+            self._decoded.close()
+
+    def _preprocess(self) -> None:
+        times, det = self.stats.stages["preprocess"], self.detector
+        batch: Optional[_Batch] = None
+        try:
+            while True:
+                frame = self._decoded.get()
+                if frame is _END:
+                    break
+                t0 = time.perf_counter()
+                h, w = frame.image.shape[:2]
+                size = det.net_size_for(w, h)
+                if batch is not None and batch.size != size:   # a batch shares one network size
+                    if not self._blobs.put(batch):
+                        return
+                    batch = None
+                if batch is None:
+                    blob = self._take_blob(size)
+                    if blob is None:
+                        return
+                    batch = _Batch([], blob, size)
+                to_blob(frame.image, size[0], size[1], self._fit, out=batch.blob[len(batch.frames)])
+                times.add(time.perf_counter() - t0)
+                batch.frames.append(frame)
+                if len(batch.frames) == self.batch:
+                    if not self._blobs.put(batch):
+                        return
+                    batch = None
+            if batch is not None:
+                self._blobs.put(batch)
+        finally:
+            self._blobs.close()
+
+    def _infer(self) -> None:
+        times = self.stats.stages["inference"]
+        try:
+            while True:
+                item = self._blobs.get()
+                if item is _END:
+                    break
+                t0 = time.perf_counter()
+                outs = self.detector.forward(item.blob)
+                times.add(time.perf_counter() - t0)
+                self._give_blob(item)
+                for i, frame in enumerate(item.frames):
+                    if not self._heads.put((frame, [o[i] for o in outs], item.size)):
+                        return
+        finally:
+            self._heads.close()
+
+    def _postprocess(self) -> None:
+        times = self.stats.stages["postprocess"]
+        try:
+            while True:
+                item = self._heads.get()
+                if item is _END:
+                    break
+                frame, heads, size = item
+                t0 = time.perf_counter()
+                h, w = frame.image.shape[:2]
+                dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, size)
+                times.add(time.perf_counter() - t0)
+                if not self._results.put(Result(frame.index, frame.image, dets, frame.timestamp, frame.read_at)):
+                    return
+        finally:
+            self._results.close()
+
+    # Blob pools: per network size, enough batch buffers for every item that can be in flight
+    # (one being filled, a full channel, one in inference), made when the size is first seen.
+    def _take_blob(self, size: tuple) -> Optional[np.ndarray]:
+        with self._pool_cond:
+            pool = self._pools.get(size)
+            if pool is None:
+                shape = (self.batch, self.detector.net.channels, size[1], size[0])
+                pool = self._pools[size] = collections.deque(
+                    np.zeros(shape, np.float32) for _ in range(self._blobs.capacity + 3))
+            while not pool and not self._stop.is_set():
+                self._pool_cond.wait(0.1)
+            return pool.popleft() if pool else None
+
+    def _give_blob(self, item: _Batch) -> None:
+        with self._pool_cond:
+            self._pools[item.size].append(item.blob)
+            self._pool_cond.notify_all()
+
+    def _drop_batch(self, item: _Batch) -> None:
+        self.stats.count_drop(len(item.frames))
+        self._give_blob(item)
+
+    def _guard(self, stage):
+        """Run one stage; an exception stops the whole pipeline and is re-raised to the reader."""
+        def run() -> None:
+            try:
+                stage()
+            except BaseException as e:   # noqa: B902 - handed to the consuming thread
+                if self._error is None:
+                    self._error = e
+                self.stop()
+        return run
+
+    # -- control -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._threads:
+            return
+        self.stats.started = time.monotonic()
+        for name, stage in (("decode", self._decode), ("preprocess", self._preprocess),
+                            ("inference", self._infer), ("postprocess", self._postprocess)):
+            t = threading.Thread(target=self._guard(stage), name=f"yolo-cl-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Ask every stage to finish now (frames in flight are abandoned)."""
+        self._stop.set()
+        self.source.interrupt()
+        for ch in (self._decoded, self._blobs, self._heads, self._results):
+            ch.stop()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop and wait for the stage threads; the stats are final afterwards."""
+        self.stop()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if self.stats.finished is None:
+            self.stats.finished = time.monotonic()
+
+    def __iter__(self) -> Iterator[Result]:
+        self.start()
+        lat = self.stats.latency
+        try:
+            while True:
+                r = self._results.get()
+                if r is _END:
+                    break
+                self.stats.frames += 1
+                lat.add(time.monotonic() - r.read_at)
+                yield r
+            if self._error is not None:
+                raise self._error
+            self.stats.finished = time.monotonic()
+        finally:
+            self.close()
+
+
+def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: int = 1,
+           live: Optional[bool] = None, reconnect: int = 5, backoff: float = 1.0, timeout: float = 10.0,
+           fps: Optional[float] = None, stats: Optional[list] = None) -> Iterator[tuple]:
+    """Yield ``(frame_index, frame, detections)`` for every frame the pipeline processes.
+
+    See ``open_source`` for ``source``, ``live``, ``reconnect``, ``backoff``, ``timeout`` and
+    ``fps``. Pass a list as ``stats`` to receive the run's StreamStats when it ends.
+    """
+    src = open_source(source, live=live, reconnect=reconnect, backoff=backoff, timeout=timeout, fps=fps)
+    try:
+        pipe = Pipeline(detector, src, thresh=thresh, nms=nms, batch=batch)
+        if stats is not None:
+            stats.append(pipe.stats)
+        for r in pipe:
+            yield r.index, r.frame, r.detections
+    finally:
+        if src is not source:
+            src.close()
+
+
+# -- output -------------------------------------------------------------------------------------
+def _temp_beside(path: Path) -> Path:
+    """Reserve a hidden temp file next to ``path`` (same folder, same suffix) or fail now."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.part{path.suffix}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        open(tmp, "xb").close()      # unlike mkstemp, keeps the user's umask permissions
+    except OSError as e:
+        raise YoloClError(f"{path}: cannot write output ({e.strerror or e})") from None
+    return tmp
+
+
+class OutputSink:
+    """Annotated video and/or JSONL, written under temp names and renamed into place at the end.
+
+    The constructor reserves both temp files, so an unwritable path fails before any work.
+    The VideoWriter (mp4v) opens as soon as the frame size is known, at the source's fps.
+    """
+
+    def __init__(self, out: Optional[Union[str, Path]], jsonl: Optional[Union[str, Path]]) -> None:
+        self.out = Path(out) if out else None
+        self.jsonl = Path(jsonl) if jsonl else None
+        self._video_tmp = self._jsonl_tmp = None
+        self._writer = None
+        self._size: Optional[tuple] = None
+        self._fps = 30.0
+        self._jf = None
+        self.frames = 0
+        try:
+            if self.out is not None:
+                self._video_tmp = _temp_beside(self.out)
+            if self.jsonl is not None:
+                self._jsonl_tmp = _temp_beside(self.jsonl)
+                self._jf = open(self._jsonl_tmp, "w", encoding="utf-8")
+        except BaseException:
+            self.discard()
+            raise
+
+    def open_video(self, fps: Optional[float], size: Optional[tuple]) -> None:
+        """Open the VideoWriter now if the size is known; raise if OpenCV cannot write that file."""
+        self._fps = fps or 30.0
+        if self.out is not None and size is not None:
+            self._open_writer(size)
+
+    def _open_writer(self, size: tuple) -> None:
+        if self._writer is not None:
+            self._writer.release()
+        self._writer = cv2.VideoWriter(str(self._video_tmp), cv2.VideoWriter_fourcc(*"mp4v"), self._fps, size)
+        if not self._writer.isOpened():
+            self._writer = None
+            raise YoloClError(f"{self.out}: OpenCV cannot write this video file (use .mp4, .avi or .mkv)")
+        self._size = size
+
+    @property
+    def wants_drawing(self) -> bool:
+        return self.out is not None
+
+    def write(self, r: Result, annotated: Optional[np.ndarray]) -> None:
+        """Append one frame: the annotated image to the video, a JSON line to the JSONL."""
+        if self.out is not None and annotated is not None:
+            h, w = annotated.shape[:2]
+            if self._writer is None or (self.frames == 0 and self._size != (w, h)):
+                self._open_writer((w, h))
+            if (w, h) != self._size:
+                annotated = cv2.resize(annotated, self._size, interpolation=cv2.INTER_AREA)
+            self._writer.write(annotated)
+        if self._jf is not None:
+            rec = {"frame_id": r.index, "timestamp": round(float(r.timestamp), 6),
+                   "objects": [d.to_dict() for d in r.detections]}
+            self._jf.write(json.dumps(rec) + "\n")
+            self._jf.flush()
+        self.frames += 1
+
+    def finish(self) -> list:
+        """Close the files and rename them into place; with no frames written, leave nothing."""
+        if self.frames == 0:
+            self.discard()
+            return []
+        done = []
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+        if self._jf is not None:
+            self._jf.flush()
+            os.fsync(self._jf.fileno())
+            self._jf.close()
+            self._jf = None
+        for tmp, final in ((self._video_tmp, self.out), (self._jsonl_tmp, self.jsonl)):
+            if tmp is not None and final is not None:
+                os.replace(tmp, final)
+                done.append(final)
+        self._video_tmp = self._jsonl_tmp = None
+        return done
+
+    def discard(self) -> None:
+        """Drop the temp files (nothing useful was written)."""
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+        if self._jf is not None:
+            self._jf.close()
+            self._jf = None
+        for tmp in (self._video_tmp, self._jsonl_tmp):
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        self._video_tmp = self._jsonl_tmp = None
+
+
+class Progress:
+    """A one-line status on a terminal: a bar with fps and ETA for files, fps/latency/drops for live."""
+
+    def __init__(self, stream, total: Optional[int], live: bool, interval: float = 0.25) -> None:
+        self.stream, self.total, self.live, self.interval = stream, total, live, interval
+        self.enabled = hasattr(stream, "isatty") and stream.isatty()
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, stats: StreamStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._last < self.interval):
+            return
+        self._last = now
+        fps = stats.fps
+        if self.live or not self.total:
+            line = (f"{stats.frames} frames  {fps:5.1f} fps  latency {stats.latency.mean_ms:5.0f} ms"
+                    f"  dropped {stats.dropped}")
+        else:
+            done = min(stats.frames, self.total)
+            fill = int(24 * done / self.total)
+            eta = (self.total - done) / fps if fps > 0 else 0.0
+            line = (f"[{'#' * fill}{'-' * (24 - fill)}] {done}/{self.total} frames  {fps:5.1f} fps  "
+                    f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+        self.stream.write("\r" + line + "\x1b[K")
+        self.stream.flush()
+        self._shown = True
+
+    def finish(self) -> None:
+        if self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _display_available() -> bool:
+    """Whether cv2.imshow has somewhere to draw (a desktop session; OpenCV with a GUI backend)."""
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return False
+    return "NONE" not in re.findall(r"GUI:\s*(\S+)", cv2.getBuildInformation())[:1]
+
+
+class _Interrupt:
+    """While active, SIGINT sets a flag (the run then finishes its files) instead of raising;
+    a second SIGINT raises KeyboardInterrupt as usual. Only possible on the main thread."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._old = None
+
+    def __enter__(self) -> "_Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def run_detect_stream(detector, source, args) -> int:
+    """The CLI's video/camera/URL path. Returns the exit status (0, or 130 after Ctrl-C).
+
+    ``args`` attributes (all optional): out (annotated video), jsonl (one JSON line per
+    frame), show, batch, live, reconnect, backoff, thresh, nms, quiet. Outputs appear under
+    their final names only when the run ends, completed or interrupted.
+    """
+    opt = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
+    quiet = bool(opt("quiet", False))
+    sink = OutputSink(opt("out", None), opt("jsonl", None))       # unwritable outputs fail here, first
+    src = None
+    try:
+        src = open_source(source, live=opt("live", None), reconnect=opt("reconnect", 5), backoff=opt("backoff", 1.0))
+        sink.open_video(src.fps, src.size)
+        pipe = Pipeline(detector, src, thresh=opt("thresh", 0.25), nms=opt("nms", 0.45), batch=opt("batch", 1))
+    except BaseException:
+        sink.discard()
+        if src is not None:
+            src.close()
+        raise
+    show = bool(opt("show", False))
+    if show and not _display_available():
+        log.warning("--show: no display available, not showing frames")
+        show = False
+    from .draw import draw
+    names = detector.names
+    progress = Progress(sys.stderr, src.frame_count, src.live)
+    out_times = pipe.stats.stages["output"]
+    user_quit = False
+    try:
+        with _Interrupt() as interrupt:
+            for r in pipe:
+                t0 = time.perf_counter()
+                annotated = draw(r.frame, r.detections, names) if (sink.wants_drawing or show) else None
+                sink.write(r, annotated)
+                if show:
+                    cv2.imshow("yolo-cl", annotated)
+                    user_quit = (cv2.waitKey(1) & 0xFF) in (27, ord("q"))
+                out_times.add(time.perf_counter() - t0)
+                if not quiet:
+                    progress.update(pipe.stats)
+                if interrupt.hit or user_quit:
+                    break
+            interrupted = interrupt.hit
+    finally:
+        pipe.close()
+        if show:
+            cv2.destroyAllWindows()
+        written = sink.finish()
+        src.close()
+        progress.finish()
+    if interrupted:
+        pipe.stats.end = "interrupted"
+    elif user_quit:
+        pipe.stats.end = "stopped by user"
+    if not quiet:
+        print(pipe.stats.format(), file=sys.stderr)
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+    return 130 if interrupted else 0
