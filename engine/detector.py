@@ -113,6 +113,18 @@ class Detector:
         w, h = self.input_size
         return placement(self.fit, img_w, img_h, w, h, self.stride)
 
+    def stream(self, source, *, thresh: float = 0.25, nms: float = 0.45, batch: int = 1,
+               live: Optional[bool] = None, **opts):
+        """Yield ``(frame_index, frame, detections)`` from a video file, camera index, stream
+        URL or iterable of BGR frames, with decode, inference and box decoding on a thread pipeline.
+
+        Files yield every frame in order (``batch`` frames per forward pass); live sources
+        (cameras, streams, or ``live=True``) yield the newest frame and skip stale ones. Other
+        options (``reconnect``, ``backoff``, ``timeout``, ``fps``, ``stats``): see ``yolo_cl.video.stream``.
+        """
+        from .video import stream
+        return stream(self, source, thresh=thresh, nms=nms, batch=batch, live=live, **opts)
+
     def net_size_for(self, img_w: int, img_h: int) -> tuple:
         """The network input (width, height) used for an image of this size."""
         p = self.placement(img_w, img_h)

@@ -452,6 +452,7 @@ class Result:
 @dataclass
 class _Batch:
     frames: list
+    places: list     # each frame's Placement in the network input
     blob: np.ndarray
     size: tuple      # network input (width, height) the blob was made for
 
@@ -481,7 +482,6 @@ class Pipeline:
         else:
             self._decoded, self._blobs = Channel(depth), Channel(depth)
             self._heads, self._results = Channel(depth * self.batch), Channel(depth)
-        self._fit = "stretch" if detector.fit == "crop" else detector.fit   # crop: stretch to an aspect-ratio size
         self._pools: dict = {}          # network size -> deque of free (batch, C, H, W) blobs
         self._pool_cond = threading.Condition()
         self._stop = threading.Event()
@@ -518,7 +518,8 @@ class Pipeline:
                     break
                 t0 = time.perf_counter()
                 h, w = frame.image.shape[:2]
-                size = det.net_size_for(w, h)
+                place = det.placement(w, h)
+                size = (place.net_w, place.net_h)
                 if batch is not None and batch.size != size:   # a batch shares one network size
                     if not self._blobs.put(batch):
                         return
@@ -527,10 +528,11 @@ class Pipeline:
                     blob = self._take_blob(size)
                     if blob is None:
                         return
-                    batch = _Batch([], blob, size)
-                to_blob(frame.image, size[0], size[1], self._fit, out=batch.blob[len(batch.frames)])
+                    batch = _Batch([], [], blob, size)
+                to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
                 times.add(time.perf_counter() - t0)
                 batch.frames.append(frame)
+                batch.places.append(place)
                 if len(batch.frames) == self.batch:
                     if not self._blobs.put(batch):
                         return
@@ -551,8 +553,8 @@ class Pipeline:
                 outs = self.detector.forward(item.blob)
                 times.add(time.perf_counter() - t0)
                 self._give_blob(item)
-                for i, frame in enumerate(item.frames):
-                    if not self._heads.put((frame, [o[i] for o in outs], item.size)):
+                for i, (frame, place) in enumerate(zip(item.frames, item.places)):
+                    if not self._heads.put((frame, [o[i] for o in outs], place)):
                         return
         finally:
             self._heads.close()
@@ -564,10 +566,10 @@ class Pipeline:
                 item = self._heads.get()
                 if item is _END:
                     break
-                frame, heads, size = item
+                frame, heads, place = item
                 t0 = time.perf_counter()
                 h, w = frame.image.shape[:2]
-                dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, size)
+                dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
                 times.add(time.perf_counter() - t0)
                 if not self._results.put(Result(frame.index, frame.image, dets, frame.timestamp, frame.read_at)):
                     return
