@@ -6,6 +6,7 @@ the line it came from. Options Darknet uses only for training are accepted and i
 """
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, TypeVar, Union
@@ -37,6 +38,7 @@ UNSUPPORTED = {"connected", "crnn", "rnn", "gru", "lstm", "conv_lstm", "history"
 
 MAX_CFG_BYTES = 4 << 20
 MAX_SECTIONS = 10000
+MAX_SHOWN = 40   # characters of a user's text quoted in an error message
 
 T = TypeVar("T")
 _REQUIRED = object()
@@ -74,9 +76,9 @@ class Section:
         try:
             value = conv(raw)
         except (ValueError, OverflowError):
-            raise self.error(f"option '{key}={raw}' is not {what}", key) from None
+            raise self.error(f"option '{key}={show(raw)}' is not {what}", key) from None
         if lo is not None and value < lo or hi is not None and value > hi:
-            raise self.error(f"option '{key}={raw}' is out of range [{lo}, {hi}]", key)
+            raise self.error(f"option '{key}={show(raw)}' is out of range [{lo}, {hi}]", key)
         return value
 
     def int(self, key: str, default=_REQUIRED, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
@@ -89,7 +91,7 @@ class Section:
     def str(self, key: str, default=_REQUIRED, choices: Optional[Sequence[str]] = None) -> str:
         value = self._get(key, default, lambda s: s.strip(), "text", None, None)
         if choices is not None and value not in choices:
-            raise self.error(f"option '{key}={value}' is not one of {', '.join(choices)}", key)
+            raise self.error(f"option '{key}={show(value)}' is not one of {', '.join(choices)}", key)
         return value
 
     def ints(self, key: str, default=_REQUIRED, lo: Optional[int] = None, hi: Optional[int] = None) -> list:
@@ -98,12 +100,31 @@ class Section:
                            "a list of integers", None, None)
         for v in values:
             if lo is not None and v < lo or hi is not None and v > hi:
-                raise self.error(f"option '{key}' has value {v} out of range [{lo}, {hi}]", key)
+                raise self.error(f"option '{key}' has value {show(str(v))} out of range [{lo}, {hi}]", key)
         return values
 
     def floats(self, key: str, default=_REQUIRED) -> list:
         return self._get(key, default, lambda s: [_to_float(v) for v in s.split(",") if v.strip()],
                          "a list of numbers", None, None)
+
+
+def show(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` fit to quote in a one-line message: control characters escaped, long text cut."""
+    out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text[:limit])
+    return out + "..." if len(text) > limit else out
+
+
+def regular_file_size(p: Path, shown: str, error: type, what: str) -> int:
+    """Size of the regular file ``p``, or ``error`` saying why it cannot be read (so a FIFO never blocks)."""
+    try:
+        st = p.stat()
+    except (FileNotFoundError, ValueError):
+        raise error(f"{shown}: {what} not found") from None
+    except OSError as e:
+        raise error(f"{shown}: cannot read {what} ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{shown}: {what} is not a regular file")
+    return st.st_size
 
 
 def _to_int(s: str) -> int:
@@ -126,14 +147,15 @@ def _to_float(s: str) -> float:
 
 def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
     """Parse a cfg file (or ``text`` attributed to ``source``) into sections; the first is ``[net]``."""
-    path = str(source)
+    p = Path(source)
+    path = show(str(source), 300)
     if text is None:
-        p = Path(path)
-        if not p.is_file():
-            raise CfgError(f"{path}: cfg file not found")
-        if p.stat().st_size > MAX_CFG_BYTES:
+        if regular_file_size(p, path, CfgError, "cfg file") > MAX_CFG_BYTES:
             raise CfgError(f"{path}: cfg file is larger than {MAX_CFG_BYTES >> 20} MiB; not a Darknet cfg")
-        data = p.read_bytes()
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise CfgError(f"{path}: cannot read cfg file ({e.strerror})") from None
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -146,18 +168,18 @@ def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
             continue
         if line.startswith("["):
             if not line.endswith("]"):
-                raise CfgError(f"{path}:{lineno}: malformed section header '{line[:40]}'")
+                raise CfgError(f"{path}:{lineno}: malformed section header '{show(line)}'")
             name = line[1:-1].strip().lower()
             if name in UNSUPPORTED:
-                raise CfgError(f"{path}:{lineno}: section [{name}] is not supported by yolo-cl")
+                raise CfgError(f"{path}:{lineno}: section [{show(name)}] is not supported by yolo-cl")
             if name not in SECTION_KINDS:
-                raise CfgError(f"{path}:{lineno}: unknown section [{name[:40]}]")
+                raise CfgError(f"{path}:{lineno}: unknown section [{show(name)}]")
             if len(sections) >= MAX_SECTIONS:
                 raise CfgError(f"{path}:{lineno}: more than {MAX_SECTIONS} sections")
             sections.append(Section(SECTION_KINDS[name], path, lineno))
             continue
         if "=" not in line:
-            raise CfgError(f"{path}:{lineno}: expected 'key=value', got '{line[:40]}'")
+            raise CfgError(f"{path}:{lineno}: expected 'key=value', got '{show(line)}'")
         if not sections:
             raise CfgError(f"{path}:{lineno}: option before the first [section]")
         key, value = line.split("=", 1)

@@ -15,6 +15,7 @@ import numpy as np
 from .errors import YoloClError
 from .graph import Graph
 from .kernels import BindContext, bind_node, workspace_elems
+from .limits import check_executor
 from .planner import plan_memory
 
 
@@ -38,6 +39,8 @@ class Executor:
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
         self.plan = plan_memory(graph, batch)
         item = 2 if half else 4
+        check_executor(graph, self.plan.arena_elems, max((workspace_elems(n, batch) for n in graph.nodes), default=0),
+                       batch, item, getattr(rt, "device", None))   # refuse before allocating anything
         self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
         ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
         self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning,

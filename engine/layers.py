@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .cfg import Section
-from .errors import CfgError
+from .cfg import Section, show
+from .errors import CfgError, LimitError
+from .limits import cap_source, check_layer, gib, max_bytes
 
 ACTIVATIONS = ("linear", "leaky", "relu", "relu6", "logistic", "tanh", "mish", "swish", "hard_mish")
 ACT_ID = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -18,6 +19,7 @@ ACT_ID = {name: i for i, name in enumerate(ACTIVATIONS)}
 MAX_SIDE = 16384      # largest network width/height we accept
 MAX_CHANNELS = 65536  # largest channel count of any tensor
 MAX_KERNEL = 64
+MAX_INPUTS = 256      # largest number of layers one [route] or [shortcut] may name
 
 
 @dataclass
@@ -56,21 +58,43 @@ def parse_net(s: Section, input_size=None) -> NetInfo:
     w = s.int("width", 416, 1, MAX_SIDE)
     h = s.int("height", 416, 1, MAX_SIDE)
     if input_size is not None:
-        w, h = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
-        if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE):
-            raise CfgError(f"input size {w}x{h} is out of range [1, {MAX_SIDE}]")
+        w, h = _input_size(input_size)
     return NetInfo(w, h, s.int("channels", 3, 1, 4096), bool(s.int("letter_box", 0, 0, 1)))
+
+
+def _input_size(value) -> tuple:
+    """An int or a (width, height) pair of ints within [1, MAX_SIDE]."""
+    try:
+        pair = (value, value) if isinstance(value, int) else tuple(value)
+    except TypeError:
+        pair = ()
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+        raise CfgError(f"input size {str(value)[:40]!r} is not an integer or a (width, height) pair")
+    w, h = pair
+    if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE):
+        raise CfgError(f"input size {w}x{h} is out of range [1, {MAX_SIDE}]")
+    return w, h
 
 
 def _activation(s: Section, default: str) -> str:
     return s.str("activation", default, ACTIVATIONS)
 
 
+def _refs(s: Section, idx: int, key: str) -> list:
+    """The earlier layers a list option names (at least one, at most MAX_INPUTS)."""
+    values = s.ints(key)
+    if not values:
+        raise s.error(f"'{key}' is empty", key)
+    if len(values) > MAX_INPUTS:
+        raise s.error(f"'{key}' names {len(values)} layers; at most {MAX_INPUTS} are supported", key)
+    return [_rel(s, idx, v, key) for v in values]
+
+
 def _rel(s: Section, idx: int, value: int, key: str) -> int:
     """Resolve Darknet's relative (negative) or absolute layer index."""
     j = idx + value if value < 0 else value
     if not 0 <= j < idx:
-        raise s.error(f"'{key}' refers to layer {value}, which is not an earlier layer", key)
+        raise s.error(f"'{key}' refers to layer {show(str(value))}, which is not an earlier layer", key)
     return j
 
 
@@ -125,9 +149,7 @@ def _avgpool(s, i, c, h, w, prev):
 
 
 def _route(s, i, c, h, w, prev, layers):
-    idx = [_rel(s, i, v, "layers") for v in s.ints("layers")]
-    if not idx:
-        raise s.error("'layers' is empty", "layers")
+    idx = _refs(s, i, "layers")
     groups = s.int("groups", 1, 1, MAX_CHANNELS)
     group_id = s.int("group_id", 0, 0, groups - 1)
     first = layers[idx[0]]
@@ -144,9 +166,7 @@ def _route(s, i, c, h, w, prev, layers):
 
 
 def _shortcut(s, i, c, h, w, prev, layers):
-    idx = [_rel(s, i, v, "from") for v in s.ints("from")]
-    if not idx:
-        raise s.error("'from' is empty", "from")
+    idx = _refs(s, i, "from")
     if s.str("weights_type", "none") != "none":
         raise s.error("weighted shortcuts (weights_type) are not supported", "weights_type")
     for j in idx:
@@ -240,6 +260,10 @@ def build_layers(sections: list, net: NetInfo) -> list:
     """Turn parsed sections (after [net]) into layers with inferred shapes."""
     layers: list = []
     c, h, w = net.channels, net.height, net.width
+    cap = max_bytes()
+    if 4 * c * h * w > cap:
+        raise LimitError(f"the {w}x{h}x{c} network input would need {gib(4 * c * h * w)}, "
+                         f"more than the {gib(cap)} limit ({cap_source()})")
     for s in sections[1:]:
         i = s.index
         prev = i - 1
@@ -247,9 +271,14 @@ def build_layers(sections: list, net: NetInfo) -> list:
             inputs, oc, oh, ow, p = _SIMPLE[s.kind](s, i, c, h, w, prev)
         else:
             inputs, oc, oh, ow, p = _WITH_LAYERS[s.kind](s, i, c, h, w, prev, layers)
-        if not (1 <= oc <= MAX_CHANNELS * 64 and oh >= 1 and ow >= 1):
+        if not (1 <= oc <= MAX_CHANNELS * 64 and 1 <= oh <= MAX_SIDE * 4 and 1 <= ow <= MAX_SIDE * 4):
             raise s.error(f"output shape {oc}x{oh}x{ow} is not valid")
-        layers.append(Layer(i, s.kind, s, inputs, oc, oh, ow, p))
+        layer = Layer(i, s.kind, s, inputs, oc, oh, ow, p)
+        try:
+            check_layer(layer, cap)
+        except LimitError as e:
+            raise LimitError(f"{s.where()}: {e}") from None
+        layers.append(layer)
         c, h, w = oc, oh, ow
     return layers
 

@@ -11,7 +11,9 @@ from typing import Optional, Union
 
 import numpy as np
 
+from .cfg import regular_file_size, show
 from .errors import WeightsError
+from .limits import check_weights
 
 
 @dataclass
@@ -51,19 +53,20 @@ def conv_param_count(layer) -> int:
 
 def read_header(path: Union[str, Path]) -> Header:
     """Read and sanity-check the header of a weights file."""
+    name = show(str(path), 300)
     try:
         with open(path, "rb") as f:
             head = f.read(20)
     except OSError as e:
-        raise WeightsError(f"{path}: cannot read weights file ({e.strerror})") from None
+        raise WeightsError(f"{name}: cannot read weights file ({e.strerror})") from None
     if len(head) < 16:
-        raise WeightsError(f"{path}: {len(head)} bytes is too short for a Darknet weights header")
+        raise WeightsError(f"{name}: {len(head)} bytes is too short for a Darknet weights header")
     major, minor, revision = (int(v) for v in np.frombuffer(head[:12], "<i4"))
     if not (0 <= major < 1000 and 0 <= minor < 1000):
-        raise WeightsError(f"{path}: header version {major}.{minor} is not a Darknet weights file")
+        raise WeightsError(f"{name}: header version {major}.{minor} is not a Darknet weights file")
     h = Header(major, minor, revision, 0)
     if h.wide_seen and len(head) < 20:
-        raise WeightsError(f"{path}: truncated in the header")
+        raise WeightsError(f"{name}: truncated in the header")
     h.seen = int(np.frombuffer(head[12:20], "<u8")[0] if h.wide_seen else np.frombuffer(head[12:16], "<u4")[0])
     return h
 
@@ -71,11 +74,12 @@ def read_header(path: Union[str, Path]) -> Header:
 def load_weights(path: Union[str, Path], layers: list) -> dict:
     """Return ``{layer index: ConvParams}`` for every convolutional layer, validating the exact size."""
     p = Path(path)
-    if not p.is_file():
-        raise WeightsError(f"{path}: weights file not found")
+    path = show(str(path), 300)
+    regular_file_size(p, path, WeightsError, "weights file")
     header = read_header(p)
     convs = [l for l in layers if l.kind == "convolutional"]
     expected = header.nbytes + 4 * sum(conv_param_count(l) for l in convs)
+    check_weights(expected, path)   # before any read: a cfg asking for 10^12 floats stops here
     actual = p.stat().st_size
     if actual != expected:
         # Name the first layer the file cannot fully supply (or say how much is left over).
@@ -90,7 +94,12 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
                                f"data ends inside layer {missing.index} [convolutional] (line {missing.section.line})")
         raise WeightsError(f"{path}: {actual} bytes, but the cfg needs exactly {expected}: "
                            f"{actual - expected} extra bytes; the weights do not match this cfg")
-    data = np.fromfile(p, dtype="<f4", offset=header.nbytes)
+    try:
+        data = np.fromfile(p, dtype="<f4", offset=header.nbytes)
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read weights file ({e.strerror})") from None
+    if 4 * data.size != expected - header.nbytes:   # the file changed while we read it
+        raise WeightsError(f"{path}: changed size while being read")
     out: dict = {}
     pos = 0
 
