@@ -254,8 +254,8 @@ def json_frame(frame_id: int, filename: str, detections: list, img_w: int, img_h
 
 
 def _fit(args) -> Optional[str]:
-    if args.letterbox and args.fit == "stretch":
-        raise YoloClError("--letterbox contradicts --fit stretch")
+    if args.letterbox and args.fit not in (None, "letterbox"):
+        raise YoloClError(f"--letterbox contradicts --fit {args.fit}")
     return "letterbox" if args.letterbox else args.fit
 
 
