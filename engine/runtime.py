@@ -159,7 +159,7 @@ class Runtime:
             self.queue.finish()
         except cl.Error as e:
             raise DeviceError(f"out of device memory: {what} needs {nbytes / 2**20:.1f} MiB on "
-                              f"{self.device_name} ({e.what() if hasattr(e, 'what') else e})") from None
+                              f"{self.device_name} ({e})") from None
         return buf
 
     def upload(self, array: np.ndarray, what: str):

@@ -9,10 +9,16 @@ The GEMM kernel is ``cl/gemm.cl`` specialised by the config's defines; the tuner
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from . import BindContext, Launch, act_id, i32
+from ..errors import YoloClError
 from ..graph import Node
+
+log = logging.getLogger("yolo_cl.kernels")
+_WARNED: set = set()   # (device, layer, config) already reported as falling back
 
 
 def conv_shape(node: Node, batch: int = 1) -> dict:
@@ -81,13 +87,53 @@ def gemm_global(cfg: dict, s: dict) -> tuple:
 def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
     """Launches for one conv node under ``config`` (default: the tuning database or heuristic)."""
     if config is None:
-        config = ctx.tuning.conv_config(node, ctx.batch) if ctx.tuning is not None else \
-            heuristic_config(node, ctx.rt.is_cpu, ctx.batch)
+        return _bind_chosen(ctx, node)
     weights = upload_weights(ctx, node)
     algo = config["algo"]
     if algo == "depthwise":
         return [_bind_depthwise(ctx, node, config, weights)]
     return _bind_gemm(ctx, node, config, weights)
+
+
+def _bind_chosen(ctx: BindContext, node: Node) -> list:
+    """Bind the tuning database's choice; if it cannot be built or bound, warn once and use the heuristic.
+
+    A tuned config comes from a file written on some other day, driver or device: one that
+    no longer compiles (or is malformed) must cost speed, never the model.
+    """
+    fallback = heuristic_config(node, ctx.rt.is_cpu, ctx.batch)
+    if ctx.tuning is None:
+        return bind(ctx, node, fallback)
+    config = None
+    try:
+        config = ctx.tuning.conv_config(node, ctx.batch)
+        _check_basic_config(node, config)
+        return bind(ctx, node, config)
+    except (YoloClError, KeyError, TypeError, ValueError, ctx.rt.cl.Error) as e:
+        if config == fallback:
+            raise
+        key = (ctx.rt.device_name, node.label, repr(config))
+        if key not in _WARNED:
+            _WARNED.add(key)
+            reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            log.warning("layer %s (%s): tuned config %s failed on %s (%s); using the heuristic config %s",
+                        node.label, node.describe(), config, ctx.rt.device_name, reason, fallback)
+    return bind(ctx, node, fallback)
+
+
+def _check_basic_config(node: Node, config) -> None:
+    """ValueError if a config of this module's own family cannot run ``node`` (other families check themselves)."""
+    if not isinstance(config, dict) or "algo" not in config:
+        raise ValueError(f"config {config!r} is not a dict with an 'algo'")
+    if config.get("family") is not None or config["algo"] not in ("gemm1x1", "im2col", "depthwise"):
+        return
+    if config["algo"] not in algorithms(node):
+        raise ValueError(f"algorithm {config['algo']} cannot run this layer")
+    if config["algo"] != "depthwise":
+        for key, legal in (("TM", range(1, 33)), ("VW", (1, 2, 4, 8, 16)), ("KU", range(1, 17))):
+            v = config.get(key, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or v not in legal:
+                raise ValueError(f"{key}={v!r} is not a legal value")
 
 
 def upload_weights(ctx: BindContext, node: Node) -> dict:
