@@ -196,11 +196,17 @@ def expand_source(source: str) -> list:
 def read_image(path: str) -> np.ndarray:
     """Decode an image file as BGR (OpenCV, so EXIF orientation applies as in Darknet's OpenCV build)."""
     import cv2
+    if os.path.exists(path) and not os.path.isfile(path):   # a FIFO or device could block forever
+        raise ImageError(f"{path}: not a regular file")
     try:
         data = np.fromfile(path, np.uint8)
     except OSError as e:
         raise ImageError(f"{path}: cannot read ({e.strerror or e})") from None
-    img = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
+    try:
+        img = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
+    except cv2.error as e:           # e.g. a header claiming more pixels than OpenCV's limit
+        raise ImageError(f"{path}: not an image OpenCV can decode ({getattr(e, 'err', '') or 'decoder error'})") \
+            from None
     if img is None:
         raise ImageError(f"{path}: not an image OpenCV can decode")
     return img

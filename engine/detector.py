@@ -16,7 +16,7 @@ import numpy as np
 
 from . import postprocess as post
 from .cfg import parse_cfg
-from .errors import YoloClError
+from .errors import ImageError, YoloClError
 from .executor import Executor
 from .graph import build_graph
 from .layers import build_layers, head_layers, parse_net
@@ -150,7 +150,7 @@ class Detector:
 
     def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45) -> list:
         """Detections for several images, batched into one forward pass per network size; NMS per image."""
-        imgs = [check_image(im) for im in images]
+        imgs = [_checked(im, i) for i, im in enumerate(images)]
         places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
@@ -195,6 +195,14 @@ class Detector:
         wbytes = sum(n.attrs["weights"].size for n in self.graph.nodes if n.op == "conv") * item
         return {"pool_peak": ex.arena_bytes, "naive_total": ex.naive_bytes, "workspace": ex.workspace_bytes,
                 "weights": wbytes}
+
+
+def _checked(image, index: int) -> np.ndarray:
+    """``check_image``, with the image's position in the batch in the error."""
+    try:
+        return check_image(image)
+    except ImageError as e:
+        raise ImageError(f"image {index} of the batch: {e}") from None
 
 
 def network_stride(layers: list, net) -> int:

@@ -15,16 +15,21 @@ FITS = ("stretch", "letterbox", "crop")
 
 
 def letterbox_size(img_w: int, img_h: int, net_w: int, net_h: int) -> tuple:
-    """Darknet's scaled size of the image inside the network input (integer arithmetic as in C)."""
+    """Darknet's scaled size of the image inside the network input (integer arithmetic as in C).
+
+    A side never rounds down to 0 pixels (a 1x100000 strip still gets one row)."""
     if net_w / img_w < net_h / img_h:
-        return net_w, (img_h * net_w) // img_w
-    return (img_w * net_h) // img_h, net_h
+        return net_w, max(1, (img_h * net_w) // img_w)
+    return max(1, (img_w * net_h) // img_h), net_h
 
 
 def check_image(image) -> np.ndarray:
     """Accept a BGR uint8 image (grey and BGRA are converted, 16-bit scaled down); reject anything else."""
     if image is None or not isinstance(image, np.ndarray) or image.size == 0:
         raise ImageError("image is empty or not a numpy array")
+    if not (np.issubdtype(image.dtype, np.integer) or np.issubdtype(image.dtype, np.floating)
+            or image.dtype == np.bool_):
+        raise ImageError(f"image has dtype {image.dtype}; expected uint8, uint16 or a real number type")
     if image.ndim == 2:
         image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.dtype == np.uint8 else np.stack([image] * 3, -1)
     if image.ndim != 3 or image.shape[2] not in (1, 3, 4):
@@ -36,7 +41,7 @@ def check_image(image) -> np.ndarray:
     if image.dtype == np.uint16:
         image = (image >> 8).astype(np.uint8)
     elif image.dtype != np.uint8:
-        f = image.astype(np.float32)
+        f = np.nan_to_num(image.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
         image = np.clip(f * 255.0 if f.max() <= 1.0 else f, 0, 255).astype(np.uint8)
     return np.ascontiguousarray(image)
 
