@@ -14,6 +14,7 @@ import logging
 import numpy as np
 
 from . import BindContext, Launch, act_id, i32
+from . import gemm_local, winograd
 from ..errors import YoloClError
 from ..graph import Node
 
@@ -54,9 +55,18 @@ def heuristic_config(node: Node, device_is_cpu: bool, batch: int = 1) -> dict:
     algo = algorithms(node)[0]
     if algo == "depthwise":
         return {"algo": algo}
+    if not device_is_cpu:
+        return gemm_local.heuristic_config(node, batch)
     vw = 16 if device_is_cpu and s["N"] >= 64 else (8 if s["N"] >= 8 else 1)
     tm = 8 if s["M"] >= 8 else (4 if s["M"] >= 4 else 1)
     return {"algo": algo, "TM": tm, "VW": vw, "KU": 1}
+
+
+def gpu_candidates(node: Node, rt, batch: int = 1) -> list:
+    """Legal GPU-family configs for ``node`` (local GEMM: gemm1x1/implicit/im2col; Winograd), for the tuner."""
+    if is_depthwise(node):
+        return []
+    return gemm_local.candidates(node, rt, batch) + winograd.candidates(node, rt, batch)
 
 
 def workspace_elems(node: Node, batch: int) -> int:
@@ -64,7 +74,9 @@ def workspace_elems(node: Node, batch: int) -> int:
     if "im2col" not in algorithms(node):
         return 0
     s = conv_shape(node, batch)
-    return s["B"] * s["G"] * s["K"] * s["N"]
+    wino = max(winograd.workspace_elems(node, batch, m) for m in winograd.TILE_SIZES) \
+        if winograd.applicable(node) else 0
+    return max(s["B"] * s["G"] * s["K"] * s["N"], wino)
 
 
 def gemm_defines(ctx: BindContext, cfg: dict, s: dict, node: Node) -> dict:
@@ -88,8 +100,12 @@ def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
     """Launches for one conv node under ``config`` (default: the tuning database or heuristic)."""
     if config is None:
         return _bind_chosen(ctx, node)
-    weights = upload_weights(ctx, node)
     algo = config["algo"]
+    if algo == "winograd":
+        return winograd.bind(ctx, node, config)
+    if config.get("family") == gemm_local.FAMILY:
+        return gemm_local.bind(ctx, node, config)
+    weights = upload_weights(ctx, node)
     if algo == "depthwise":
         return [_bind_depthwise(ctx, node, config, weights)]
     return _bind_gemm(ctx, node, config, weights)

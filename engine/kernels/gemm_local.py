@@ -1,0 +1,294 @@
+"""The GPU GEMM family (``cl/gemm_local.cl``): configs, legality, candidates, binding.
+
+A config is a dict of the kernel's tunables (see the .cl file's header)::
+
+    {"family": "local", "algo": "im2col" | "gemm1x1" | "implicit",
+     "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8,
+     "SA": 1, "SB": 1, "VWA": 4, "VWB": 1, "VA": 4, "VB": 4, "PF": 1}
+
+``implicit`` gathers the im2col matrix inside the GEMM's B-tile load (no workspace, no
+extra pass). Weights for this family are stored once, at bind time, transposed and
+zero-padded (``pack_weights``) so A tiles never need bounds checks. ``candidates``
+enumerates only configs that are legal for the device (work-group size, local memory)
+and the shape (divisibility), for the tuner to search; ``heuristic`` is the untuned pick.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import BindContext, Launch, act_id, i32
+from ..graph import Node
+
+FAMILY = "local"
+MPAD, KPAD = 128, 32            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
+TUNABLES = ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "VWA", "VWB", "VA", "VB", "PF")
+ALGOS = ("gemm1x1", "im2col", "implicit")
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What legality depends on: the largest work-group and the local memory per work-group."""
+
+    max_wg: int = 1024
+    local_mem: int = 48 * 1024
+    compute_units: int = 64
+
+
+def device_limits(rt) -> DeviceLimits:
+    d = rt.device
+    return DeviceLimits(int(d.max_work_group_size), int(d.local_mem_size), int(d.max_compute_units))
+
+
+def round_up(x: int, r: int) -> int:
+    return -(-x // r) * r
+
+
+def _vec(n: int, cap: int = 4) -> int:
+    """Largest vector width <= cap that divides n."""
+    for w in (8, 4, 2, 1):
+        if w <= cap and n % w == 0:
+            return w
+    return 1
+
+
+def complete(cfg: dict, M: int, N: int, K: int, implicit: bool = False) -> dict:
+    """Fill derived tunables (vector widths, defaults) for a tile/shape choice."""
+    c = {"SA": 1, "SB": 1, "PF": 1, **cfg}
+    mwi, nwi = c["MWG"] // c["MDIMC"], c["NWG"] // c["NDIMC"]
+    threads = c["MDIMC"] * c["NDIMC"]
+    c.setdefault("VA", _vec(mwi))
+    c.setdefault("VB", _vec(nwi))
+    if "VWA" not in c:
+        c["VWA"] = 1 if not c["SA"] else next((w for w in (4, 2, 1) if c["MWG"] % w == 0 and (c["KWG"] * c["MWG"] // w) % threads == 0), 1)
+    if "VWB" not in c:
+        ok = not implicit and c["SB"]
+        c["VWB"] = next((w for w in (4, 2, 1) if w == 1 or (ok and N % w == 0 and
+                                                         (c["KWG"] * c["NWG"] // w) % threads == 0)), 1)
+    return c
+
+
+def why_illegal(cfg: dict, M: int, N: int, K: int, implicit: bool = False,
+                lim: DeviceLimits = DeviceLimits()) -> Optional[str]:
+    """None if ``cfg`` can run this shape on a device with limits ``lim``, else the reason."""
+    try:
+        mwg, nwg, kwg, mdimc, ndimc = (int(cfg[k]) for k in ("MWG", "NWG", "KWG", "MDIMC", "NDIMC"))
+        sa, sb, vwa, vwb, va, vb = (int(cfg[k]) for k in ("SA", "SB", "VWA", "VWB", "VA", "VB"))
+    except KeyError as e:
+        return f"missing tunable {e}"
+    threads = mdimc * ndimc
+    if MPAD % mwg or KPAD % kwg:
+        return f"MWG must divide {MPAD} and KWG {KPAD}"
+    if mwg % mdimc or nwg % ndimc:
+        return "work-group shape must divide the tile"
+    mwi, nwi = mwg // mdimc, nwg // ndimc
+    if mwi % va or nwi % vb or va not in (1, 2, 4, 8) or vb not in (1, 2, 4, 8):
+        return "fragment vector width must divide the register block"
+    if mwi * nwi > 128:
+        return "register block too large"
+    if threads > lim.max_wg:
+        return f"work-group of {threads} exceeds the device's {lim.max_wg}"
+    if (sa * kwg * mwg + sb * kwg * nwg) * 4 > lim.local_mem:
+        return "local memory exceeded"
+    if sa and (mwg % vwa or (kwg * mwg // vwa) % threads):
+        return "A tile does not split evenly over the work-group"
+    if sb and (nwg % vwb or (kwg * nwg // vwb) % threads):
+        return "B tile does not split evenly over the work-group"
+    if vwb > 1 and (implicit or not sb or N % vwb):
+        return "vector B loads need an explicit B and N divisible by the width"
+    if implicit and (not sb or threads % nwg):
+        return "implicit GEMM needs B staged and a work-group that is a multiple of NWG"
+    if not sa and vwa != 1:
+        return "VWA only applies to a staged A"
+    return None
+
+
+def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int) -> dict:
+    """Kernel defines for ``cfg`` on this shape: tunables plus only the bounds checks it needs."""
+    d = dict(ctx_defines)
+    d.update({k: int(cfg[k]) for k in TUNABLES})
+    if M % cfg["MWG"]:
+        d["CHECK_M"] = True
+    if N % cfg["NWG"]:
+        d["CHECK_N"] = True
+    if K % cfg["KWG"]:
+        d["CHECK_K"] = True
+    return d
+
+
+def sizes(cfg: dict, M: int, N: int, Z: int) -> tuple:
+    """(global size, local size) of one launch over Z = batch * groups matrices."""
+    gs = (-(-N // cfg["NWG"]) * cfg["NDIMC"], -(-M // cfg["MWG"]) * cfg["MDIMC"], Z)
+    return gs, (cfg["NDIMC"], cfg["MDIMC"], 1)
+
+
+def pack_weights(w: np.ndarray, G: int, dtype=np.float32) -> np.ndarray:
+    """[G*M][K] row-major weights -> [G][Kp][Mp], transposed and zero-padded (this family's A)."""
+    gm, K = w.shape
+    M = gm // G
+    Mp, Kp = round_up(M, MPAD), round_up(K, KPAD)
+    out = np.zeros((G, Kp, Mp), dtype)
+    out[:, :K, :M] = w.reshape(G, M, K).transpose(0, 2, 1)
+    return out
+
+
+# -- the search space -------------------------------------------------------------------------
+_TILES = [(128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128), (64, 32), (32, 64), (32, 32),
+          (16, 64), (64, 16), (16, 32), (32, 16), (16, 16)]
+_SHAPES = [(16, 16), (8, 8), (8, 16), (16, 8), (8, 32), (32, 8), (4, 16), (16, 4), (8, 4), (4, 8), (4, 4),
+           (4, 32), (32, 4)]
+
+
+def space(M: int, N: int, K: int, implicit: bool = False, lim: DeviceLimits = DeviceLimits(),
+          staged_only: bool = False) -> list:
+    """Every legal config of the family for this shape (tiles x work-group shapes x KWG x staging x PF)."""
+    out = []
+    for (mwg, nwg), (mdimc, ndimc), kwg in itertools.product(_TILES, _SHAPES, (8, 16, 32)):
+        if mwg % mdimc or nwg % ndimc:
+            continue
+        mwi, nwi = mwg // mdimc, nwg // ndimc
+        if not (2 <= mwi * nwi <= 64) or mwi > 8 or nwi > 8:
+            continue
+        stagings = [(1, 1)] if (staged_only or implicit) else [(1, 1), (0, 0), (1, 0)]
+        for (sa, sb), pf in itertools.product(stagings, (1, 0)):
+            if not (sa or sb) and (pf or kwg != 8):
+                continue        # barrier-free: PF and KWG are meaningless; keep one copy
+            c = complete({"MWG": mwg, "NWG": nwg, "KWG": kwg, "MDIMC": mdimc, "NDIMC": ndimc,
+                          "SA": sa, "SB": sb, "PF": pf}, M, N, K, implicit)
+            if why_illegal(c, M, N, K, implicit, lim) is None:
+                out.append(c)
+    return out
+
+
+def waste(cfg: dict, M: int, N: int) -> float:
+    """Fraction of the launched tile area that falls outside C (padding work)."""
+    return 1.0 - (M * N) / (round_up(M, cfg["MWG"]) * round_up(N, cfg["NWG"]))
+
+
+def heuristic(M: int, N: int, K: int, Z: int = 1, implicit: bool = False,
+              lim: DeviceLimits = DeviceLimits()) -> dict:
+    """An untuned pick: the biggest tile that still gives every compute unit work, low padding."""
+    prefs = [({"MWG": 128, "NWG": 128, "KWG": 16, "MDIMC": 16, "NDIMC": 16}),
+             ({"MWG": 64, "NWG": 128, "KWG": 16, "MDIMC": 8, "NDIMC": 16}),
+             ({"MWG": 128, "NWG": 64, "KWG": 16, "MDIMC": 16, "NDIMC": 8}),
+             ({"MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8}),
+             ({"MWG": 64, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8}),
+             ({"MWG": 32, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8}),
+             ({"MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8})]
+    best, best_score = None, None
+    for p in prefs:
+        c = complete(p, M, N, K, implicit)
+        if why_illegal(c, M, N, K, implicit, lim) is not None:
+            continue
+        groups = -(-M // c["MWG"]) * -(-N // c["NWG"]) * Z
+        fill = min(1.0, groups / (2 * lim.compute_units))
+        score = fill * (1.0 - waste(c, M, N)) * (c["MWG"] * c["NWG"]) ** 0.25
+        if best_score is None or score > best_score:
+            best, best_score = c, score
+    if best is None:        # tiny device: the smallest legal config
+        best = min(space(M, N, K, implicit, lim, staged_only=True), key=lambda c: c["MDIMC"] * c["NDIMC"])
+    return best
+
+
+# -- conv binding -----------------------------------------------------------------------------
+def _shape(node: Node, batch: int) -> tuple:
+    a = node.attrs
+    g = a["groups"]
+    return a["filters"] // g, node.output.h * node.output.w, (a["in_c"] // g) * a["size"] ** 2, g
+
+
+def is_pointwise(node: Node) -> bool:
+    a = node.attrs
+    return a["size"] == 1 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["pad"] == 0
+
+
+def conv_algos(node: Node) -> list:
+    """Algorithms of this family that can run ``node``."""
+    return ["gemm1x1", "implicit", "im2col"] if is_pointwise(node) else ["implicit", "im2col"]
+
+
+def candidates(node: Node, rt, batch: int = 1) -> list:
+    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device."""
+    M, N, K, G = _shape(node, batch)
+    lim = device_limits(rt)
+    out = []
+    for algo in conv_algos(node):
+        for c in space(M, N, K, algo == "implicit", lim):
+            out.append({"algo": algo, "family": FAMILY, **c})
+    return out
+
+
+def heuristic_config(node: Node, batch: int = 1, lim: DeviceLimits = DeviceLimits()) -> dict:
+    """The untuned choice for a conv on a GPU: 1x1 straight from the input, others implicit."""
+    M, N, K, G = _shape(node, batch)
+    algo = conv_algos(node)[0]
+    return {"algo": algo, "family": FAMILY, **heuristic(M, N, K, batch * G, algo == "implicit", lim)}
+
+
+def packed_weights(ctx: BindContext, node: Node) -> dict:
+    """This family's weight layout and the bias, uploaded once per node and precision."""
+    a = node.attrs
+    key = (id(node), ctx.half, FAMILY)
+    if key not in ctx.weight_cache:
+        w = pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], ctx.dtype)
+        ctx.weight_cache[key] = {
+            "A": ctx.rt.upload(w, f"weights of layer {node.label}"),
+            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
+        }
+    return ctx.weight_cache[key]
+
+
+def epilogue_defines(ctx: BindContext, node: Node) -> dict:
+    a = node.attrs
+    d = ctx.defines(ACT=act_id(a["activation"]))
+    if a.get("residual") is not None:
+        d.update(RESIDUAL=True, ACT2=act_id(a["activation2"]))
+    return d
+
+
+def residual_args(ctx: BindContext, node: Node) -> list:
+    r = node.attrs.get("residual")
+    return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
+
+
+def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """Launches for a conv under a local-family config: [im2col,] GEMM."""
+    a = node.attrs
+    M, N, K, G = _shape(node, ctx.batch)
+    x, out = node.inputs[0], node.output
+    wts = packed_weights(ctx, node)
+    algo = cfg["algo"]
+    implicit = algo == "implicit"
+    reason = why_illegal(cfg, M, N, K, implicit, device_limits(ctx.rt))
+    if reason is not None:
+        from ..errors import YoloClError
+        raise YoloClError(f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
+    launches = []
+    xb, xoff, xbs = ctx.view(x)
+    if algo == "gemm1x1" or implicit:
+        b_args = [xb, xoff, xbs, np.int32((a["in_c"] // G) * x.h * x.w), np.int32(x.h * x.w)]
+    elif algo == "im2col":
+        KN = K * N
+        im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ctx.workspace] + \
+            i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], G)
+        k = ctx.kernel("conv.cl", "yc_im2col", ctx.defines(), im2col_args)
+        launches.append(Launch(k, (N, K, ctx.batch * G), None, node, "im2col"))
+        b_args = [ctx.workspace, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
+    else:
+        from ..errors import YoloClError
+        raise YoloClError(f"algorithm '{algo}' is not one of the local GEMM family's {', '.join(ALGOS)}")
+    d = defines(epilogue_defines(ctx, node), cfg, M, N, K)
+    extra = []
+    if implicit:
+        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
+        extra = i32(x.h, x.w, out.w)
+    yb, yoff, ybs = ctx.view(out)
+    args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(N)] + residual_args(ctx, node) + \
+        i32(M, N, K, G) + extra
+    k = ctx.kernel("gemm_local.cl", "yc_gemm_local", d, args)
+    gs, ls = sizes(cfg, M, N, ctx.batch * G)
+    launches.append(Launch(k, gs, ls, node, "gemm_local", dict(cfg), node.flops * ctx.batch))
+    return launches

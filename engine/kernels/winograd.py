@@ -1,0 +1,137 @@
+"""Winograd F(m x m, 3x3) convolution (``cl/winograd.cl``) for 3x3 stride-1 convs, m = 2 or 4.
+
+The filter transform U = G g G^T runs once, at bind time, in float64 on the host; the
+T2 = (m+2)^2 element-wise products are one batched GEMM of the local family
+(``gemm_local``: G = T2 groups, M = filters, N = tiles, K = channels); the output
+transform carries the conv epilogue. A config is the GEMM's plus the tile size::
+
+    {"algo": "winograd", "m": 2, "family": "local", "MWG": 64, ...}
+
+F(2x2) cuts the multiplies 2.25x, F(4x4) 4x but with larger transform constants and so
+more rounding error: ``tests/test_winograd.py`` measures both against a direct conv, and the
+tuner keeps F(4x4) only where it is faster.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import BindContext, Launch, i32
+from . import gemm_local as gl
+from ..graph import Node
+
+TILE_SIZES = (2, 4)
+
+# Lavin & Gray's matrices: filter transform G (t x 3) for each output tile size m.
+_G = {
+    2: np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64),
+    4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                 [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64),
+}
+
+
+def applicable(node: Node) -> bool:
+    """3x3, stride 1, no dilation, one group: the convs Winograd F(m, 3x3) computes."""
+    a = node.attrs
+    return (a["size"] == 3 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["dilation"] == 1
+            and a["groups"] == 1)
+
+
+def tile_grid(node: Node, m: int) -> tuple:
+    """(TH, TW, P): the grid of m x m output tiles and their count."""
+    th, tw = -(-node.output.h // m), -(-node.output.w // m)
+    return th, tw, th * tw
+
+
+def gemm_shape(node: Node, m: int) -> tuple:
+    """(M, N, K, groups) of the batched GEMM: filters x tiles x channels, (m+2)^2 of them."""
+    a = node.attrs
+    return a["filters"], tile_grid(node, m)[2], a["in_c"], (m + 2) ** 2
+
+
+def workspace_elems(node: Node, batch: int, m: int = 2) -> int:
+    """Transformed input V plus the GEMM's products Mt, for ``batch`` images."""
+    M, P, C, t2 = gemm_shape(node, m)
+    return batch * t2 * P * (C + M)
+
+
+def filter_transform(w: np.ndarray, m: int) -> np.ndarray:
+    """(F, C, 3, 3) filters -> U (T2, F, C) = G g G^T, flattened over the transform points."""
+    G = _G[m]
+    U = np.einsum("ik,fckl,jl->ijfc", G, w.astype(np.float64), G)
+    t = m + 2
+    return U.reshape(t * t, w.shape[0], w.shape[1])
+
+
+def candidates(node: Node, rt, batch: int = 1, half: bool = False) -> list:
+    """Legal Winograd configs for ``node`` (tile sizes x the GEMM family's space).
+
+    F(4x4) is left out with half storage: its transformed values lose ~10x more to rounding
+    (measured in tests/test_winograd.py), beyond the fp16 accuracy gate.
+    """
+    if not applicable(node):
+        return []
+    lim = gl.device_limits(rt)
+    out = []
+    for m in (TILE_SIZES[:1] if half else TILE_SIZES):
+        M, N, K, t2 = gemm_shape(node, m)
+        out.extend({"algo": "winograd", "m": m, "family": gl.FAMILY, **c} for c in gl.space(M, N, K, False, lim))
+    return out
+
+
+def heuristic_config(node: Node, batch: int = 1, m: int = 2, lim: gl.DeviceLimits = gl.DeviceLimits()) -> dict:
+    M, N, K, t2 = gemm_shape(node, m)
+    return {"algo": "winograd", "m": m, "family": gl.FAMILY, **gl.heuristic(M, N, K, batch * t2, False, lim)}
+
+
+def transformed_weights(ctx: BindContext, node: Node, m: int) -> dict:
+    """U in the GEMM family's packed layout, and the bias; uploaded once per node, precision, m."""
+    key = (id(node), ctx.half, "winograd", m)
+    if key not in ctx.weight_cache:
+        a = node.attrs
+        U = filter_transform(a["weights"], m)            # (T2, F, C)
+        t2, F, C = U.shape
+        packed = gl.pack_weights(U.reshape(t2 * F, C), t2, ctx.dtype)
+        ctx.weight_cache[key] = {
+            "A": ctx.rt.upload(packed, f"Winograd weights of layer {node.label}"),
+            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
+        }
+    return ctx.weight_cache[key]
+
+
+def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """Input transform, batched GEMM, output transform + epilogue."""
+    from ..errors import YoloClError
+    m = int(cfg.get("m", 2))
+    if not applicable(node) or m not in TILE_SIZES:
+        raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
+    a = node.attrs
+    x, out = node.inputs[0], node.output
+    M, P, C, t2 = gemm_shape(node, m)
+    th, tw, _ = tile_grid(node, m)
+    reason = gl.why_illegal(cfg, M, P, C, False, gl.device_limits(ctx.rt))
+    if reason is not None:
+        raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
+    B = ctx.batch
+    wts = transformed_weights(ctx, node, m)
+    v_off, m_off = 0, B * t2 * C * P
+    ws = ctx.workspace
+    wd = ctx.defines(WINO_M=m)
+
+    k_in = ctx.kernel("winograd.cl", "yc_wino_input", wd,
+                      ctx.view(x) + i32(C, x.h, x.w) + [ws] + i32(v_off, tw, P, a["pad"]))
+    launches = [Launch(k_in, (P, C, B), None, node, "wino_input", {"m": m})]
+
+    gd = gl.defines(ctx.defines(NO_BIAS=True), cfg, M, P, C)
+    gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
+        [ws, np.int32(0), np.int32(0)] + i32(M, P, C, t2)
+    k_g = ctx.kernel("gemm_local.cl", "yc_gemm_local", gd, gargs)
+    gs, ls = gl.sizes(cfg, M, P, B * t2)
+    launches.append(Launch(k_g, gs, ls, node, "wino_gemm", dict(cfg), node.flops * B))
+
+    od = gl.epilogue_defines(ctx, node)
+    od["WINO_M"] = m
+    oargs = [ws] + i32(m_off, M, P, tw) + [wts["bias"]] + ctx.view(out) + i32(out.h, out.w) + \
+        gl.residual_args(ctx, node)
+    k_out = ctx.kernel("winograd.cl", "yc_wino_output", od, oargs)
+    launches.append(Launch(k_out, (P, M, B), None, node, "wino_output", {"m": m}))
+    return launches

@@ -1,0 +1,207 @@
+"""The GPU GEMM family (cl/gemm_local.cl) against NumPy on PoCL: many configs, odd shapes.
+
+PoCL runs work-group kernels slowly but correctly, so shapes stay small; each case uses fresh
+random data and a poisoned output buffer, so unwritten elements fail the comparison.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from yolo_cl.kernels import gemm_local as gl
+from yolo_cl.layers import ACT_ID
+from yolo_cl.runtime import Runtime
+
+LEAKY = ACT_ID["leaky"]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+def leaky(x):
+    return np.where(x > 0, x, 0.1 * x)
+
+
+def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c_pad=(0, 0), implicit=None):
+    """Run yc_gemm_local on host arrays; A (G,M,K), B (batch,G,K,N) or conv input; returns C (batch,G,M,N).
+
+    ``c_pad`` = (rows before, rows after) of extra output space per image, to check writes stay
+    inside a concat slice. ``implicit`` = dict(x=(batch,C,H,W), KS, SX, SY, PAD, DIL, OH, OW).
+    """
+    cl = rt.cl
+    dt = np.float16 if half else np.float32
+    G, M, K = A.shape
+    batch = B.shape[0]
+    N = B.shape[-1] if implicit is None else implicit["OH"] * implicit["OW"]
+    before, after = c_pad
+    rows = G * M + before + after
+    c_bstride = rows * N
+    poison = np.full(batch * c_bstride, np.nan, dt)
+    Abuf = rt.upload(gl.pack_weights(A.reshape(G * M, K), G, dt), "A")
+    biasb = rt.upload(bias.astype(np.float32), "bias")
+    Bbuf = rt.upload(B.astype(dt).ravel(), "B")
+    Cbuf = rt.upload(poison, "C")
+    if residual is not None:
+        Rfull = np.zeros((batch, rows, N), np.float32)
+        Rfull[:, before:before + G * M] = residual.reshape(batch, G * M, N)
+        Rbuf = rt.upload(Rfull.astype(dt).ravel(), "R")
+    else:
+        Rbuf = Cbuf
+    defines = gl.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K)
+    if residual is not None:
+        defines.update(RESIDUAL=True, ACT2=act2)
+    extra = []
+    if implicit is None:
+        b_args = [np.int32(0), np.int32(G * K * N), np.int32(K * N), np.int32(N)]
+    else:
+        _, C, H, W = implicit["x"]
+        defines.update(IMPLICIT=True, **{k: implicit[k] for k in ("KS", "SX", "SY", "PAD", "DIL")})
+        b_args = [np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)]
+        extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
+    args = [Abuf, biasb, Bbuf] + b_args + [Cbuf, np.int32(before * N), np.int32(c_bstride), np.int32(N),
+                                           Rbuf, np.int32(before * N), np.int32(c_bstride),
+                                           np.int32(M), np.int32(N), np.int32(K), np.int32(G)] + extra
+    k = cl.Kernel(rt.program("gemm_local.cl", defines), "yc_gemm_local")
+    k.set_args(*args)
+    gs, ls = gl.sizes(cfg, M, N, batch * G)
+    cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    out = np.empty_like(poison)
+    cl.enqueue_copy(rt.queue, out, Cbuf)
+    rt.queue.finish()
+    out = out.astype(np.float32).reshape(batch, rows, N)
+    assert np.isnan(out[:, :before]).all() and np.isnan(out[:, before + G * M:]).all(), "wrote outside its slice"
+    return out[:, before:before + G * M].reshape(batch, G, M, N)
+
+
+def reference(A, B, bias, residual=None, act=0, act2=0):
+    G, M, K = A.shape
+    C = np.einsum("gmk,bgkn->bgmn", A.astype(np.float64), B.astype(np.float64))
+    C = C + bias.reshape(1, G, M, 1)
+    if act == LEAKY:
+        C = leaky(C)
+    if residual is not None:
+        C = C + residual.reshape(C.shape)
+        if act2 == LEAKY:
+            C = leaky(C)
+    return C
+
+
+def rel_err(x, ref):
+    assert np.isfinite(x).all(), "non-finite (unwritten) output"
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+ODD_SHAPES = [(1, 1, 1), (5, 7, 3), (17, 33, 27), (75, 130, 41), (33, 169, 96)]
+CONFIGS = [
+    dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4),
+    dict(MWG=32, NWG=32, KWG=16, MDIMC=8, NDIMC=8),
+    dict(MWG=64, NWG=32, KWG=16, MDIMC=8, NDIMC=8, PF=0),
+    dict(MWG=32, NWG=64, KWG=32, MDIMC=4, NDIMC=16),
+    dict(MWG=16, NWG=64, KWG=8, MDIMC=4, NDIMC=32),      # non-square work-group 32x4
+    dict(MWG=64, NWG=64, KWG=8, MDIMC=8, NDIMC=8, SA=0, SB=0),
+    dict(MWG=32, NWG=32, KWG=16, MDIMC=8, NDIMC=8, SA=1, SB=0),
+    dict(MWG=128, NWG=128, KWG=16, MDIMC=16, NDIMC=16),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_gemm_configs_odd_shapes(rt, cfg):
+    rng = np.random.default_rng(0)
+    odd = ODD_SHAPES[CONFIGS.index(cfg) % len(ODD_SHAPES)]
+    exact = (2 * cfg["MWG"], 2 * cfg["NWG"], 3 * cfg["KWG"])     # no bounds checks emitted
+    for M, N, K in (odd, exact, (75, 130, 41)):
+        c = gl.complete(cfg, M, N, K)
+        assert gl.why_illegal(c, M, N, K) is None
+        A = rng.standard_normal((1, M, K)).astype(np.float32)
+        B = rng.standard_normal((1, 1, K, N)).astype(np.float32)
+        bias = rng.standard_normal(M).astype(np.float32)
+        out = run_gemm(rt, c, A, B, bias, act=LEAKY)
+        assert rel_err(out, reference(A, B, bias, act=LEAKY)) < 1e-5, (M, N, K, c)
+
+
+def test_vector_b_loads_and_groups_batches_residual_slice(rt):
+    rng = np.random.default_rng(1)
+    G, M, N, K, batch = 2, 24, 52, 40, 3
+    for cfg in (dict(MWG=32, NWG=32, KWG=8, MDIMC=8, NDIMC=8, VWB=4), dict(MWG=16, NWG=64, KWG=16, MDIMC=4,
+                                                                           NDIMC=16, VWB=2, VB=4)):
+        c = gl.complete(cfg, M, N, K)
+        assert gl.why_illegal(c, M, N, K) is None, gl.why_illegal(c, M, N, K)
+        A = rng.standard_normal((G, M, K)).astype(np.float32)
+        B = rng.standard_normal((batch, G, K, N)).astype(np.float32)
+        bias = rng.standard_normal(G * M).astype(np.float32)
+        R = rng.standard_normal((batch, G, M, N)).astype(np.float32)
+        out = run_gemm(rt, c, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(5, 3))
+        assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < 1e-5
+
+
+def test_half_storage(rt):
+    rng = np.random.default_rng(2)
+    M, N, K = 40, 75, 72
+    c = gl.complete(dict(MWG=32, NWG=32, KWG=16, MDIMC=8, NDIMC=8), M, N, K)
+    A = rng.standard_normal((1, M, K)).astype(np.float16).astype(np.float32)
+    B = rng.standard_normal((1, 1, K, N)).astype(np.float16).astype(np.float32)
+    bias = rng.standard_normal(M).astype(np.float32)
+    out = run_gemm(rt, c, A, B, bias, half=True)
+    assert rel_err(out, reference(A, B, bias)) < 2e-3
+
+
+def conv_reference(x, w, bias, stride, pad, dil, groups):
+    """Direct NCHW convolution in float64."""
+    n, C, H, W = x.shape
+    F, cg, ks, _ = w.shape
+    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out = np.zeros((n, F, OH, OW))
+    fg = F // groups
+    for g in range(groups):
+        for ky in range(ks):
+            for kx in range(ks):
+                patch = xp[:, g * cg:(g + 1) * cg, ky * dil: ky * dil + stride * (OH - 1) + 1: stride,
+                           kx * dil: kx * dil + stride * (OW - 1) + 1: stride]
+                out[:, g * fg:(g + 1) * fg] += np.einsum("fc,nchw->nfhw", w[g * fg:(g + 1) * fg, :, ky, kx], patch)
+    return out + bias.reshape(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize("geom", [(3, 1, 1, 1, 1), (3, 2, 1, 1, 1), (1, 1, 0, 1, 1), (3, 1, 2, 2, 1),
+                                  (3, 1, 1, 1, 2), (5, 1, 2, 1, 1)],
+                         ids=["3x3s1", "3x3s2", "1x1", "3x3dil2", "3x3g2", "5x5"])
+def test_implicit_conv(rt, geom):
+    ks, stride, pad, dil, groups = geom
+    rng = np.random.default_rng(3)
+    batch, C, H, W, F = 2, 6, 11, 9, 10
+    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    x = rng.standard_normal((batch, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((F, C // groups, ks, ks)).astype(np.float32)
+    bias = rng.standard_normal(F).astype(np.float32)
+    M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
+    geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
+    for cfg in (dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4), dict(MWG=32, NWG=32, KWG=16, MDIMC=4, NDIMC=16),
+                dict(MWG=16, NWG=32, KWG=32, MDIMC=8, NDIMC=8, PF=0)):
+        c = gl.complete(cfg, M, N, K, implicit=True)
+        assert gl.why_illegal(c, M, N, K, implicit=True) is None, gl.why_illegal(c, M, N, K, implicit=True)
+        out = run_gemm(rt, c, w.reshape(groups, M, K), x, bias, implicit=geo)
+        ref = conv_reference(x, w, bias, stride, pad, dil, groups)
+        assert rel_err(out.reshape(ref.shape), ref) < 1e-5, c
+
+
+def test_space_is_legal_and_search_has_choices():
+    lim = gl.DeviceLimits(max_wg=256, local_mem=16 * 1024, compute_units=8)
+    for M, N, K, implicit in [(1024, 169, 4608, False), (32, 173056, 27, True), (255, 676, 512, False)]:
+        sp = gl.space(M, N, K, implicit, lim)
+        assert len(sp) > 20
+        assert all(gl.why_illegal(c, M, N, K, implicit, lim) is None for c in sp)
+        assert all(c["MDIMC"] * c["NDIMC"] <= 256 for c in sp)
+        h = gl.heuristic(M, N, K, 1, implicit, lim)
+        assert gl.why_illegal(h, M, N, K, implicit, lim) is None
+
+
+def test_illegal_configs_are_named():
+    base = gl.complete(dict(MWG=64, NWG=64, KWG=16, MDIMC=8, NDIMC=8), 64, 64, 64)
+    assert "work-group" in gl.why_illegal(base, 64, 64, 64, lim=gl.DeviceLimits(max_wg=32))
+    assert "local memory" in gl.why_illegal(base, 64, 64, 64, lim=gl.DeviceLimits(local_mem=1024))
+    assert gl.why_illegal({**base, "VWB": 4}, 64, 66, 64) is not None      # N % 4 != 0
+    assert gl.why_illegal({**base, "MWG": 48}, 64, 64, 64) is not None

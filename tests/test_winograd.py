@@ -1,0 +1,223 @@
+"""Winograd F(2x2,3x3) / F(4x4,3x3) and the local GEMM family inside whole networks, against NumPy.
+
+A small cfg covers what the epilogues must handle: odd sizes and channel counts, a fused
+shortcut (residual + ACT2), a concat the convs write straight into, leaky and mish. Every
+conv is forced onto one algorithm by a fixed tuning table; the reference is darknet_io's
+NumPy forward pass (float64 accumulations, independent of yolo_cl).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from darknet_io import forward_numpy, write_random_weights
+from yolo_cl.cfg import parse_cfg
+from yolo_cl.executor import Executor
+from yolo_cl.graph import build_graph
+from yolo_cl.kernels import gemm_local as gl
+from yolo_cl.kernels import winograd
+from yolo_cl.layers import build_layers, parse_net
+from yolo_cl.runtime import Runtime
+from yolo_cl.weights import load_weights
+
+CFG = """[net]
+width=22
+height=18
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=13
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=13
+size=3
+stride=1
+pad=1
+activation=mish
+
+[shortcut]
+from=-2
+activation=leaky
+
+[convolutional]
+filters=20
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=9
+size=1
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=-2
+
+[convolutional]
+batch_normalize=1
+filters=7
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=-1,-3
+
+[convolutional]
+filters=11
+size=3
+stride=1
+pad=1
+activation=linear
+"""
+
+
+class FixedTuning:
+    """A tuning table that answers every conv with ``pick(node)``."""
+
+    def __init__(self, pick) -> None:
+        self.pick = pick
+
+    def conv_config(self, node, batch: int = 1) -> dict:
+        return self.pick(node)
+
+
+@pytest.fixture(scope="module")
+def net():
+    d = tempfile.mkdtemp()
+    cfg = os.path.join(d, "w.cfg")
+    with open(cfg, "w") as f:
+        f.write(CFG)
+    wts = write_random_weights(cfg, os.path.join(d, "w.weights"), seed=5)
+    sections = parse_cfg(cfg)
+    info = parse_net(sections[0], None)
+    layers = build_layers(sections, info)
+    graph = build_graph(info, layers, load_weights(wts, layers))
+    rng = np.random.default_rng(11)
+    blob = rng.random((2, 3, 18, 22), dtype=np.float32)
+    ref = forward_numpy(cfg, wts, blob, keep="heads")
+    return graph, blob, list(ref.values())[-1]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+def run(rt, graph, blob, pick, half=False):
+    ex = Executor(rt, graph, batch=blob.shape[0], half=half, tuning=FixedTuning(pick))
+    return ex, ex.run(blob)[0]
+
+
+def rel(x, ref):
+    assert np.isfinite(x).all()
+    return float(np.abs(x - ref).max() / np.abs(ref).max())
+
+
+def wino_pick(m, gemm):
+    def pick(node):
+        if winograd.applicable(node):
+            M, N, K, t2 = winograd.gemm_shape(node, m)
+            return {"algo": "winograd", "m": m, "family": "local", **gl.complete(gemm, M, N, K)}
+        M, N, K = node.attrs["filters"], node.output.h * node.output.w, node.attrs["in_c"] * node.attrs["size"] ** 2
+        return {"algo": "implicit", "family": "local", **gl.complete(gemm, M, N, K, implicit=True)}
+    return pick
+
+
+TINY = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
+
+
+@pytest.fixture(scope="module")
+def direct(rt, net):
+    """The same network with every conv on the implicit GEMM (no Winograd), fp32."""
+    graph, blob, ref = net
+    out = run(rt, graph, blob, lambda n: gl.heuristic_config(n, 2))[1]
+    assert rel(out, ref) < 2e-4          # float32 engine vs the float32 NumPy reference
+    return out
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_matches_direct(rt, net, direct, m):
+    graph, blob, ref = net
+    ex, out = run(rt, graph, blob, wino_pick(m, TINY))
+    assert sum(l.name == "wino_gemm" for l in ex.launches) == 4
+    assert rel(out, ref) < 2e-4
+    err = rel(out, direct)
+    print(f"F({m}x{m},3x3) fp32: max |wino - direct| / max |direct| = {err:.2e}")
+    assert err < (5e-6 if m == 2 else 3e-5)
+
+
+def test_winograd_half_storage(rt, net, direct):
+    """F(2x2) with half storage stays near direct fp16; F(4x4)'s larger constants cost ~10x more."""
+    graph, blob, ref = net
+    d16 = rel(run(rt, graph, blob, lambda n: gl.heuristic_config(n, 2), half=True)[1], direct)
+    w2, w4 = (rel(run(rt, graph, blob, wino_pick(m, TINY), half=True)[1], direct) for m in (2, 4))
+    print(f"fp16 storage, error vs direct fp32: direct {d16:.2e}, F(2x2) {w2:.2e}, F(4x4) {w4:.2e}")
+    assert d16 < 5e-3 and w2 < 5e-3
+    assert w4 < 5e-2
+
+
+def test_filter_transform_against_direct_1d():
+    """Winograd identity on random 1D data: A^T [(G g) * (B^T d)] = correlation of d with g."""
+    rng = np.random.default_rng(4)
+    BT = {2: np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], float),
+          4: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                       [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], float)}
+    AT = {2: np.array([[1, 1, 1, 0], [0, 1, -1, -1]], float),
+          4: np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], float)}
+    for m in (2, 4):
+        w = rng.standard_normal((1, 1, 3, 3))
+        d = rng.standard_normal((m + 2, m + 2))
+        U = winograd.filter_transform(w, m).reshape(m + 2, m + 2)
+        Y = AT[m] @ (U * (BT[m] @ d @ BT[m].T)) @ AT[m].T
+        direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * w[0, 0]) for j in range(m)] for i in range(m)])
+        np.testing.assert_allclose(Y, direct, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("algo", ["implicit", "im2col", "barrier-free"])
+def test_local_family_in_network(rt, net, algo):
+    graph, blob, ref = net
+
+    def pick(node):
+        M, N = node.attrs["filters"], node.output.h * node.output.w
+        K = node.attrs["in_c"] * node.attrs["size"] ** 2
+        if algo == "barrier-free":
+            c = dict(MWG=32, NWG=32, KWG=8, MDIMC=8, NDIMC=8, SA=0, SB=0, PF=0)
+            a = "gemm1x1" if gl.is_pointwise(node) else "im2col"
+        else:
+            c, a = dict(MWG=32, NWG=16, KWG=16, MDIMC=8, NDIMC=4), algo
+        return {"algo": a, "family": "local", **gl.complete(c, M, N, K, implicit=a == "implicit")}
+
+    _, out = run(rt, graph, blob, pick)
+    assert rel(out, ref) < 2e-4
+
+
+def test_gpu_heuristic_and_candidates_are_legal(rt, net):
+    graph, blob, ref = net
+    from yolo_cl.kernels import conv
+    for node in graph.nodes:
+        if node.op != "conv":
+            continue
+        cands = conv.gpu_candidates(node, rt, 2)
+        assert cands and all(c["family"] == "local" for c in cands)
+        assert any(c["algo"] == "winograd" for c in cands) == winograd.applicable(node)
+        h = gl.heuristic_config(node, 2, gl.device_limits(rt))
+        M, N = node.attrs["filters"], node.output.h * node.output.w
+        K = node.attrs["in_c"] * node.attrs["size"] ** 2
+        assert gl.why_illegal(h, M, N, K, h["algo"] == "implicit", gl.device_limits(rt)) is None
+    _, out = run(rt, graph, blob, lambda n: gl.heuristic_config(n, 2, gl.device_limits(rt)))
+    assert rel(out, ref) < 2e-4
