@@ -83,15 +83,20 @@ class Executor:
             if profile:
                 events.append(ev)
         outs = []
+        # Keep the read events alive until finish(): pyopencl waits for a dropped host-copy
+        # event *holding the GIL*, which would stall every other Python thread for the
+        # whole forward pass (and serialise the video pipeline).
+        reads = []
         for host, off, bs, v in zip(self._host_out, self._out_offsets, self._out_bstride, self.graph.outputs):
             n = v.c * v.h * v.w
             if bs == n * host.itemsize or self.batch == 1:
-                cl.enqueue_copy(q, host, self.arena, src_offset=off, is_blocking=False)
+                reads.append(cl.enqueue_copy(q, host, self.arena, src_offset=off, is_blocking=False))
             else:
                 flat = host.reshape(self.batch, -1)
                 for b in range(self.batch):
-                    cl.enqueue_copy(q, flat[b], self.arena, src_offset=off + b * bs, is_blocking=False)
+                    reads.append(cl.enqueue_copy(q, flat[b], self.arena, src_offset=off + b * bs, is_blocking=False))
         q.finish()
+        del reads
         for host in self._host_out:
             outs.append(host.astype(np.float32, copy=True))
         self.events = events
