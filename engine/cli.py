@@ -405,7 +405,11 @@ def _run_stream(detector, source: str, args) -> int:
         _error(f"{source}: video and camera sources need yolo_cl.video, which cannot be imported ({e})")
         return 1
     sys.stdout.flush()
-    rc = run_detect_stream(detector, source, args)
+    try:
+        rc = run_detect_stream(detector, source, args)
+    except ImageError as e:          # this source cannot be opened: report it, go on with the others
+        _error(str(e))
+        return 1
     return 1 if isinstance(rc, int) and not isinstance(rc, bool) and rc != 0 else 0
 
 

@@ -42,7 +42,7 @@ def check_image(image) -> np.ndarray:
         image = (image >> 8).astype(np.uint8)
     elif image.dtype != np.uint8:
         f = np.nan_to_num(image.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
-        image = np.clip(f * 255.0 if f.max() <= 1.0 else f, 0, 255).astype(np.uint8)
+        image = np.rint(np.clip(f * 255.0 if f.max() <= 1.0 else f, 0, 255)).astype(np.uint8)
     return np.ascontiguousarray(image)
 
 
