@@ -69,16 +69,21 @@ class Executor:
     def naive_bytes(self) -> int:
         return self.plan.naive_elems * (2 if self.half else 4)
 
-    def run(self, blob: np.ndarray, profile: bool = False) -> list:
-        """Forward ``blob`` (batch, C, H, W) float32; returns the output views as float32 arrays."""
+    def run(self, blob: np.ndarray, profile: bool = False, eager: bool = False) -> list:
+        """Forward ``blob`` (batch, C, H, W) float32; returns the output views as float32 arrays.
+
+        The default replays the pre-bound launch list. ``eager=True`` re-binds every node
+        (kernel objects and arguments) first, as a runtime without a plan would do per
+        frame: the baseline that host-overhead measurements and tests compare against."""
         cl, q = self.rt.cl, self.rt.queue
         expect = self._host_in.shape
         if blob.shape != expect:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {expect}")
         np.copyto(self._host_in, blob, casting="unsafe")
         cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
+        launches = [l for n in self.graph.nodes for l in bind_node(self.ctx, n)] if eager else self.launches
         events = []
-        for l in self.launches:
+        for l in launches:
             ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
             if profile:
                 events.append(ev)

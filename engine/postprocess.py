@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from .preprocess import letterbox_size
+from .preprocess import Placement
 
 
 @dataclass
@@ -87,14 +87,13 @@ def decode_region(raw: np.ndarray, p: dict, thresh: float):
     return np.stack([bx, by, bw, bh], 1), np.ones(len(n_idx), np.float32), probs
 
 
-def correct_boxes(boxes: np.ndarray, img_w: int, img_h: int, net_w: int, net_h: int, letter: bool) -> np.ndarray:
-    """Darknet's correct_yolo_boxes: undo the letterbox offset/scale; result still relative to the image."""
-    new_w, new_h = letterbox_size(img_w, img_h, net_w, net_h) if letter else (net_w, net_h)
+def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
+    """Darknet's correct_yolo_boxes: undo the layout offset/scale; result relative to the image."""
     b = boxes.astype(np.float64).copy()
-    b[:, 0] = (b[:, 0] - (net_w - new_w) / 2.0 / net_w) / (new_w / net_w)
-    b[:, 1] = (b[:, 1] - (net_h - new_h) / 2.0 / net_h) / (new_h / net_h)
-    b[:, 2] *= net_w / new_w
-    b[:, 3] *= net_h / new_h
+    b[:, 0] = (b[:, 0] * place.net_w - place.box_dx) / place.new_w
+    b[:, 1] = (b[:, 1] * place.net_h - place.box_dy) / place.new_h
+    b[:, 2] *= place.net_w / place.new_w
+    b[:, 3] *= place.net_h / place.new_h
     return b
 
 

@@ -6,6 +6,9 @@ Python API and OpenCV do. Then BGR -> RGB, /255, HWC -> CHW.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import cv2
 import numpy as np
 
@@ -46,19 +49,58 @@ def check_image(image) -> np.ndarray:
     return np.ascontiguousarray(image)
 
 
-def to_blob(image_bgr: np.ndarray, net_w: int, net_h: int, fit: str = "stretch", out=None) -> np.ndarray:
-    """One image -> (3, net_h, net_w) float32 in [0, 1], RGB."""
+@dataclass(frozen=True)
+class Placement:
+    """Where the resized image sits inside the network input, and how boxes map back."""
+
+    net_w: int
+    net_h: int
+    new_w: int          # resized image size
+    new_h: int
+    x0: int             # its top-left pixel in the network input
+    y0: int
+    box_dx: float       # the offsets box decoding subtracts (Darknet's correct_yolo_boxes
+    box_dy: float       # assumes (net - new) / 2, as a float)
+
+    @property
+    def padded(self) -> bool:
+        return (self.new_w, self.new_h) != (self.net_w, self.net_h)
+
+
+def placement(fit: str, img_w: int, img_h: int, net_w: int, net_h: int, stride: int = 32) -> Placement:
+    """Lay out an image for ``fit``:
+
+    - ``stretch``: resized to the whole input (Darknet's default);
+    - ``letterbox``: aspect kept, centred, grey padding (``letter_box=1``);
+    - ``crop``: letterbox scale, but the input itself shrinks to the image's aspect ratio,
+      rounded up to the stride. The image keeps its letterbox offset modulo the stride, so
+      the conv grids line up with the letterboxed run and detections agree with it.
+    """
+    if fit == "stretch":
+        return Placement(net_w, net_h, net_w, net_h, 0, 0, 0.0, 0.0)
+    nw, nh = letterbox_size(img_w, img_h, net_w, net_h)
+    if fit == "letterbox":
+        return Placement(net_w, net_h, nw, nh, (net_w - nw) // 2, (net_h - nh) // 2,
+                         (net_w - nw) / 2.0, (net_h - nh) / 2.0)
+    x0, y0 = ((net_w - nw) // 2) % stride, ((net_h - nh) // 2) % stride
+    cw, ch = -(-(x0 + nw) // stride) * stride, -(-(y0 + nh) // stride) * stride
+    return Placement(cw, ch, nw, nh, x0, y0, float(x0), float(y0))
+
+
+def to_blob(image_bgr: np.ndarray, net_w: int, net_h: int, fit: str = "stretch", out=None,
+            place: Optional[Placement] = None) -> np.ndarray:
+    """One image -> (3, H, W) float32 in [0, 1], RGB, laid out by ``place`` (default: ``fit`` at net_w x net_h)."""
     img = check_image(image_bgr)
     h, w = img.shape[:2]
-    if fit == "letterbox":
-        nw, nh = letterbox_size(w, h, net_w, net_h)
-        resized = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
-        canvas = np.full((net_h, net_w, 3), 127.5, np.float32)
-        x0, y0 = (net_w - nw) // 2, (net_h - nh) // 2
-        canvas[y0:y0 + nh, x0:x0 + nw] = resized
+    if place is None:
+        place = placement("letterbox" if fit == "crop" else fit, w, h, net_w, net_h)
+    resized = cv2.resize(img, (place.new_w, place.new_h), interpolation=cv2.INTER_LINEAR)
+    if place.padded:
+        canvas = np.full((place.net_h, place.net_w, 3), 127.5, np.float32)
+        canvas[place.y0:place.y0 + place.new_h, place.x0:place.x0 + place.new_w] = resized
         rgb = canvas[:, :, ::-1]
     else:
-        rgb = cv2.resize(img, (net_w, net_h), interpolation=cv2.INTER_LINEAR)[:, :, ::-1]
-    blob = out if out is not None else np.empty((3, net_h, net_w), np.float32)
+        rgb = resized[:, :, ::-1]
+    blob = out if out is not None else np.empty((3, place.net_h, place.net_w), np.float32)
     np.multiply(rgb.transpose(2, 0, 1), np.float32(1.0 / 255.0), out=blob, casting="unsafe")
     return blob
