@@ -415,10 +415,13 @@ class Channel:
             self._cond.notify_all()
             return True
 
-    def get(self):
-        """The next item, or ``_END`` once the channel is closed and empty, or stopped."""
+    def get(self, abort=None):
+        """The next item, or ``_END`` once the channel is closed and empty, or stopped, or
+        (while waiting) once the ``abort`` callable returns True."""
         with self._cond:
             while not self._items and not self._closed and not self._stopped:
+                if abort is not None and abort():
+                    return _END
                 self._cond.wait(0.1)
             if self._stopped or not self._items:
                 return _END
@@ -486,6 +489,7 @@ class Pipeline:
         self._pool_cond = threading.Condition()
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
+        self._interrupted = False       # a plain flag: safe to set from a signal handler
         self._threads: list = []
         if source.size is not None:     # compile for this batch and size now, not on the first frame
             detector.executor(self.batch, detector.net_size_for(*source.size))
@@ -505,7 +509,8 @@ class Pipeline:
                     break
         finally:
             self.stats.corrupt, self.stats.reconnects = src.corrupt, src.reconnects
-            self.stats.end = src.end_reason
+            if not self.stats.end:      # the reader may already have ended the run
+                self.stats.end = src.end_reason
             self._decoded.close()
 
     def _preprocess(self) -> None:
@@ -620,6 +625,11 @@ class Pipeline:
             t.start()
             self._threads.append(t)
 
+    def interrupt(self) -> None:
+        """End the iteration at the next frame boundary without waiting for the next result.
+        Only sets a flag, so a signal handler may call it."""
+        self._interrupted = True
+
     def stop(self) -> None:
         """Ask every stage to finish now (frames in flight are abandoned)."""
         self._stop.set()
@@ -628,20 +638,31 @@ class Pipeline:
             ch.stop()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop and wait for the stage threads; the stats are final afterwards."""
+        """Stop and wait for the stage threads; the stats are final afterwards.
+
+        The decode thread gets at most 2 s: a camera or stream stuck inside OpenCV cannot be
+        woken, and Ctrl-C should not wait for it (it is a daemon thread; ``reading`` then
+        stays True and the source must not be released under it)."""
         self.stop()
         deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        for t in self._threads[1:] + self._threads[:1]:
+            limit = deadline - time.monotonic()
+            t.join(max(0.0, min(limit, 2.0) if t is self._threads[0] else limit))
         if self.stats.finished is None:
             self.stats.finished = time.monotonic()
+
+    @property
+    def reading(self) -> bool:
+        """Whether the decode thread may still be inside ``source.read``."""
+        return bool(self._threads) and self._threads[0].is_alive()
 
     def __iter__(self) -> Iterator[Result]:
         self.start()
         lat = self.stats.latency
+        interrupted = lambda: self._interrupted   # noqa: E731
         try:
-            while True:
-                r = self._results.get()
+            while not self._interrupted:
+                r = self._results.get(interrupted)
                 if r is _END:
                     break
                 self.stats.frames += 1
@@ -649,6 +670,8 @@ class Pipeline:
                 yield r
             if self._error is not None:
                 raise self._error
+            if self._interrupted:
+                self.stats.end = "interrupted"
             self.stats.finished = time.monotonic()
         finally:
             self.close()
@@ -663,6 +686,7 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
     ``fps``. Pass a list as ``stats`` to receive the run's StreamStats when it ends.
     """
     src = open_source(source, live=live, reconnect=reconnect, backoff=backoff, timeout=timeout, fps=fps)
+    pipe = None
     try:
         pipe = Pipeline(detector, src, thresh=thresh, nms=nms, batch=batch)
         if stats is not None:
@@ -670,7 +694,9 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
         for r in pipe:
             yield r.index, r.frame, r.detections
     finally:
-        if src is not source:
+        if pipe is not None:
+            pipe.close()
+        if src is not source and not (pipe is not None and pipe.reading):
             src.close()
 
 
@@ -827,11 +853,12 @@ def _display_available() -> bool:
 
 
 class _Interrupt:
-    """While active, SIGINT sets a flag (the run then finishes its files) instead of raising;
-    a second SIGINT raises KeyboardInterrupt as usual. Only possible on the main thread."""
+    """While active, SIGINT sets a flag and calls ``on_hit`` (the run then finishes its files)
+    instead of raising; a second SIGINT raises KeyboardInterrupt. Only on the main thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_hit=None) -> None:
         self.hit = False
+        self.on_hit = on_hit
         self._old = None
 
     def __enter__(self) -> "_Interrupt":
@@ -843,6 +870,8 @@ class _Interrupt:
         if self.hit:
             raise KeyboardInterrupt
         self.hit = True
+        if self.on_hit is not None:
+            self.on_hit()
 
     def __exit__(self, *exc) -> None:
         if self._old is not None:
@@ -879,7 +908,7 @@ def run_detect_stream(detector, source, args) -> int:
     out_times = pipe.stats.stages["output"]
     user_quit = False
     try:
-        with _Interrupt() as interrupt:
+        with _Interrupt(pipe.interrupt) as interrupt:
             for r in pipe:
                 t0 = time.perf_counter()
                 annotated = draw(r.frame, r.detections, names) if (sink.wants_drawing or show) else None
@@ -897,9 +926,10 @@ def run_detect_stream(detector, source, args) -> int:
         pipe.close()
         if show:
             cv2.destroyAllWindows()
-        written = sink.finish()
-        src.close()
         progress.finish()
+        if not pipe.reading:
+            src.close()
+        written = sink.finish()
     if interrupted:
         pipe.stats.end = "interrupted"
     elif user_quit:

@@ -347,3 +347,27 @@ def test_channel_blocks_when_full_until_read():
     t.join()
     ch.close()
     assert [ch.get(), ch.get(), ch.get()] == [1, 2, video._END]
+
+
+def test_interrupt_ends_iteration_without_waiting_for_a_stalled_source(det, clip_frames):
+    """Pipeline.interrupt (what Ctrl-C calls) ends the run at once even when no further frame comes."""
+    release = threading.Event()
+
+    def source():
+        yield clip_frames[0]
+        release.wait(20)                 # a camera that stalls after one frame
+        yield clip_frames[1]
+
+    pipe = video.Pipeline(det, video.open_source(source(), live=True))
+    got = []
+    t0 = None
+    try:
+        for r in pipe:
+            got.append(r.index)
+            t0 = time.monotonic()
+            threading.Timer(0.2, pipe.interrupt).start()
+        waited = time.monotonic() - t0
+    finally:
+        release.set()
+    assert got == [0] and waited < 5
+    assert pipe.stats.end == "interrupted" and pipe.stats.frames == 1
