@@ -234,11 +234,16 @@ def group_by_box(detections: list) -> list:
     return out
 
 
+def _darknet_box(d) -> tuple:
+    """(x1, y1, x2, y2) in pixels as Darknet prints it: unclipped when known."""
+    return d.unclipped if d.unclipped is not None else d.box
+
+
 def format_detections(detections: list) -> list:
     """Darknet's ``-ext_output`` lines: ``dog: 83%\\t(left_x:  124   top_y:  219   width:  258   height:  300)``."""
     lines = []
     for group in group_by_box(detections):
-        x1, y1, x2, y2 = group[0].box
+        x1, y1, x2, y2 = _darknet_box(group[0])
         where = (f"(left_x: {_c_round(x1):4.0f}   top_y: {_c_round(y1):4.0f}   "
                  f"width: {_c_round(x2 - x1):4.0f}   height: {_c_round(y2 - y1):4.0f})")
         for d in group:
@@ -250,7 +255,7 @@ def json_frame(frame_id: int, filename: str, detections: list, img_w: int, img_h
     """One frame in Darknet's ``-out`` JSON layout (coordinates relative to the image), plus ``resize``."""
     objects = []
     for group in group_by_box(detections):
-        x1, y1, x2, y2 = group[0].box
+        x1, y1, x2, y2 = _darknet_box(group[0])
         rel = {"center_x": round((x1 + x2) / 2 / img_w, 6), "center_y": round((y1 + y2) / 2 / img_h, 6),
                "width": round((x2 - x1) / img_w, 6), "height": round((y2 - y1) / img_h, 6)}
         for d in sorted(group, key=lambda d: d.class_id):
@@ -313,9 +318,6 @@ def write_image(path: Path, image: np.ndarray) -> None:
         raise ImageError(f"{path}: OpenCV cannot encode this image format")
     try:
         atomic_write(path, buf.tobytes())
-        mask = os.umask(0)           # the temp file was private (0600); give the image the usual mode
-        os.umask(mask)
-        os.chmod(path, 0o666 & ~mask)
     except OSError as e:
         raise ImageError(f"{path}: cannot write ({e.strerror or e})") from None
 

@@ -21,7 +21,8 @@ class Detection:
     class_id: int
     label: str
     confidence: float
-    box: tuple
+    box: tuple                        # clipped to the image
+    unclipped: Optional[tuple] = None  # the same box before clipping, as Darknet prints it
 
     def to_dict(self) -> dict:
         return {"class_id": self.class_id, "label": self.label, "confidence": round(float(self.confidence), 6),
@@ -155,6 +156,8 @@ def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, 
         x2 = min(float(img_w), (x + w / 2) * img_w)
         y2 = min(float(img_h), (y + h / 2) * img_h)
         label = names[k] if names and k < len(names) else str(k)
-        out.append(Detection(int(k), label, float(probs[r, k]), (float(x1), float(y1), float(x2), float(y2))))
+        out.append(Detection(int(k), label, float(probs[r, k]), (float(x1), float(y1), float(x2), float(y2)),
+                             (float((x - w / 2) * img_w), float((y - h / 2) * img_h),
+                              float((x + w / 2) * img_w), float((y + h / 2) * img_h))))
     out.sort(key=lambda d: -d.confidence)
     return out

@@ -97,6 +97,9 @@ def atomic_write(path: Union[str, Path], data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600; outputs get the user's usual mode
         os.replace(tmp, path)
     except BaseException:
         try:
