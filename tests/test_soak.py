@@ -1,0 +1,236 @@
+"""Long runs leak nothing; one Detector shared by threads gives the single-threaded answers.
+
+A tiny network (two heads, shortcut, route concat, upsample) at 64x64 keeps a frame at a
+few milliseconds, so thousands of frames fit in about a minute on two cores.
+YOLO_CL_SOAK_FRAMES sets the number of frames of the main soak (default 2000).
+After a warm-up that has seen every image size, the run must allocate no device memory,
+build no program, and keep the process's resident memory flat.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from darknet_io import write_random_weights
+from yolo_cl import Detector
+
+FRAMES = int(os.environ.get("YOLO_CL_SOAK_FRAMES", "2000"))
+THRESH = 0.6          # random weights are confident everywhere: keep NMS to a few dozen boxes
+RSS_SLACK = 3 << 20   # allocator noise allowed after warm-up (measured: ~0); a 2 KiB-per-frame leak exceeds it
+
+TINY_CFG = """\
+[net]
+width=64
+height=64
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[shortcut]
+from=-2
+activation=linear
+
+[convolutional]
+size=1
+stride=1
+pad=1
+filters=21
+activation=linear
+
+[yolo]
+mask=3,4,5
+anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
+classes=2
+num=6
+
+[route]
+layers=-3
+
+[upsample]
+stride=2
+
+[route]
+layers=-1,2
+
+[convolutional]
+size=1
+stride=1
+pad=1
+filters=21
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
+classes=2
+num=6
+"""
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (from /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    cfg = d / "tiny.cfg"
+    cfg.write_text(TINY_CFG)
+    weights = write_random_weights(str(cfg), str(d / "tiny.weights"), seed=3, calib_size=64)
+    return cfg, Path(weights)
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(7)
+    shapes = [(72, 96, 3), (96, 72, 3), (64, 64, 3), (50, 120, 3), (120, 40, 3)]
+    return [(rng.random(s) * 255).astype(np.uint8) for s in shapes]
+
+
+class DeviceLedger:
+    """Counts every device allocation and program build a Detector's runtime makes."""
+
+    def __init__(self, det: Detector) -> None:
+        self.rt = det.runtime
+        self.allocs: list = []
+        real = self.rt.alloc
+
+        def alloc(nbytes, what):
+            self.allocs.append((int(nbytes), what))
+            return real(nbytes, what)
+
+        self.rt.alloc = alloc
+
+    def snapshot(self) -> tuple:
+        return len(self.allocs), sum(n for n, _ in self.allocs), self.rt.builds
+
+
+def key(dets: list) -> list:
+    return [(d.class_id, d.confidence, tuple(d.box)) for d in dets]
+
+
+@pytest.mark.parametrize("fit", ["stretch", "crop"])
+def test_detect_soak_is_flat(tiny_model, images, fit):
+    det = Detector(*tiny_model, names=["a", "b"], fit=fit)
+    ledger = DeviceLedger(det)
+    frames = FRAMES if fit == "stretch" else FRAMES // 5
+    ref = [key(det.detect(im, THRESH)) for im in images]          # warm-up: every size seen
+    for i in range(max(100, frames // 10)):
+        det.detect(images[i % len(images)], THRESH)
+    gc.collect()
+    rss0, dev0, pool0 = rss_bytes(), ledger.snapshot(), det.memory_report()
+    rss_mid = None
+    for i in range(frames):
+        im = i % len(images)
+        out = det.detect(images[im], THRESH)
+        if i % 97 == 0:
+            assert key(out) == ref[im], f"frame {i}: results drifted"
+        if i == frames // 2:
+            gc.collect()
+            rss_mid = rss_bytes()
+    gc.collect()
+    rss1 = rss_bytes()
+    assert ledger.snapshot() == dev0, "device memory was allocated or a program built after warm-up"
+    assert det.memory_report() == pool0
+    assert rss1 - rss0 < RSS_SLACK, f"RSS grew {(rss1 - rss0) / 2**20:.1f} MiB over {frames} frames"
+    assert rss1 - rss_mid < RSS_SLACK / 2, f"RSS still growing: {(rss1 - rss_mid) / 2**20:.1f} MiB in the second half"
+
+
+def test_stream_soak_is_flat(tiny_model, images):
+    """Detector.stream over an iterable of frames (the threaded pipeline), run twice: the second run is flat."""
+    det = Detector(*tiny_model, names=["a", "b"])
+    ledger = DeviceLedger(det)
+    frames = max(200, FRAMES // 4)
+    ref = [key(det.detect(im, THRESH)) for im in images]
+
+    def run(n: int, batch: int) -> int:
+        seen = 0
+        for index, frame, dets in det.stream((images[i % len(images)] for i in range(n)), thresh=THRESH,
+                                             batch=batch):
+            assert key(dets) == ref[index % len(images)], f"frame {index}: stream result differs from detect"
+            seen += 1
+        return seen
+
+    for batch in (1, 4):
+        assert run(50, batch) == 50                                  # warm-up: executors, threads, buffers
+    gc.collect()
+    rss0, dev0, threads0 = rss_bytes(), ledger.snapshot(), threading.active_count()
+    for batch in (1, 4):
+        assert run(frames, batch) == frames
+    gc.collect()
+    rss1 = rss_bytes()
+    assert ledger.snapshot() == dev0, "the stream allocated device memory or built a program after warm-up"
+    assert threading.active_count() == threads0, "pipeline threads outlived their stream"
+    assert rss1 - rss0 < RSS_SLACK, f"RSS grew {(rss1 - rss0) / 2**20:.1f} MiB over {2 * frames} streamed frames"
+
+
+def test_one_detector_many_threads_gives_single_threaded_results(tiny_model, images):
+    det = Detector(*tiny_model, names=["a", "b"])
+    ref = [key(det.detect(im, THRESH)) for im in images]
+    ref_batch = [key(d) for d in det.detect_batch(images[:3], THRESH)]
+    ref_heads = det.forward(np.stack([np.full((3, 64, 64), v, np.float32) for v in (0.2, 0.7)]))
+    errors: list = []
+    start = threading.Barrier(6)
+
+    def worker(tid: int) -> None:
+        try:
+            start.wait()
+            for i in range(30):
+                k = (tid + i) % len(images)
+                if tid == 4 and i % 3 == 0:
+                    got = [key(d) for d in det.detect_batch(images[:3], THRESH)]
+                    assert got == ref_batch, f"thread {tid} iteration {i}: detect_batch differs"
+                elif tid == 5 and i % 3 == 0:
+                    heads = det.forward(np.stack([np.full((3, 64, 64), v, np.float32) for v in (0.2, 0.7)]))
+                    for a, b in zip(heads, ref_heads):
+                        np.testing.assert_array_equal(a, b)
+                else:
+                    assert key(det.detect(images[k], THRESH)) == ref[k], f"thread {tid} iteration {i} differs"
+        except BaseException as e:   # collected and re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
