@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--names", help="class names file, one per line (default: by class count, COCO or VOC)")
     d.add_argument("--thresh", type=_fraction, default=0.25, help="confidence threshold (default 0.25)")
     d.add_argument("--nms", type=_fraction, default=0.45, help="NMS IoU threshold, 0 disables (default 0.45)")
-    d.add_argument("--out", metavar="DIR", help="write annotated images and videos to DIR (same file names)")
+    d.add_argument("--out", metavar="PATH", help="folder for annotated images and videos (same file names), or, for one "
+                   "video/camera/stream source, the output video file (e.g. out.mp4)")
     d.add_argument("--json", action="store_true",
                    help="print one JSON document in Darknet's -out layout instead of text")
     d.add_argument("--jsonl", metavar="FILE", help="streams: write one JSON line per frame to FILE")
@@ -338,7 +339,11 @@ def cmd_detect(args) -> int:
         return 1
     detector = _make_detector(args)
     out_names = None
-    if args.out:
+    out_file = Path(args.out) if args.out and Path(args.out).suffix.lower() in VIDEO_EXTS else None
+    if out_file is not None and (len(items) != 1 or items[0][0] == "image"):
+        raise YoloClError(f"--out {out_file}: a video file name needs exactly one video, camera or stream source; "
+                          "give a folder for images or several sources")
+    if args.out and out_file is None:
         out_dir = Path(args.out)
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -388,7 +393,7 @@ def cmd_detect(args) -> int:
             pending.append(src)
             continue
         flush_images()
-        video = out_names.path_for(src, VIDEO_OUT_EXTS, ".mp4") if out_names is not None else None
+        video = out_names.path_for(src, VIDEO_OUT_EXTS, ".mp4") if out_names is not None else out_file
         failures += _run_stream(detector, src, argparse.Namespace(**{**vars(args), "out": video}))
     flush_images()
     if args.json:

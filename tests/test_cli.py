@@ -259,3 +259,25 @@ def test_python_dash_m_runs_the_cli(capsys, monkeypatch):
         runpy.run_module("yolo_cl", run_name="__main__")
     assert e.value.code == 0
     assert capsys.readouterr().out.startswith("yolo-cl ")
+
+
+def test_detect_video_to_named_file_and_jsonl(capsys, tmp_path):
+    """The issue's command: --out FILE.mp4 --jsonl FILE on the portrait clip."""
+    out, jsonl = tmp_path / "out.mp4", tmp_path / "dets.jsonl"
+    rc, _, err = run(capsys, "detect", SHARED / "videos" / "library1.mp4", "--size", "128",
+                         "--out", out, "--jsonl", jsonl)
+    assert rc == 0, err
+    cap = cv2.VideoCapture(str(out))
+    n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    size = (int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)))
+    cap.release()
+    assert (n, size) == (69, (720, 1280))
+    lines = [json.loads(l) for l in jsonl.read_text().splitlines()]
+    assert [l["frame_id"] for l in lines] == list(range(len(lines))) or \
+        [l["frame_id"] for l in lines] == list(range(1, len(lines) + 1))
+    assert len(lines) == 69
+
+
+def test_video_file_out_needs_one_stream_source(capsys, tmp_path):
+    rc, _, err = run(capsys, "detect", DOG, "--out", tmp_path / "x.mp4")
+    assert rc == 2 and "needs exactly one video" in err
