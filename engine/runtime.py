@@ -196,7 +196,9 @@ class Runtime:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    return cl.Program(self.context, [self.device], [path.read_bytes()]).build(options=opts)
+                    binary = unseal_binary(path.read_bytes())
+                    if binary is not None:   # a truncated or altered binary can crash the driver: never load one
+                        return cl.Program(self.context, [self.device], [binary]).build(options=opts)
             except (cl.Error, OSError):
                 pass   # stale or corrupt binary: rebuild from source below
         try:
@@ -211,10 +213,27 @@ class Runtime:
         self.builds += 1
         if self.binary_cache:
             try:
-                atomic_write(path, prg.get_info(cl.program_info.BINARIES)[0])
+                atomic_write(path, seal_binary(prg.get_info(cl.program_info.BINARIES)[0]))
             except OSError:
                 pass   # a read-only cache is not an error
         return prg
+
+
+BINARY_MAGIC = b"yolo-cl binary 1\n"
+
+
+def seal_binary(binary: bytes) -> bytes:
+    """A program binary prefixed with a magic line and its SHA-256, for :func:`unseal_binary`."""
+    return BINARY_MAGIC + hashlib.sha256(binary).digest() + bytes(binary)
+
+
+def unseal_binary(data: bytes) -> Optional[bytes]:
+    """The binary inside ``data`` if it is complete and unaltered, else None (rebuild from source)."""
+    head = len(BINARY_MAGIC) + 32
+    if len(data) <= head or not data.startswith(BINARY_MAGIC):
+        return None
+    binary = data[head:]
+    return binary if hashlib.sha256(binary).digest() == data[len(BINARY_MAGIC):head] else None
 
 
 _SOURCES: dict = {}

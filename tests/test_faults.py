@@ -7,6 +7,7 @@ result or in one clear yolo_cl error, never a crash or a wrong answer.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -258,3 +259,60 @@ def test_finite_but_absurd_weights_do_not_crash_detection(runtime, tmp_path):
     assert isinstance(out, list)
     for d in out:
         assert np.all(np.isfinite(d.box)) and 0 <= d.confidence <= 1
+
+
+# -- the on-disk kernel cache ---------------------------------------------------------------------
+CACHE_PROBE = """
+import numpy as np
+from yolo_cl import Detector
+det = Detector("yolov3-tiny", input_size=64)
+heads = det.forward(np.full((1, 3, 64, 64), 0.5, np.float32))
+print("builds", det.runtime.builds, "sum", float(sum(h.sum() for h in heads)))
+"""
+
+
+def _probe(cache: Path) -> tuple:
+    """Run a Detector in a child process (a driver crash must not take pytest down): (builds, checksum)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, YOLO_CL_CACHE=str(cache))
+    env.pop("YOLO_CL_NO_BINARY_CACHE", None)
+    r = subprocess.run([sys.executable, "-c", CACHE_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    words = r.stdout.split()
+    return int(words[words.index("builds") + 1]), float(words[words.index("sum") + 1])
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    """A kernel cache filled by one cold run, and the heads' checksum."""
+    cache = tmp_path_factory.mktemp("kcache") / "cache"
+    builds, ref = _probe(cache)
+    assert builds > 0
+    assert _probe(cache) == (0, ref)             # warm start: everything from the cache
+    return cache, ref
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_bytes", "foreign"])
+def test_damaged_kernel_cache_is_rebuilt_not_loaded(tmp_path, warm_cache, damage):
+    """A truncated binary crashes PoCL if loaded: damaged cache files must be detected and rebuilt."""
+    import shutil
+    cache = tmp_path / "cache"
+    shutil.copytree(warm_cache[0], cache)
+    ref = warm_cache[1]
+    bins = sorted((cache / "binaries").glob("*.bin"))
+    assert bins
+    rng = np.random.default_rng(0)
+    for f in bins:
+        data = bytearray(f.read_bytes())
+        if damage == "truncate":
+            data = data[:len(data) // 2]
+        elif damage == "flip_bytes":
+            for i in rng.integers(0, len(data), 20):
+                data[i] ^= 0xFF
+        else:   # a raw driver binary without yolo-cl's seal (e.g. an older cache)
+            data = data[len(b"yolo-cl binary 1\n") + 32:]
+        f.write_bytes(bytes(data))
+    assert _probe(cache) == (len(bins), ref)     # every damaged binary rebuilt from source, same answer
+    if damage == "truncate":
+        assert _probe(cache) == (0, ref)         # and the cache is healthy again
