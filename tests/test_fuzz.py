@@ -438,3 +438,16 @@ def test_weights_files_that_are_not_files(tmp_path, tiny_layers, kind):
     with bounded(seconds=5):
         result = outcome(load_weights, path, tiny_layers)
     assert isinstance(result, WeightsError)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_cli_reports_hostile_cfgs_in_one_line(tmp_path, capsys, name):
+    from yolo_cl.cli import main
+    path = tmp_path / f"{name}.cfg"
+    path.write_text(HOSTILE[name])
+    with bounded(seconds=5, peak=64 << 20):
+        code = main(["info", "--cfg", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("yolo-cl: error: "), err
