@@ -121,6 +121,11 @@ def _conv(s, i, c, h, w, prev):
     ow = (w + 2 * pad - dilation * (size - 1) - 1) // sx + 1
     if oh < 1 or ow < 1:
         raise s.error(f"a {size}x{size} kernel does not fit the {w}x{h} input", "size")
+    if dilation > 1 and (oh, ow) != ((h + 2 * padding - size) // sy + 1, (w + 2 * padding - size) // sx + 1):
+        # Darknet sizes the output without the dilation but convolves with it: its own result is undefined.
+        raise s.error(f"dilation={dilation} with size={size} and padding={padding} gives a {ow}x{oh} output, but "
+                      f"Darknet allocates {(w + 2 * padding - size) // sx + 1}x{(h + 2 * padding - size) // sy + 1}; "
+                      "use an odd size with pad=1", "dilation")
     p = dict(filters=filters, size=size, stride_x=sx, stride_y=sy, pad=pad, dilation=dilation, groups=groups,
              bn=bool(s.int("batch_normalize", 0, 0, 1)), activation=_activation(s, "logistic"), in_c=c, in_h=h, in_w=w)
     return [prev], filters, oh, ow, p

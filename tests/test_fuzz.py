@@ -451,3 +451,20 @@ def test_cli_reports_hostile_cfgs_in_one_line(tmp_path, capsys, name):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("yolo-cl: error: "), err
+
+
+@pytest.mark.parametrize("conv,ok", [
+    ("size=3\npad=1\ndilation=2", True),          # odd size, pad = size/2: Darknet's and the dilated size agree
+    ("size=7\npadding=3\ndilation=2", True),
+    ("size=2\npad=1\ndilation=2", False),         # even size: Darknet allocates one size and writes another
+    ("size=3\npadding=0\ndilation=2", False),
+])
+def test_dilated_convs_whose_size_darknet_gets_wrong_are_refused(tmp_path, conv, ok):
+    path = tmp_path / "dil.cfg"
+    path.write_text(f"[net]\nwidth=16\nheight=16\nchannels=3\n[convolutional]\nfilters=4\n{conv}\n")
+    result = outcome(build_model, path)
+    if ok:
+        graph, _ = result
+        assert graph.nodes[0].output.shape == (4, 16, 16)
+    else:
+        assert isinstance(result, CfgError) and "dilation=2" in str(result)
