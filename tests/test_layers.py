@@ -248,6 +248,9 @@ CONV_CASES = {
     "f33_k3s2": (conv(33, 3, 2), (31, 9), 3),
     "f255_k1": (conv(255, 1, 1, bn=0, act="linear"), (13, 11), 8),
     "f255_k3": (conv(255, 3, 1), (9, 7), 3),
+    # even kernels (pad=1 pads size/2 on each side)
+    "k2s2": (conv(6, 2, 2), (17, 13), 3),
+    "k4s1": (conv(5, 4, 1), (13, 11), 3),
     # kernel larger than the input, stride larger than the kernel
     "k7_on_5x3": (conv(4, 7, 1), (5, 3), 3),
     "k1s3": (conv(5, 1, 3), (17, 13), 3),
@@ -357,6 +360,10 @@ ROUTE_CASES = {
     # a conv fused with its shortcut writes into a concat slice
     "fused_shortcut_into_concat": (conv(4, 3, 1) + conv(4, 3, 1) + sec("shortcut", **{"from": -2}) +
                                    conv(4, 3, 1) + sec("route", layers=[-1, -2])),
+    # the fused conv reads its residual from one slice of a concat and writes another
+    "residual_and_output_in_one_concat": (conv(4, 3, 1) + conv(4, 3, 1) + sec("shortcut", **{"from": -2}) +
+                                          sec("route", layers=[-1, -3])),
+    "dead_branch": (conv(4, 3, 1) + conv(5, 3, 1) + sec("route", layers=-2)),
     "route_of_input_sized_maxpool": (sec("maxpool", size=3, stride=1) + conv(3, 3, 1) +
                                      sec("route", layers=[-1, -2]) + conv(2, 1, 1)),
 }
@@ -367,7 +374,7 @@ def test_route(tmp_path, case):
     det = check(tmp_path, ROUTE_CASES[case], (17, 13), 3)
     if case == "multi_then_conv":
         assert "copy" not in ops(det), "producers should write straight into the concat"
-    if case == "fused_shortcut_into_concat":
+    if case in ("fused_shortcut_into_concat", "residual_and_output_in_one_concat"):
         assert fused_residuals(det) == 1
 
 
@@ -506,8 +513,16 @@ def test_fp16(tmp_path, net, size):
         assert np.abs(g - r).max() <= 1e-2 * np.abs(r).max()
 
 
-@pytest.mark.parametrize("net,size", [(YOLO_NET, (32, 24)), (MIXED_NET, (18, 14)),
-                                      (ROUTE_CASES["nested"], (17, 13))], ids=["yolo", "mixed", "nested"])
+# the first head's input is also written into a later concat (an output view with a channel offset)
+HEAD_IN_CONCAT_NET = (conv(6, 3, 1) + conv(12, 1, 1, bn=0, act="linear") +
+                      sec("yolo", mask=[0, 1], anchors="1,1,2,2", classes=1, num=2) + conv(3, 3, 1) +
+                      sec("route", layers=[-1, -3]) + conv(12, 1, 1, bn=0, act="linear") +
+                      sec("yolo", mask=[0, 1], anchors="1,1,2,2", classes=1, num=2))
+
+
+@pytest.mark.parametrize("net,size", [(YOLO_NET, (32, 24)), (MIXED_NET, (18, 14)), (ROUTE_CASES["nested"], (17, 13)),
+                                      (ROUTE_CASES["group1"], (17, 13)), (HEAD_IN_CONCAT_NET, (13, 11))],
+                         ids=["yolo", "mixed", "nested", "group_view_output", "head_in_concat"])
 def test_batch_equals_single(tmp_path, net, size):
     """A batch of 3 gives each image the result it gets alone, and matches the reference."""
     cfg, weights = write_net(tmp_path, net, size, 3)
@@ -571,3 +586,12 @@ def test_conv_configs(tmp_path, configs):
         assert len(convs) == 7
         for l in convs:
             assert l.config == tuning.pick(l.node), "a config fell back to the heuristic"
+
+
+def test_forward_at_other_sizes(tmp_path):
+    """One Detector, blobs of other sizes: the graph is rebuilt per size and still matches the reference."""
+    cfg, weights = write_net(tmp_path, YOLO_NET, (32, 24), 3)
+    det = yolo_cl.Detector(cfg, weights, input_size=(32, 24))
+    for b, (w, h) in ((2, (40, 16)), (1, (12, 28)), (1, (32, 24))):
+        blob = np.random.default_rng(w).standard_normal((b, 3, h, w)).astype(np.float32)
+        assert_close(det.forward(blob), reference(det, weights, blob))
