@@ -211,7 +211,7 @@ def reorg(o: Options, x: np.ndarray) -> np.ndarray:
 
 
 def scale_channels(o: Options, index: int, x: np.ndarray, outs: list) -> np.ndarray:
-    """forward_scale_channels_layer: ``from`` times the previous layer's per-channel (or, scale_wh, per-pixel) values."""
+    """forward_scale_channels_layer: ``from`` times the previous layer's per-channel values (per-pixel: scale_wh)."""
     f = outs[o.refs("from", index)[0]]
     y = f * x   # x is (n, c, 1, 1), or (n, 1, h, w) with scale_wh: broadcasting is Darknet's index arithmetic
     return activate(y, o.str("activation", "linear"))
