@@ -161,7 +161,6 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 /* Global -> registers for the tile starting at k-offset kt. */
 #if SA
 #define LOAD_A(kt)                                                                      \
-    _Pragma("unroll")                                                                   \
     for (int p = 0; p < LA_PER; ++p) {                                                  \
         const int v = tid + p * THREADS;                                                \
         const int r = v / (MWG / VWA), c = v - r * (MWG / VWA);                         \
@@ -173,7 +172,6 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 
 #if SB && defined(IMPLICIT)
 #define LOAD_B(kt)                                                                      \
-    _Pragma("unroll")                                                                   \
     for (int p = 0; p < LB_PER; ++p) {                                                  \
         const int k = (kt) + tid / NWG + p * (THREADS / NWG);                           \
         const int c = k / (KS * KS), rr = k - c * (KS * KS);                            \
@@ -196,7 +194,6 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #define N_CLAMP(n) (n)
 #endif
 #define LOAD_B(kt)                                                                      \
-    _Pragma("unroll")                                                                   \
     for (int p = 0; p < LB_PER; ++p) {                                                  \
         const int v = tid + p * THREADS;                                                \
         const int r = v / (NWG / VWB), c = v - r * (NWG / VWB);                         \
@@ -211,11 +208,9 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 /* Registers -> local memory. */
 #if SA
 #define STORE_A()                                                                       \
-    _Pragma("unroll")                                                                   \
     for (int p = 0; p < LA_PER; ++p) {                                                  \
         const int v = tid + p * THREADS;                                                \
         const int r = v / (MWG / VWA), c = v - r * (MWG / VWA);                         \
-        _Pragma("unroll")                                                               \
         for (int e = 0; e < VWA; ++e) Asf[r * MWG + c * VWA + e] = ra[p * VWA + e];     \
     }
 #else
@@ -223,16 +218,13 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #endif
 #if SB && defined(IMPLICIT)
 #define STORE_B()                                                                       \
-    _Pragma("unroll")                                                                   \
     for (int p = 0; p < LB_PER; ++p)                                                    \
         Bsf[(tid / NWG + p * (THREADS / NWG)) * NWG + tid % NWG] = rb[p];
 #elif SB
 #define STORE_B()                                                                       \
-    _Pragma("unroll")                                                                   \
     for (int p = 0; p < LB_PER; ++p) {                                                  \
         const int v = tid + p * THREADS;                                                \
         const int r = v / (NWG / VWB), c = v - r * (NWG / VWB);                         \
-        _Pragma("unroll")                                                               \
         for (int e = 0; e < VWB; ++e) Bsf[r * NWG + c * VWB + e] = rb[p * VWB + e];     \
     }
 #else

@@ -170,21 +170,26 @@ def waste(cfg: dict, M: int, N: int) -> float:
 
 def heuristic(M: int, N: int, K: int, Z: int = 1, implicit: bool = False,
               lim: DeviceLimits = DeviceLimits()) -> dict:
-    """An untuned pick: the biggest tile that still gives every compute unit work, low padding."""
-    prefs = [({"MWG": 128, "NWG": 128, "KWG": 16, "MDIMC": 16, "NDIMC": 16}),
-             ({"MWG": 64, "NWG": 128, "KWG": 16, "MDIMC": 8, "NDIMC": 16}),
-             ({"MWG": 128, "NWG": 64, "KWG": 16, "MDIMC": 16, "NDIMC": 8}),
-             ({"MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8}),
-             ({"MWG": 64, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8}),
-             ({"MWG": 32, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8}),
-             ({"MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8})]
+    """An untuned pick: the biggest tile that still gives every compute unit several work-groups.
+
+    Tuning yolov3 on an H100 found mid-size tiles with 4x4 / 4x2 register blocks winning at
+    batch 1 (work-groups in flight matter more than per-work-item reuse), so those are offered.
+    """
+    prefs = [{"MWG": 128, "NWG": 128, "KWG": 16, "MDIMC": 16, "NDIMC": 16},
+             {"MWG": 64, "NWG": 128, "KWG": 16, "MDIMC": 8, "NDIMC": 32},
+             {"MWG": 128, "NWG": 64, "KWG": 16, "MDIMC": 16, "NDIMC": 8},
+             {"MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8},
+             {"MWG": 64, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8},
+             {"MWG": 32, "NWG": 64, "KWG": 16, "MDIMC": 4, "NDIMC": 32},
+             {"MWG": 64, "NWG": 16, "KWG": 16, "MDIMC": 16, "NDIMC": 8},
+             {"MWG": 32, "NWG": 16, "KWG": 16, "MDIMC": 8, "NDIMC": 8}]
     best, best_score = None, None
     for p in prefs:
         c = complete(p, M, N, K, implicit)
         if why_illegal(c, M, N, K, implicit, lim) is not None:
             continue
         groups = -(-M // c["MWG"]) * -(-N // c["NWG"]) * Z
-        fill = min(1.0, groups / (2 * lim.compute_units))
+        fill = min(1.0, groups / (4 * lim.compute_units))
         score = fill * (1.0 - waste(c, M, N)) * (c["MWG"] * c["NWG"]) ** 0.25
         if best_score is None or score > best_score:
             best, best_score = c, score
@@ -222,7 +227,12 @@ def candidates(node: Node, rt, batch: int = 1) -> list:
 
 
 def heuristic_config(node: Node, batch: int = 1, lim: DeviceLimits = DeviceLimits()) -> dict:
-    """The untuned choice for a conv on a GPU: 1x1 straight from the input, others implicit."""
+    """The untuned choice for a conv on a GPU: Winograd F(2x2) for 3x3 stride-1 convs with enough
+    channels (2.6-4x faster than the implicit GEMM on yolov3's, H100), 1x1 straight from the
+    input, others implicit."""
+    from . import winograd
+    if winograd.applicable(node) and node.attrs["in_c"] >= 16:
+        return winograd.heuristic_config(node, batch, 2, lim)
     M, N, K, G = _shape(node, batch)
     algo = conv_algos(node)[0]
     return {"algo": algo, "family": FAMILY, **heuristic(M, N, K, batch * G, algo == "implicit", lim)}

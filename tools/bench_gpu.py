@@ -1,0 +1,736 @@
+#!/usr/bin/env python3
+"""GPU benchmarks for the local GEMM family and Winograd (issues 3 and 4), in one process.
+
+Phases (``--phases``, comma-separated; each writes into ``--out`` as it finishes, so a run
+cut short still leaves its results):
+
+  env     the device and its limits
+  gemm    our GEMM (best of a config sweep, each candidate checked against NumPy first)
+          vs CLBlast SGEMM (ctypes, same context and queue) on YOLOv2's nine (M, K, N) + 1024^3
+  tune    per-layer search for MODEL (--size, --batch): every unique conv shape times the
+          legal candidates (implicit / im2col / 1x1 GEMM / Winograd F(2x2), F(4x4)), each first
+          checked against the heuristic kernel's output; writes tuning-gpu.yaml
+  e2e     MODEL end to end with the tuned table: device time (sum of OpenCL profiling events),
+          per-layer times vs the roofline, wall time per frame, heads vs OpenCV DNN (OpenCL
+          target, same GPU, same run) and OpenCV's latency
+  matrix  fp32 vs fp16 latency and memory for yolov3/yolov4 at 416/608, batch 1/4/8 throughput
+  warm    time to first detection in a fresh process: cold (empty binary cache) vs warm
+
+Random weights (no zoo weights ship); the same file feeds yolo-cl and OpenCV.
+Run on the GPU machine:  . tools/gpu-setup.sh && python3 tools/bench_gpu.py --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from yolo_cl.cfg import parse_cfg                       # noqa: E402
+from yolo_cl.executor import Executor                   # noqa: E402
+from yolo_cl.graph import build_graph                   # noqa: E402
+from yolo_cl.kernels import conv as convk               # noqa: E402
+from yolo_cl.kernels import gemm_local as gl            # noqa: E402
+from yolo_cl.kernels import winograd                    # noqa: E402
+from yolo_cl.layers import build_layers, parse_net      # noqa: E402
+from yolo_cl.runtime import Runtime, _options, atomic_write   # noqa: E402
+from yolo_cl.weights import load_weights                # noqa: E402
+
+YOLOV2_SHAPES = [(32, 27, 173056), (64, 288, 43264), (128, 576, 10816), (256, 1152, 2704), (512, 2304, 676),
+                 (1024, 4608, 169), (1024, 9216, 169), (425, 1024, 169), (1024, 27648, 169), (1024, 1024, 1024)]
+PEAK_TFLOPS = {"H100": 67.0, "H200": 63.6}   # fp32 FMA peaks: H200 measured (shared/gpu/README.md), H100 datasheet
+BANDWIDTH_TBS = {"H100": 3.0, "H200": 4.3}   # device-to-device copy, measured here (KINDS.md)
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+class Results:
+    """Everything measured, saved to JSON after each phase."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.data = out, {}
+
+    def put(self, key: str, value) -> None:
+        self.data[key] = value
+        atomic_write(self.out / "bench.json", json.dumps(self.data, indent=1, default=str).encode())
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def device_key(rt) -> str:
+    n = rt.device_name
+    return next((k for k in PEAK_TFLOPS if k in n), "H200")
+
+
+def prebuild(rt, items: list, threads: int = 16) -> float:
+    """Compile (source, defines) pairs in parallel threads; returns seconds. Fills the runtime's cache."""
+    todo = []
+    for source, d in items:
+        key = (source, _options(d))
+        if key not in rt._programs and key not in todo:
+            todo.append(key)
+    t0 = time.perf_counter()
+
+    def build(key):
+        try:
+            return key, rt._build(*key)
+        except Exception as e:        # a config the compiler rejects is reported, not fatal
+            return key, e
+
+    with cf.ThreadPoolExecutor(threads) as pool:
+        for key, prg in pool.map(build, todo):
+            if not isinstance(prg, Exception):
+                rt._programs[key] = prg
+            else:
+                log(f"  build failed {key[1]}: {str(prg)[:200]}")
+    return time.perf_counter() - t0
+
+
+def event_ms(ev) -> float:
+    return (ev.profile.end - ev.profile.start) * 1e-6
+
+
+def time_launches(rt, launches: list, reps: int = 5, warm: int = 2) -> float:
+    """Median over reps of the summed device time of ``launches`` (OpenCL events)."""
+    cl, q = rt.cl, rt.queue
+    for _ in range(warm):
+        for l in launches:
+            cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
+    ts = []
+    for _ in range(reps):
+        evs = [cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize) for l in launches]
+        q.finish()
+        ts.append(sum(event_ms(e) for e in evs))
+    return float(np.median(ts))
+
+
+# -- random weights, written as a Darknet file both engines read -----------------------------
+def write_weights(cfg: Path, path: Path, seed: int = 0) -> None:
+    """Random He-like weights, BN as identity-ish: finite activations through deep nets."""
+    sections = parse_cfg(cfg)
+    net = parse_net(sections[0], None)
+    layers = build_layers(sections, net)
+    rng = np.random.default_rng(seed)
+    parts = [np.array([0, 2, 0], "<i4").tobytes(), np.array([0], "<u8").tobytes()]
+    for l in layers:
+        if l.kind != "convolutional":
+            continue
+        p = l.p
+        f, k = p["filters"], (p["in_c"] // p["groups"]) * p["size"] ** 2
+        parts.append((rng.standard_normal(f) * 0.05).astype("<f4").tobytes())
+        if p["bn"]:
+            parts.append(rng.uniform(0.8, 1.2, f).astype("<f4").tobytes())
+            parts.append((rng.standard_normal(f) * 0.05).astype("<f4").tobytes())
+            parts.append(rng.uniform(0.8, 1.2, f).astype("<f4").tobytes())
+        gain = 1.2 if p["activation"] in ("leaky", "relu", "mish", "swish") else 0.8
+        parts.append((rng.standard_normal(f * k) * gain / np.sqrt(k)).astype("<f4").tobytes())
+    path.write_bytes(b"".join(parts))
+
+
+def model_files(name: str, size: int, tmp: Path) -> tuple:
+    """(cfg at the wanted size, weights) for a zoo cfg."""
+    src = ROOT / "models" / "cfg" / f"{name}.cfg"
+    if not src.exists():
+        src = ROOT / "models" / f"{name}.cfg"
+    text = src.read_text()
+    lines = []
+    for line in text.splitlines():
+        s = line.replace(" ", "")
+        if s.startswith("width="):
+            line = f"width={size}"
+        elif s.startswith("height="):
+            line = f"height={size}"
+        elif s.startswith("batch="):
+            line = "batch=1"
+        elif s.startswith("subdivisions="):
+            line = "subdivisions=1"
+        lines.append(line)
+    cfg = tmp / f"{name}-{size}.cfg"
+    cfg.write_text("\n".join(lines) + "\n")
+    wts = tmp / f"{name}.weights"
+    if not wts.exists():
+        write_weights(cfg, wts)
+    return cfg, wts
+
+
+def load_graph(cfg: Path, wts: Path):
+    sections = parse_cfg(cfg)
+    net = parse_net(sections[0], None)
+    layers = build_layers(sections, net)
+    return build_graph(net, layers, load_weights(wts, layers))
+
+
+class Table:
+    """Conv configs by shape key; untuned shapes get the GPU heuristic."""
+
+    def __init__(self, rt, entries: dict = None, half: bool = False) -> None:
+        self.rt, self.entries, self.half = rt, dict(entries or {}), half
+        self.lim = gl.device_limits(rt)
+        self.hits = 0
+
+    def conv_config(self, node, batch: int = 1) -> dict:
+        if convk.is_depthwise(node):
+            return convk.heuristic_config(node, False, batch)
+        c = self.entries.get(shape_key(node, batch))
+        if c is not None and self.half and c.get("algo") == "winograd" and c.get("m") == 4:
+            Mw, Nw, Kw, _ = winograd.gemm_shape(node, 2)       # F(4x4) fails the fp16 gate: same GEMM, F(2x2)
+            c = {"algo": "winograd", "m": 2, "family": gl.FAMILY,
+                 **gl.complete({k: c[k] for k in ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "PF")},
+                               Mw, Nw, Kw)}
+            if gl.why_illegal(c, Mw, Nw, Kw, False, self.lim) is not None:
+                c = None
+        if c is not None:
+            self.hits += 1
+            return dict(c)
+        return gl.heuristic_config(node, batch, self.lim)
+
+
+def tuner_key(node, batch: int):
+    """The key engine/tuner.py files this shape under (None if that module is not there)."""
+    try:
+        from yolo_cl.tuner import shape_key as tk
+        return tk(node, batch)
+    except Exception:
+        return None
+
+
+def shape_key(node, batch: int) -> str:
+    a = node.attrs
+    return (f"conv k{a['size']} s{a['stride_x']}x{a['stride_y']} p{a['pad']} d{a['dilation']} g{a['groups']} "
+            f"c{a['in_c']} f{a['filters']} {node.inputs[0].h}x{node.inputs[0].w} b{batch}")
+
+
+# -- CLBlast through ctypes ----------------------------------------------------------------------
+class CLBlast:
+    """CLBlastSgemm on pyopencl buffers and queue (row-major, no transposes)."""
+
+    def __init__(self, rt) -> None:
+        self.lib = ctypes.CDLL("libclblast.so.1")
+        f = self.lib.CLBlastSgemm
+        sz, vp = ctypes.c_size_t, ctypes.c_void_p
+        f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, sz, sz, sz, ctypes.c_float, vp, sz, sz, vp, sz, sz,
+                      ctypes.c_float, vp, sz, sz, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+        f.restype = ctypes.c_int
+        self.f, self.rt = f, rt
+        self.q = ctypes.c_void_p(rt.queue.int_ptr)
+
+    def sgemm(self, M, N, K, a, b, c):
+        ev = ctypes.c_void_p()
+        st = self.f(101, 111, 111, M, N, K, 1.0, a.int_ptr, 0, K, b.int_ptr, 0, N, 0.0, c.int_ptr, 0, N,
+                    ctypes.byref(self.q), ctypes.byref(ev))
+        if st != 0:
+            raise RuntimeError(f"CLBlastSgemm status {st}")
+        return self.rt.cl.Event.from_int_ptr(ev.value, retain=False)
+
+
+# -- phase: GEMM vs CLBlast -------------------------------------------------------------------
+def gemm_space(M, N, K, lim) -> list:
+    """The GEMM sweep: staged configs with 64..256 work-items plus the barrier-free ones."""
+    out = []
+    for c in gl.space(M, N, K, False, lim):
+        t, mwi, nwi = c["MDIMC"] * c["NDIMC"], c["MWG"] // c["MDIMC"], c["NWG"] // c["NDIMC"]
+        if c["SA"] and c["SB"]:
+            ok = c["PF"] and c["KWG"] in (16, 32) and 64 <= t <= 256 and mwi in (2, 4, 8) and nwi in (2, 4, 8) \
+                and mwi * nwi >= 8
+        else:       # a few barrier-free / A-only-staged variants, to see whether staging pays at all
+            ok = c["SA"] == c["SB"] == 0 and t in (64, 256) and mwi * nwi in (32, 64)
+        if ok:
+            out.append(c)
+    return out
+
+
+def phase_gemm(rt, res: Results, args) -> None:
+    cl = rt.cl
+    lim = gl.device_limits(rt)
+    peak = PEAK_TFLOPS[device_key(rt)]
+    try:
+        blast = CLBlast(rt)
+    except OSError as e:
+        blast = None
+        log(f"CLBlast unavailable: {e}")
+    rows = []
+    rng = np.random.default_rng(0)
+    for (M, K, N) in YOLOV2_SHAPES[args.gemm_from: args.gemm_shapes]:
+        t_shape = time.perf_counter()
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        B = rng.standard_normal((K, N)).astype(np.float32)
+        ref = (A.astype(np.float64) @ B.astype(np.float64)) if M * N * K < 3e10 else (A @ B).astype(np.float64)
+        bias = np.zeros(M, np.float32)
+        Ab = rt.upload(gl.pack_weights(A, 1), "A")
+        Araw = rt.upload(A, "A raw")
+        Bb = rt.upload(B, "B")
+        Cb = rt.alloc(M * N * 4, "C")
+        biasb = rt.upload(bias, "bias")
+        flops = 2.0 * M * N * K
+        cands = gemm_space(M, N, K, lim)[: args.max_cands]
+        items = [("gemm_local.cl", gl.defines({"HALF_STORAGE": False, "ACT": 0}, c, M, N, K)) for c in cands]
+        tb = prebuild(rt, items)
+        best = None
+        timed = 0
+        for c, (src, d) in zip(cands, items):
+            if (src, _options(d)) not in rt._programs:
+                continue
+            k = cl.Kernel(rt._programs[(src, _options(d))], "yc_gemm_local")
+            k.set_args(Ab, biasb, Bb, *[np.int32(v) for v in (0, 0, 0, N)], Cb, np.int32(0), np.int32(0), np.int32(N),
+                       Cb, np.int32(0), np.int32(0), *[np.int32(v) for v in (M, N, K, 1)])
+            gs, ls = gl.sizes(c, M, N, 1)
+            cl.enqueue_fill_buffer(rt.queue, Cb, np.float32(np.nan), 0, M * N * 4)
+            cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+            out = np.empty((M, N), np.float32)
+            cl.enqueue_copy(rt.queue, out, Cb)
+            err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.isfinite(out).all() else float("inf")
+            if err > 1e-4:
+                log(f"  REJECT {c}: rel err {err:.1e}")
+                continue
+            ms = time_launches(rt, [_L(k, gs, ls)], reps=5, warm=1)
+            timed += 1
+            if best is None or ms < best[0]:
+                best = (ms, c, err)
+        row = {"M": M, "K": K, "N": N, "candidates": len(cands), "timed": timed, "build_s": round(tb, 1)}
+        if best:
+            ms, c, err = best
+            row.update(ours_ms=round(ms, 4), ours_tflops=round(flops / ms / 1e9, 2), ours_peak_pct=round(
+                100 * flops / ms / 1e9 / peak, 1), config=c, rel_err=err)
+        if blast is not None:
+            try:
+                blast.sgemm(M, N, K, Araw, Bb, Cb).wait()
+                out = np.empty((M, N), np.float32)
+                cl.enqueue_copy(rt.queue, out, Cb)
+                berr = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                ts = []
+                for _ in range(7):
+                    ev = blast.sgemm(M, N, K, Araw, Bb, Cb)
+                    ev.wait()
+                    ts.append(event_ms(ev))
+                bms = float(np.median(ts[2:]))
+                row.update(clblast_ms=round(bms, 4), clblast_tflops=round(flops / bms / 1e9, 2), clblast_err=berr)
+                if best:
+                    row["speedup"] = round(bms / best[0], 2)
+            except Exception as e:
+                row["clblast_error"] = str(e)[:200]
+        row["shape_s"] = round(time.perf_counter() - t_shape, 1)
+        rows.append(row)
+        log(f"GEMM M={M} K={K} N={N}: ours {row.get('ours_tflops')} TF/s ({row.get('ours_ms')} ms, "
+            f"{timed}/{len(cands)} timed, build {tb:.1f}s) clblast {row.get('clblast_tflops')} TF/s "
+            f"speedup {row.get('speedup')} cfg {row.get('config')}")
+        res.put("gemm", rows)
+        for buf in (Ab, Araw, Bb, Cb, biasb):
+            buf.release()
+        if time.perf_counter() > args.deadline:
+            log("gemm: deadline reached")
+            break
+    sp = [r["speedup"] for r in rows if "speedup" in r]
+    if sp:
+        res.put("gemm_geomean_speedup", float(np.exp(np.mean(np.log(sp)))))
+
+
+class _L:
+    """A bare launch for timing (kernel, global size, local size)."""
+
+    def __init__(self, kernel, gsize, lsize) -> None:
+        self.kernel, self.gsize, self.lsize = kernel, gsize, lsize
+
+
+# -- phase: per-layer tuning ---------------------------------------------------------------------
+def node_shape(node):
+    a = node.attrs
+    return a["filters"] // a["groups"], node.output.h * node.output.w, (a["in_c"] // a["groups"]) * a["size"] ** 2
+
+
+def tune_candidates(node, rt, batch, pool: list, half: bool, args_fast: bool = False) -> list:
+    """Algorithms x GEMM configs for one conv: the sweep pool, filtered to what is legal here."""
+    lim = gl.device_limits(rt)
+    M, N, K = node_shape(node)
+    out = []
+    for algo in gl.conv_algos(node):
+        imp = algo == "implicit"
+        if algo == "im2col" and (gl.is_pointwise(node) or winograd.applicable(node)) and args_fast:
+            continue            # never won on yolov3 416 (H100): the implicit GEMM or Winograd always beat it
+        for c in pool:
+            c2 = gl.complete({k: c[k] for k in ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "PF")}, M, N, K, imp)
+            if gl.why_illegal(c2, M, N, K, imp, lim) is None:
+                out.append({"algo": algo, "family": gl.FAMILY, **c2})
+    if winograd.applicable(node):
+        for m in (winograd.TILE_SIZES[:1] if half else winograd.TILE_SIZES):
+            Mw, Nw, Kw, t2 = winograd.gemm_shape(node, m)
+            for c in pool:
+                c2 = gl.complete({k: c[k] for k in ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "PF")},
+                                 Mw, Nw, Kw)
+                if gl.why_illegal(c2, Mw, Nw, Kw, False, lim) is None:
+                    out.append({"algo": "winograd", "m": m, "family": gl.FAMILY, **c2})
+    uniq, seen = [], set()
+    for c in out:
+        key = json.dumps(c, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(c)
+    return uniq
+
+
+def default_pool() -> list:
+    """Configs worth trying on a big GPU when no GEMM sweep ran first."""
+    base = [(128, 128, 16, 16, 16), (128, 64, 16, 16, 8), (64, 128, 16, 8, 16), (64, 64, 16, 8, 8),
+            (64, 64, 16, 16, 16), (64, 32, 16, 8, 8), (32, 64, 16, 8, 8), (32, 32, 16, 8, 8), (128, 128, 16, 8, 32),
+            (128, 64, 32, 16, 8), (64, 64, 32, 8, 8), (128, 32, 16, 16, 8), (32, 128, 16, 8, 16), (16, 64, 16, 4, 16)]
+    return [{"MWG": a, "NWG": b, "KWG": k, "MDIMC": m, "NDIMC": n, "SA": 1, "SB": 1, "PF": 1} for a, b, k, m, n in base]
+
+
+def node_output(rt, ex, node) -> np.ndarray:
+    """The node's output for the first and last image of the batch (enough to catch batch indexing)."""
+    v = node.output
+    item = 2 if ex.half else 4
+    images = sorted({0, ex.batch - 1})
+    out = np.empty((len(images), v.c * v.h * v.w), np.float16 if ex.half else np.float32)
+    base = (ex.plan.offset(v.tensor) + v.c0 * v.h * v.w) * item
+    for i, b in enumerate(images):
+        rt.cl.enqueue_copy(rt.queue, out[i], ex.arena, src_offset=base + b * v.tensor.size * item)
+    rt.queue.finish()
+    return out.astype(np.float32)
+
+
+def proxy(node):
+    """The node with a fixed epilogue (leaky, no residual): candidates of all shapes then share programs.
+
+    The epilogue costs next to nothing beside the GEMM, so timings carry over to the real node.
+    """
+    import dataclasses
+    return dataclasses.replace(node, attrs={**node.attrs, "residual": None, "activation": "leaky"})
+
+
+def phase_tune(rt, res: Results, args, model: str, size: int, batch: int, pool: list, half: bool = False,
+               deadline: float = None) -> dict:
+    deadline = deadline or args.deadline
+    tmp = Path(args.tmp)
+    cfg, wts = model_files(model, size, tmp)
+    graph = load_graph(cfg, wts)
+    table = Table(rt)
+    prebuild(rt, [it for n in graph.nodes if n.op == "conv" for it in _programs_of_node(rt, n, batch, half, table)])
+    ex = Executor(rt, graph, batch, half, table)
+    blob = np.random.default_rng(1).random((batch, 3, size, size), dtype=np.float32)
+    ex.run(blob)
+    groups: dict = {}
+    for node in graph.nodes:
+        if node.op == "conv" and not convk.is_depthwise(node):
+            groups.setdefault(shape_key(node, batch), []).append(node)
+    log(f"tune {model} {size} b{batch} {'fp16' if half else 'fp32'}: {len(groups)} unique conv shapes")
+    plan = {}
+    items = []
+    for key, nodes in groups.items():
+        node = proxy(nodes[0])
+        cands = tune_candidates(node, rt, batch, pool, half, args.fast)[: args.max_cands]
+        plan[key] = (node, cands)
+        items.extend(_programs_of(ex.ctx, node, table.conv_config(node, batch)))
+        items.extend(_programs_of(ex.ctx, node, direct_config(node, batch, table.lim)))
+        for c in cands:
+            items.extend(_programs_of(ex.ctx, node, c))
+    tb = prebuild(rt, items)
+    log(f"  {len(set((s_, _options(d)) for s_, d in items))} programs compiled in {tb:.1f}s")
+    results = {}
+    total_best = total_heur = 0.0
+    for key, (node, cands) in plan.items():
+        direct = direct_config(node, batch, table.lim)          # the gate's reference: no Winograd
+        for l in convk.bind(ex.ctx, node, direct):
+            rt.cl.enqueue_nd_range_kernel(rt.queue, l.kernel, l.gsize, l.lsize)
+        ref = node_output(rt, ex, node)
+        heur = table.conv_config(node, batch)
+        hl = convk.bind(ex.ctx, node, heur)
+        t_h = time_launches(rt, hl, reps=5, warm=1)
+        scale = max(float(np.abs(ref).max()), 1e-6)
+        herr = float(np.abs(node_output(rt, ex, node) - ref).max()) / scale
+        best = (t_h, heur) if herr <= (1e-2 if half else 1e-4) else (float("inf"), direct)
+        timed = rejected = 0
+        for c in cands:
+            try:
+                ls = convk.bind(ex.ctx, node, c)
+            except Exception as e:
+                log(f"  bind failed {c}: {str(e)[:120]}")
+                continue
+            for l in ls:
+                rt.cl.enqueue_nd_range_kernel(rt.queue, l.kernel, l.gsize, l.lsize)
+            got = node_output(rt, ex, node)
+            err = float(np.abs(got - ref).max()) / scale if np.isfinite(got).all() else float("inf")
+            if err > (1e-2 if half else 1e-4):
+                rejected += 1
+                continue
+            t = time_launches(rt, ls, reps=3, warm=1)
+            timed += 1
+            if t < best[0]:
+                best = (t, c)
+        n = len(groups[key])
+        results[key] = {"config": best[1], "ms": round(best[0], 5), "heuristic_ms": round(t_h, 5), "count": n,
+                        "tuner_key": tuner_key(node, batch),
+                        "gflop": node.flops * batch / 1e9, "timed": timed, "rejected": rejected,
+                        "candidates": len(cands)}
+        total_best += best[0] * n
+        total_heur += t_h * n
+        log(f"  {key} x{n}: best {best[0]:.4f} ms ({node.flops * batch / best[0] / 1e9:.1f} TF/s) "
+            f"{best[1]['algo']}{best[1].get('m', '')} {_short(best[1])} heur {t_h:.4f} ms; "
+            f"timed {timed}/{len(cands)} rejected {rejected}")
+        if time.perf_counter() > deadline:
+            log("tune: deadline reached")
+            break
+    log(f"  conv total: tuned {total_best:.3f} ms vs heuristic {total_heur:.3f} ms")
+    res.put(f"tune {model} {size} b{batch} {'fp16' if half else 'fp32'}", results)
+    ex.arena.release()
+    return {k: v["config"] for k, v in results.items()}
+
+
+def direct_config(node, batch, lim) -> dict:
+    """The plain GEMM (implicit or 1x1) heuristic: every candidate is checked against its output."""
+    M, N, K = node_shape(node)
+    algo = gl.conv_algos(node)[0]
+    return {"algo": algo, "family": gl.FAMILY, **gl.heuristic(M, N, K, batch, algo == "implicit", lim)}
+
+
+def _short(c: dict) -> str:
+    return "{MWG}x{NWG}x{KWG} wg{NDIMC}x{MDIMC} S{SA}{SB} PF{PF} V{VA}{VB}/{VWA}{VWB}".format(**c)
+
+
+def _programs_of_node(rt, node, batch, half, table) -> list:
+    """Programs a real node will build under ``table`` (for a parallel prebuild before binding)."""
+    from yolo_cl.kernels import BindContext
+    ctx = BindContext(rt, None, None, batch, half)
+    cfg = table.conv_config(node, batch)
+    if convk.is_depthwise(node) or cfg.get("family") != gl.FAMILY and cfg["algo"] != "winograd":
+        return []
+    return _programs_of(ctx, node, cfg)
+
+
+def _programs_of(ctx, node, cfg) -> list:
+    """(source, defines) pairs that binding ``cfg`` for ``node`` will build (for parallel prebuild)."""
+    a = node.attrs
+    M, N, K = node_shape(node)
+    ep = gl.epilogue_defines(ctx, node)
+    if cfg["algo"] == "winograd":
+        m = cfg["m"]
+        Mw, Nw, Kw, t2 = winograd.gemm_shape(node, m)
+        return [("winograd.cl", ctx.defines(WINO_M=m)), ("winograd.cl", {**ep, "WINO_M": m}),
+                ("gemm_local.cl", gl.defines(ctx.defines(NO_BIAS=True), cfg, Mw, Nw, Kw))]
+    d = gl.defines(ep, cfg, M, N, K)
+    if cfg["algo"] == "implicit":
+        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
+    return [("gemm_local.cl", d)]
+
+
+def write_yaml(rt, entries: dict, path: Path, precision: str = "fp32", extra: dict = None) -> None:
+    """configs/tuning-gpu.yaml: device identity, then shape key -> config (and its measured time)."""
+    import yaml
+    doc = {"format": "yolo-cl tuning 1", "device": rt.device_name, "driver": rt.driver, "vendor": rt.vendor,
+           "type": "GPU", "precision": precision, "tool": "tools/bench_gpu.py", "entries": entries}
+    if extra:
+        doc.update(extra)
+    atomic_write(path, yaml.safe_dump(doc, sort_keys=False, width=200).encode())
+
+
+# -- phase: end to end ---------------------------------------------------------------------------
+def run_model(rt, model, size, batch, half, table, args, reps=20, opencv=False, label=""):
+    tmp = Path(args.tmp)
+    cfg, wts = model_files(model, size, tmp)
+    graph = load_graph(cfg, wts)
+    t0 = time.perf_counter()
+    prebuild(rt, [it for n in graph.nodes if n.op == "conv" for it in _programs_of_node(rt, n, batch, half, table)])
+    ex = Executor(rt, graph, batch, half, table)
+    t_build = time.perf_counter() - t0
+    blob = np.random.default_rng(2).random((batch, 3, size, size), dtype=np.float32)
+    outs = ex.run(blob)
+    ex.run(blob, profile=True)
+    dev = []
+    for _ in range(5):
+        ex.run(blob, profile=True)
+        dev.append(sum(t.ms for t in ex.layer_times()))
+    times = ex.layer_times()
+    wall = []
+    for _ in range(reps):
+        t1 = time.perf_counter()
+        ex.run(blob)
+        wall.append((time.perf_counter() - t1) * 1e3)
+    r = {"model": model, "size": size, "batch": batch, "precision": "fp16" if half else "fp32",
+         "device_ms": float(np.median(dev)), "wall_ms": float(np.median(wall)), "build_s": t_build,
+         "gflop": graph.flops * batch / 1e9, "arena_MiB": ex.arena_bytes / 2**20,
+         "workspace_MiB": ex.workspace_bytes / 2**20,
+         "weights_MiB": sum(n.attrs["weights"].size for n in graph.nodes if n.op == "conv") * (2 if half else 4) / 2**20}
+    conv_ms = sum(t.ms for t in times if t.op.startswith("conv"))
+    conv_flops = sum(l.flops for l in ex.launches if l.flops)
+    r["conv_ms"] = conv_ms
+    r["conv_tflops"] = conv_flops / conv_ms / 1e9 if conv_ms else 0
+    r["images_per_s"] = batch / (r["wall_ms"] / 1e3)
+    r["layers"] = [{"label": t.label, "op": t.op, "kernel": t.name, "ms": round(t.ms, 4), "gflop": t.flops / 1e9,
+                    "algo": (t.config or {}).get("algo"), "m": (t.config or {}).get("m")} for t in times]
+    if opencv:
+        r.update(opencv_compare(cfg, wts, blob, outs, args))
+    log(f"{label}{model} {size} b{batch} {r['precision']}: device {r['device_ms']:.3f} ms, wall {r['wall_ms']:.3f} ms, "
+        f"conv {conv_ms:.3f} ms at {r['conv_tflops']:.1f} TF/s, {r['images_per_s']:.0f} img/s, arena "
+        f"{r['arena_MiB']:.0f} MiB weights {r['weights_MiB']:.0f} MiB ws {r['workspace_MiB']:.0f} MiB"
+        + (f"; OpenCV OpenCL {r['opencv_ms']:.2f} ms -> {r['opencv_ms'] / r['device_ms']:.1f}x (device), "
+           f"{r['opencv_ms'] / r['wall_ms']:.1f}x (wall), heads rel err {r['opencv_head_err']:.1e}"
+           if 'opencv_ms' in r else (f"; opencv: {r.get('opencv_error')}" if opencv else "")))
+    for buf in (ex.arena,):
+        buf.release()
+    return r
+
+
+def opencv_compare(cfg, wts, blob, outs, args) -> dict:
+    try:
+        import cv2
+        net = cv2.dnn.readNetFromDarknet(str(cfg), str(wts))
+        net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+        net.setPreferableTarget(cv2.dnn.DNN_TARGET_OPENCL)
+        names = net.getUnconnectedOutLayersNames()
+        t0 = time.perf_counter()
+        net.setInput(blob[:1])
+        net.forward(names)
+        first = time.perf_counter() - t0
+        for _ in range(2):
+            net.setInput(blob[:1])
+            net.forward(names)
+        ts = []
+        for _ in range(8):
+            t1 = time.perf_counter()
+            net.setInput(blob[:1])
+            o = net.forward(names)
+            ts.append((time.perf_counter() - t1) * 1e3)
+        # OpenCV decodes its yolo layers; the raw heads are the outputs just before each permute_k
+        all_names = list(net.getLayerNames())
+        head_names = [all_names[all_names.index(n) - 1] for n in all_names if n.startswith("permute_")]
+        net.setInput(blob[:1])
+        heads = net.forward(head_names)
+        err = max(float(np.abs(h - o2[:1]).max() / max(np.abs(h).max(), 1e-6)) for h, o2 in zip(heads, outs))
+        return {"opencv_ms": float(np.median(ts)), "opencv_first_s": first, "opencv_head_err": err, "opencv_ocl": cv2.ocl.useOpenCL(), "opencv_version": cv2.__version__}
+    except Exception as e:
+        return {"opencv_error": str(e)[:300]}
+
+
+# -- phase: warm start ---------------------------------------------------------------------------
+WARM_SNIPPET = r"""
+import time, sys
+t0 = time.perf_counter()
+import numpy as np
+import yolo_cl
+from yolo_cl.detector import Detector
+d = Detector(sys.argv[1], sys.argv[2])
+img = (np.random.default_rng(0).random((480, 640, 3)) * 255).astype(np.uint8)
+dets = d.detect(img)
+t1 = time.perf_counter()
+print("TTFD", t1 - t0, "builds", d.runtime.builds)
+"""
+
+
+def phase_warm(rt, res: Results, args) -> None:
+    cfg, wts = model_files("yolov3", 416, Path(args.tmp))
+    cache = Path(args.tmp) / "cache"
+    out = {}
+    for run in ("cold", "warm", "warm2"):
+        env = dict(os.environ, YOLO_CL_CACHE=str(cache))
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-c", WARM_SNIPPET, str(cfg), str(wts)], env=env, capture_output=True,
+                           text=True, timeout=300)
+        wall = time.perf_counter() - t0
+        line = next((l for l in p.stdout.splitlines() if l.startswith("TTFD")), "")
+        out[run] = {"process_s": wall, "ttfd_s": float(line.split()[1]) if line else None,
+                    "builds": int(line.split()[3]) if line else None, "stderr": p.stderr[-300:] if not line else ""}
+        log(f"warm start {run}: time to first detection {out[run]['ttfd_s']} s (process {wall:.2f} s), "
+            f"builds {out[run]['builds']}")
+    res.put("warm_start yolov3 416", out)
+
+
+# -- main ------------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--phases", default="env,gemm,tune,e2e")
+    ap.add_argument("--gemm-shapes", type=int, default=len(YOLOV2_SHAPES))
+    ap.add_argument("--budget", type=float, default=480, help="seconds; phases stop early past it")
+    ap.add_argument("--tune", default="yolov3:416:1", help="MODEL:SIZE:BATCH,... to tune")
+    ap.add_argument("--matrix", default="yolov3:416,yolov3:608,yolov4:416,yolov4:608")
+    ap.add_argument("--gemm-frac", type=float, default=0.3, help="share of the budget for the GEMM sweep")
+    ap.add_argument("--tune-frac", type=float, default=0.75, help="tuning stops at this share of the budget")
+    ap.add_argument("--e2e", default="yolov3:416:1:opencv:heur", help="MODEL:SIZE:BATCH[:opencv][:heur],...")
+    ap.add_argument("--fast", action="store_true", help="skip algorithms that never won in earlier runs")
+    ap.add_argument("--gemm-from", type=int, default=0, help="first of YOLOv2's shapes to sweep")
+    ap.add_argument("--max-cands", type=int, default=100000, help="cap per shape (smoke tests on a CPU)")
+    ap.add_argument("--yaml", default=None, help="tuning YAML to load (skips tune for keys it has)")
+    args = ap.parse_args()
+    args.deadline = time.perf_counter() + args.budget
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.tmp = tempfile.mkdtemp(prefix="ycbench")
+    res = Results(out)
+    rt = Runtime(profiling=True)
+    phases = args.phases.split(",")
+    lim = gl.device_limits(rt)
+    res.put("device", {"name": rt.device_name, "driver": rt.driver, "vendor": rt.vendor, "compute_units":
+                       lim.compute_units, "local_mem": lim.local_mem, "max_wg": lim.max_wg,
+                       "clock_mhz": rt.device.max_clock_frequency, "fp16": rt.fp16})
+    log(f"device: {res.data['device']}")
+    pool = default_pool()
+    try:      # fail fast, with the compiler's words, if the family does not build here
+        rt.program("gemm_local.cl", gl.defines({"ACT": 1}, gl.complete(pool[0], 100, 100, 100), 100, 100, 100))
+        rt.program("winograd.cl", {"WINO_M": 4, "ACT": 1, "RESIDUAL": True})
+    except Exception as e:
+        log(f"SANITY BUILD FAILED: {e}")
+        raise
+    entries = {}
+    if args.yaml:
+        import yaml
+        entries.update(yaml.safe_load(Path(args.yaml).read_text()).get("entries", {}))
+    t_start = time.perf_counter()
+    if "gemm" in phases:
+        args.deadline = t_start + args.gemm_frac * args.budget
+        phase_gemm(rt, res, args)
+        args.deadline = t_start + args.budget
+        tops = []
+        for r in res.data.get("gemm", []):
+            if "config" in r and r["config"] not in tops:
+                tops.append(r["config"])
+        pool = tops + [p for p in pool if all(any(p[k] != t[k] for k in p) for t in tops)]
+    res.put("pool", pool)
+    if "tune" in phases:
+        for spec in args.tune.split(","):
+            model, size, batch = spec.split(":")
+            entries.update(phase_tune(rt, res, args, model, int(size), int(batch), pool,
+                                      deadline=t_start + args.tune_frac * args.budget))
+            write_yaml(rt, entries, out / "tuning-gpu.yaml")
+    table = Table(rt, entries)
+    if "e2e" in phases:
+        for spec in args.e2e.split(","):
+            model, size, batch, *flags = spec.split(":")
+            size, batch = int(size), int(batch)
+            r = run_model(rt, model, size, batch, False, table, args, opencv="opencv" in flags, label="tuned: ")
+            res.put(f"e2e tuned {model} {size} b{batch}", r)
+            if "heur" in flags:
+                r2 = run_model(rt, model, size, batch, False, Table(rt), args, label="heuristic: ")
+                res.put(f"e2e heuristic {model} {size} b{batch}", {k: v for k, v in r2.items() if k != "layers"})
+    if "matrix" in phases:
+        rows = []
+        for spec in args.matrix.split(","):
+            model, size = spec.split(":")
+            for half in (False, True):
+                for batch in (1, 4, 8):
+                    if time.perf_counter() > args.deadline:
+                        break
+                    try:
+                        r = run_model(rt, model, int(size), batch, half, Table(rt, entries, half), args, reps=10)
+                        rows.append({k: v for k, v in r.items() if k != "layers"})
+                    except Exception as e:
+                        log(f"{model} {size} b{batch} half={half}: {e}")
+                        rows.append({"model": model, "size": size, "batch": batch, "half": half, "error": str(e)[:200]})
+                    res.put("matrix", rows)
+    if "warm" in phases:
+        phase_warm(rt, res, args)
+    log(f"done in {args.budget - (args.deadline - time.perf_counter()):.0f} s; results in {out}/bench.json")
+
+
+if __name__ == "__main__":
+    main()
