@@ -8,7 +8,8 @@ from .detector import Detector
 from .draw import draw
 from .errors import CfgError, DeviceError, ImageError, LimitError, WeightsError, YoloClError
 from .postprocess import Detection
+from . import ops
 
 __version__ = "0.1.0"
 __all__ = ["Detector", "Detection", "YoloClError", "CfgError", "WeightsError", "ImageError", "DeviceError",
-           "LimitError", "draw", "__version__"]
+           "LimitError", "draw", "ops", "__version__"]
