@@ -1,28 +1,47 @@
-/* C[m][n] = epilogue(sum_k A[m][k] * B[k][n]) for convolutions as GEMM.
+/* The barrier-free GEMM family for CPU devices: C[m][n] = epilogue(sum_k A[m][k] * B[k][n]).
  *
- * A: weights [G][M][K] row-major.  B: (k, n) at b_off + b*b_bstride + g*b_gstride + k*ldb + n
- * (an im2col workspace, or the input itself for a 1x1 stride-1 conv).  C and the residual R:
- * (m, n) at off + b*bstride + (g*M + m)*ldc + n, so a conv can write into a concat slice.
+ * On a CPU OpenCL device (PoCL) a work-group is a loop and a barrier splits it, so this family
+ * has none: each work-item owns a register block of C, streams its own panel of A and strip of
+ * B, and writes the block once. Two orientations, both explicitly vectorised:
+ *
+ *   yc_gemm     N-vectorised: block TM rows x (VW*NV) columns; each k step loads NV vectors of
+ *               B and broadcasts TM scalars of A. Best when N is large (early layers).
+ *   yc_gemm_mv  M-vectorised: block (VW*NV) rows x TN columns; each k step loads NV vectors of
+ *               A (weights packed so the TM... rows of one k are contiguous) and broadcasts TN
+ *               scalars of B. Best when N is small and M large (late layers, N = 169).
+ *
+ * Operands (one GEMM per z = b*G + g):
+ *   A  yc_gemm without PACK_A: [G][M][K] row-major (the plain weight layout).
+ *      yc_gemm with PACK_A:    [G][MB][K][TM], MB = ceil(M/TM), rows >= M zero: a k step's TM
+ *                              weights are contiguous and no row check is needed in the loop.
+ *      yc_gemm_mv:             [G][MB][K][VW*NV] the same way, so one k step is NV vector loads.
+ *   B  (k, n) at b_off + b*b_bstride + g*b_gstride + k*ldb + n (an im2col workspace, or the
+ *      input itself for a 1x1 stride-1 conv).
+ *   C, R (residual): (m, n) at off + b*bstride + (g*M + m)*ldc + n, so a conv can write into a
+ *      concat slice.
  * Epilogue: + bias, ACT, [+ R, ACT2], store (float or half).
  *
- * Specialised by defines (one source, many kernels):
- *   TM       rows of C per work-item (register block)
- *   VW       columns per work-item, loaded as one vector (1, 2, 4, 8, 16)
- *   KU       k-loop unroll
- *   CHECK_M  emit row bounds checks (only when M % TM != 0)
- *   CHECK_N  emit column bounds checks (only when N % VW != 0)
- *   RESIDUAL fused shortcut add
- * This is the barrier-free family: each work-item owns a TM x VW block in registers and
- * streams its own A and B; no local memory. It suits CPU devices, where work-groups are
- * loops and barriers are expensive, and small GPUs.
+ * Defines: TM, TN, VW (1, 2, 4, 8, 16), NV (vectors per block), KU (k unroll), PACK_A,
+ * CHECK_M / CHECK_N (emitted only when M / N do not divide the block), RESIDUAL, ACT, ACT2.
+ *
+ * PoCL notes that shape this code: its fma()/mad() and vloadN/vstoreN builtins compile to
+ * out-of-line calls, so products are written a * b + c (contracted to FMA instructions) and
+ * vectors are assembled from scalars (one unaligned vector load after optimisation); every
+ * loop over the register block is fully unrolled so the accumulators live in registers.
  */
 #include "common.h"
 
 #ifndef TM
 #define TM 4
 #endif
+#ifndef TN
+#define TN 4
+#endif
 #ifndef VW
 #define VW 8
+#endif
+#ifndef NV
+#define NV 1
 #endif
 #ifndef KU
 #define KU 1
@@ -30,21 +49,91 @@
 
 #if VW == 1
 #define VECT float
-#ifdef HALF_STORAGE
-#define VLOAD(p, off) vload_half(0, (p) + (off))
-#else
-#define VLOAD(p, off) ((p)[(off)])
-#endif
-#define VSTORE_TMP(v, tmp) ((tmp)[0] = (v))
 #else
 #define VECT CAT(float, VW)
-#ifdef HALF_STORAGE
-#define VLOAD(p, off) CAT(vload_half, VW)(0, (p) + (off))
+#endif
+
+/* FVEC: VW consecutive floats at p[i..i+VW) as one vector, assembled from scalars (becomes one
+ * unaligned vector load). VLOAD: the same from storage (half storage converts on load). */
+#define E(p, i, j) (p)[(i) + j]
+#if VW == 1
+#define FVEC(p, i) ((p)[i])
+#elif VW == 2
+#define FVEC(p, i) ((float2)(E(p, i, 0), E(p, i, 1)))
+#elif VW == 4
+#define FVEC(p, i) ((float4)(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3)))
+#elif VW == 8
+#define FVEC(p, i) ((float8)(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3), \
+                             E(p, i, 4), E(p, i, 5), E(p, i, 6), E(p, i, 7)))
+#elif VW == 16
+#define FVEC(p, i) ((float16)(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3), \
+                              E(p, i, 4), E(p, i, 5), E(p, i, 6), E(p, i, 7), \
+                              E(p, i, 8), E(p, i, 9), E(p, i, 10), E(p, i, 11), \
+                              E(p, i, 12), E(p, i, 13), E(p, i, 14), E(p, i, 15)))
 #else
-#define VLOAD(p, off) CAT(vload, VW)(0, (p) + (off))
+#error "VW must be 1, 2, 4, 8 or 16"
 #endif
-#define VSTORE_TMP(v, tmp) CAT(vstore, VW)((v), 0, (tmp))
+
+#ifdef HALF_STORAGE
+#if VW == 1
+#define VLOAD(p, i) vload_half(0, (p) + (i))
+#else
+#define VLOAD(p, i) CAT(vload_half, VW)(0, (p) + (i))
 #endif
+#else
+#define VLOAD(p, i) FVEC(p, i)
+#endif
+
+/* Lane v of a vector (VW == 1: the scalar itself). */
+#if VW == 1
+#define LANE(x, v) (x)
+#else
+#define LANE(x, v) ((x)[v])
+#endif
+
+/* The epilogue for one element of C: bias, activation, optional residual, store. */
+inline void yc_store(__global dtype* C, const size_t ci, __global const dtype* R, const size_t ri,
+                     const float acc, const float bias)
+{
+    float v = yc_activate(acc + bias, ACT);
+#ifdef RESIDUAL
+    v = yc_activate(v + LD(R, ri), ACT2);
+#endif
+    ST(C, ci, v);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* N-vectorised: work-item (n block, m block, z) owns C[m0 .. m0+TM)[n0 .. n0+VW*NV).        */
+/* ---------------------------------------------------------------------------------------- */
+#ifdef PACK_A
+#define A_AT(i, k) LD(Ap, (size_t)(k) * TM + (i))
+#else
+#define A_AT(i, k) LD(Ap, (size_t)(i) * K + (k))
+#endif
+
+/* Row i's A value at k; rows past M read as 0 (only an unpacked A needs the check). */
+#if defined(CHECK_M) && !defined(PACK_A)
+#define A_ROW(i, k) ((m0 + (i) < M) ? A_AT(i, k) : 0.0f)
+#else
+#define A_ROW(i, k) A_AT(i, k)
+#endif
+
+/* One k step of the N-vectorised block with B vectors loaded by LOADB(j). */
+#define NV_STEP(LOADB)                                                   \
+    {                                                                    \
+        VECT bv[NV];                                                     \
+        _Pragma("unroll")                                                \
+        for (int j = 0; j < NV; ++j) bv[j] = LOADB(j);                   \
+        _Pragma("unroll")                                                \
+        for (int i = 0; i < TM; ++i) {                                   \
+            const VECT a = (VECT)(A_ROW(i, k));                          \
+            _Pragma("unroll")                                            \
+            for (int j = 0; j < NV; ++j) acc[i][j] = a * bv[j] + acc[i][j]; \
+        }                                                                \
+    }
+
+#define B_FULL(j) VLOAD(Bk, (j) * VW)
+#define B_PART(j) FVEC(t, (j) * VW)
 
 __kernel void yc_gemm(__global const dtype* restrict A, __global const float* restrict bias,
                       __global const dtype* restrict B, const int b_off, const int b_bstride,
@@ -53,70 +142,174 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
                       __global const dtype* restrict R, const int r_off, const int r_bstride,
                       const int M, const int N, const int K, const int G)
 {
-    const int n0 = get_global_id(0) * VW;
-    const int m0 = get_global_id(1) * TM;
+    const int n0 = get_global_id(0) * (VW * NV);
+    const int mb = get_global_id(1);
+    const int m0 = mb * TM;
     const int z = get_global_id(2);
     const int b = z / G, g = z - b * G;
-#ifdef CHECK_M
+#if defined(CHECK_M) && !defined(PACK_A)
     if (m0 >= M) return;
 #endif
 #ifdef CHECK_N
     if (n0 >= N) return;
-    const bool full = n0 + VW <= N;
 #endif
+#ifdef PACK_A
+    const __global dtype* Ap = A + ((size_t)g * (size_t)get_global_size(1) + mb) * (size_t)K * TM;
+#else
     const __global dtype* Ap = A + (size_t)(g * M + m0) * K;
+#endif
     const __global dtype* Bp = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride + n0;
 
-    VECT acc[TM];
-    for (int i = 0; i < TM; ++i) acc[i] = (VECT)(0.0f);
-
-    #pragma unroll KU
-    for (int k = 0; k < K; ++k) {
-        VECT bv;
-#ifdef CHECK_N
-        if (full) {
-            bv = VLOAD(Bp, (size_t)k * ldb);
-        } else {
-            float t[VW];
-            for (int j = 0; j < VW; ++j) t[j] = (n0 + j < N) ? LD(Bp, (size_t)k * ldb + j) : 0.0f;
-#if VW == 1
-            bv = t[0];
-#else
-            bv = CAT(vload, VW)(0, t);
-#endif
-        }
-#else
-        bv = VLOAD(Bp, (size_t)k * ldb);
-#endif
+    VECT acc[TM][NV];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i)
         #pragma unroll
-        for (int i = 0; i < TM; ++i) {
-#ifdef CHECK_M
-            const float a = (m0 + i < M) ? LD(Ap, (size_t)i * K + k) : 0.0f;
-#else
-            const float a = LD(Ap, (size_t)i * K + k);
+        for (int j = 0; j < NV; ++j) acc[i][j] = (VECT)(0.0f);
+
+#ifdef CHECK_N
+    if (n0 + VW * NV > N) {
+        /* The ragged last column block: element loads, columns past N read as 0. */
+        for (int k = 0; k < K; ++k) {
+            const __global dtype* Bk = Bp + (size_t)k * ldb;
+            float t[VW * NV];
+            for (int e = 0; e < VW * NV; ++e) t[e] = (n0 + e < N) ? LD(Bk, e) : 0.0f;
+            NV_STEP(B_PART)
+        }
+    } else
 #endif
-            acc[i] = fma((VECT)(a), bv, acc[i]);
+    {
+        #pragma unroll KU
+        for (int k = 0; k < K; ++k) {
+            const __global dtype* Bk = Bp + (size_t)k * ldb;
+            NV_STEP(B_FULL)
         }
     }
 
+    const size_t cb = c_off + (size_t)b * c_bstride, rb = r_off + (size_t)b * r_bstride;
+    #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + i;
 #ifdef CHECK_M
-        if (m >= M) break;
+        if (m < M)
 #endif
-        const float bi = bias[g * M + m];
-        float t[VW];
-        VSTORE_TMP(acc[i], t);
-        const size_t row = (size_t)(g * M + m) * ldc + n0;
-        for (int j = 0; j < VW; ++j) {
+        {
+            const float bi = bias[g * M + m];
+            const size_t row = (size_t)(g * M + m) * ldc + n0;
+            #pragma unroll
+            for (int j = 0; j < NV; ++j)
+                #pragma unroll
+                for (int v = 0; v < VW; ++v) {
+                    const int e = j * VW + v;
 #ifdef CHECK_N
-            if (n0 + j >= N) break;
+                    if (n0 + e < N)
 #endif
-            float v = yc_activate(t[j] + bi, ACT);
-#ifdef RESIDUAL
-            v = yc_activate(v + LD(R, r_off + (size_t)b * r_bstride + row + j), ACT2);
-#endif
-            ST(C, c_off + (size_t)b * c_bstride + row + j, v);
+                    yc_store(C, cb + row + e, R, rb + row + e, LANE(acc[i][j], v), bi);
+                }
         }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* M-vectorised: work-item (n block, m block, z) owns C[m0 .. m0+VW*NV)[n0 .. n0+TN).        */
+/* ---------------------------------------------------------------------------------------- */
+#define MV (VW * NV)
+
+__kernel void yc_gemm_mv(__global const dtype* restrict A, __global const float* restrict bias,
+                         __global const dtype* restrict B, const int b_off, const int b_bstride,
+                         const int b_gstride, const int ldb,
+                         __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
+                         __global const dtype* restrict R, const int r_off, const int r_bstride,
+                         const int M, const int N, const int K, const int G)
+{
+    const int n0 = get_global_id(0) * TN;
+    const int mb = get_global_id(1);
+    const int m0 = mb * MV;
+    const int z = get_global_id(2);
+    const int b = z / G, g = z - b * G;
+    const __global dtype* Ap = A + ((size_t)g * (size_t)get_global_size(1) + mb) * (size_t)K * MV;
+    const __global dtype* Bp = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride;
+
+    /* Columns past N re-read column N-1 (always in bounds); their results are never stored. */
+    int col[TN];
+    #pragma unroll
+    for (int t = 0; t < TN; ++t) {
+#ifdef CHECK_N
+        col[t] = n0 + t < N ? n0 + t : N - 1;
+#else
+        col[t] = n0 + t;
+#endif
+    }
+
+    VECT acc[TN][NV];
+    #pragma unroll
+    for (int t = 0; t < TN; ++t)
+        #pragma unroll
+        for (int j = 0; j < NV; ++j) acc[t][j] = (VECT)(0.0f);
+
+    #pragma unroll KU
+    for (int k = 0; k < K; ++k) {
+        const __global dtype* Ak = Ap + (size_t)k * MV;
+        const __global dtype* Bk = Bp + (size_t)k * ldb;
+        VECT av[NV];
+        #pragma unroll
+        for (int j = 0; j < NV; ++j) av[j] = VLOAD(Ak, j * VW);
+        #pragma unroll
+        for (int t = 0; t < TN; ++t) {
+            const VECT bs = (VECT)(LD(Bk, col[t]));
+            #pragma unroll
+            for (int j = 0; j < NV; ++j) acc[t][j] = av[j] * bs + acc[t][j];
+        }
+    }
+
+    const size_t cb = c_off + (size_t)b * c_bstride, rb = r_off + (size_t)b * r_bstride;
+    #pragma unroll
+    for (int j = 0; j < NV; ++j)
+        #pragma unroll
+        for (int v = 0; v < VW; ++v) {
+            const int m = m0 + j * VW + v;
+#ifdef CHECK_M
+            if (m < M)
+#endif
+            {
+                const float bi = bias[g * M + m];
+                const size_t row = (size_t)(g * M + m) * ldc;
+                #pragma unroll
+                for (int t = 0; t < TN; ++t) {
+#ifdef CHECK_N
+                    if (n0 + t < N)
+#endif
+                    yc_store(C, cb + row + n0 + t, R, rb + row + n0 + t, LANE(acc[t][j], v), bi);
+                }
+            }
+        }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* im2col for this family: one work-item writes one row of output pixels for one k.          */
+/* col[z][k][n], z = b*G + g, k = (c, ky, kx), n = (oy, ox); a contiguous run per work-item   */
+/* instead of one element (no per-element divisions, streaming stores).                       */
+/* ---------------------------------------------------------------------------------------- */
+__kernel void yc_im2col_rows(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                             const int CG, const int H, const int W,
+                             __global dtype* restrict col, const int OH, const int OW,
+                             const int KS, const int SX, const int SY, const int PAD, const int DIL,
+                             const int G)
+{
+    const int oy = get_global_id(0), k = get_global_id(1), z = get_global_id(2);
+    const int N = OH * OW, K = CG * KS * KS;
+    const int b = z / G, g = z - b * G;
+    const int c = k / (KS * KS), r = k - c * KS * KS;
+    const int ky = r / KS, kx = r - ky * KS;
+    const int iy = oy * SY - PAD + ky * DIL;
+    const size_t out = (size_t)z * K * N + (size_t)k * N + (size_t)oy * OW;
+    if (iy < 0 || iy >= H) {
+        for (int ox = 0; ox < OW; ++ox) ST(col, out + ox, 0.0f);
+        return;
+    }
+    const size_t in = x_off + (size_t)b * x_bstride + ((size_t)(g * CG + c) * H + iy) * W;
+    const int x0 = kx * DIL - PAD;
+    for (int ox = 0; ox < OW; ++ox) {
+        const int ix = ox * SX + x0;
+        ST(col, out + ox, (ix >= 0 && ix < W) ? LD(X, in + ix) : 0.0f);
     }
 }

@@ -14,7 +14,7 @@ import logging
 import numpy as np
 
 from . import BindContext, Launch, act_id, i32
-from . import gemm_local, winograd
+from . import gemm_cpu, gemm_local, winograd
 from ..errors import YoloClError
 from ..graph import Node
 
@@ -51,15 +51,19 @@ def algorithms(node: Node) -> list:
 
 def heuristic_config(node: Node, device_is_cpu: bool, batch: int = 1) -> dict:
     """A sane untuned choice: the layer's natural algorithm and a mid-size register block."""
-    s = conv_shape(node, batch)
     algo = algorithms(node)[0]
     if algo == "depthwise":
         return {"algo": algo}
     if not device_is_cpu:
         return gemm_local.heuristic_config(node, batch)
-    vw = 16 if device_is_cpu and s["N"] >= 64 else (8 if s["N"] >= 8 else 1)
-    tm = 8 if s["M"] >= 8 else (4 if s["M"] >= 4 else 1)
-    return {"algo": algo, "TM": tm, "VW": vw, "KU": 1}
+    return gemm_cpu.heuristic_config(node, batch)
+
+
+def cpu_candidates(node: Node, rt, batch: int = 1) -> list:
+    """Legal CPU-family configs for ``node`` (barrier-free GEMM: gemm1x1/im2col), for the tuner."""
+    if is_depthwise(node):
+        return []
+    return gemm_cpu.candidates(node, rt, batch)
 
 
 def gpu_candidates(node: Node, rt, batch: int = 1) -> list:
@@ -103,6 +107,8 @@ def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
     algo = config["algo"]
     if algo == "winograd":
         return winograd.bind(ctx, node, config)
+    if config.get("family") == gemm_cpu.FAMILY:
+        return gemm_cpu.bind(ctx, node, config)
     if config.get("family") == gemm_local.FAMILY:
         return gemm_local.bind(ctx, node, config)
     weights = upload_weights(ctx, node)

@@ -1,0 +1,238 @@
+"""The CPU GEMM family (cl/gemm.cl) against NumPy on PoCL: both kernels over a spread of configs
+and odd shapes, the fused epilogue, groups, batches, concat slices, fp16 storage, and the
+row-wise im2col.
+
+Each case uses fresh random data and a NaN-poisoned output buffer with spare rows around the
+slice, so an unwritten element or a write outside the slice fails the comparison.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from yolo_cl.kernels import gemm_cpu as gc
+from yolo_cl.layers import ACT_ID
+from yolo_cl.runtime import Runtime
+
+LEAKY, MISH = ACT_ID["leaky"], ACT_ID["mish"]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+def leaky(x):
+    return np.where(x > 0, x, 0.1 * x)
+
+
+def mish(x):
+    return x * np.tanh(np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+ACTS = {0: lambda x: x, LEAKY: leaky, MISH: mish}
+
+
+def full(cfg: dict) -> dict:
+    """A family config with defaults for the tunables a case does not name."""
+    c = {"kernel": "nv", "VW": 8, "NV": 1, "KU": 1, "WG": 0}
+    c.update(cfg)
+    c.setdefault("TM" if c["kernel"] == "nv" else "TN", 4)
+    return c
+
+
+def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c_pad=(0, 0), packed=True):
+    """Run the family's kernel for ``cfg`` on host arrays; A (G,M,K), B (batch,G,K,N); returns C (batch,G,M,N).
+
+    ``c_pad`` = (rows before, rows after) of extra output per image: C is a slice of a larger
+    tensor, as when a conv writes into a concat. ``packed=False`` runs yc_gemm on the plain
+    [G][M][K] weights (the layout of untuned legacy configs).
+    """
+    cl = rt.cl
+    dt = np.float16 if half else np.float32
+    G, M, K = A.shape
+    batch, N = B.shape[0], B.shape[-1]
+    before, after = c_pad
+    rows = G * M + before + after
+    c_bstride = rows * N
+    poison = np.full(batch * c_bstride, np.nan, dt)
+    w = A.reshape(G * M, K)
+    Ah = gc.pack_weights(w, G, gc.pack_rows(cfg), dt) if packed else w.astype(dt)
+    bufs = [rt.upload(np.ascontiguousarray(Ah), "A"), rt.upload(bias.astype(np.float32), "bias"),
+            rt.upload(B.astype(dt).ravel(), "B"), rt.upload(poison, "C")]
+    if residual is not None:
+        Rfull = np.zeros((batch, rows, N), np.float32)
+        Rfull[:, before:before + G * M] = residual.reshape(batch, G * M, N)
+        Rbuf = rt.upload(Rfull.astype(dt).ravel(), "R")
+    else:
+        Rbuf = bufs[3]
+    d = gc.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N)
+    if not packed:
+        del d["PACK_A"]
+    if residual is not None:
+        d.update(RESIDUAL=True, ACT2=act2)
+    i = np.int32
+    args = bufs[:3] + [i(0), i(G * K * N), i(K * N), i(N), bufs[3], i(before * N), i(c_bstride), i(N),
+                       Rbuf, i(before * N), i(c_bstride), i(M), i(N), i(K), i(G)]
+    k = cl.Kernel(rt.program("gemm.cl", d), gc.kernel_name(cfg))
+    k.set_args(*args)
+    cl.enqueue_nd_range_kernel(rt.queue, k, gc.grid(cfg, M, N, batch * G), gc.local_size(cfg))
+    out = np.empty_like(poison)
+    cl.enqueue_copy(rt.queue, out, bufs[3])
+    rt.queue.finish()
+    out = out.astype(np.float32).reshape(batch, rows, N)
+    assert np.isnan(out[:, :before]).all() and np.isnan(out[:, before + G * M:]).all(), "wrote outside its slice"
+    return out[:, before:before + G * M].reshape(batch, G, M, N)
+
+
+def reference(A, B, bias, residual=None, act=0, act2=0):
+    G, M, K = A.shape
+    C = np.einsum("gmk,bgkn->bgmn", A.astype(np.float64), B.astype(np.float64))
+    C = ACTS[act](C + bias.reshape(1, G, M, 1))
+    if residual is not None:
+        C = ACTS[act2](C + residual.reshape(C.shape))
+    return C
+
+
+def rel_err(x, ref):
+    assert np.isfinite(x).all(), "non-finite (unwritten) output"
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def case(rt, cfg, M, N, K, *, G=1, batch=1, seed=0, tol=1e-5, **kw):
+    rng = np.random.default_rng(seed)
+    assert gc.why_illegal(cfg, M, N, K) is None, gc.why_illegal(cfg, M, N, K)
+    half = kw.get("half", False)
+    q = (lambda a: a.astype(np.float16).astype(np.float32)) if half else (lambda a: a)
+    A = q(rng.standard_normal((G, M, K)).astype(np.float32))
+    B = q(rng.standard_normal((batch, G, K, N)).astype(np.float32))
+    bias = rng.standard_normal(G * M).astype(np.float32)
+    res = q(rng.standard_normal((batch, G, M, N)).astype(np.float32)) if kw.pop("with_residual", False) else None
+    out = run_gemm(rt, cfg, A, B, bias, residual=res, **kw)
+    err = rel_err(out, reference(A, B, bias, res, kw.get("act", 0), kw.get("act2", 0)))
+    assert err < tol, f"{cfg} M={M} N={N} K={K}: relative error {err:.2e}"
+
+
+# Register blocks of both kernels, vector widths 1-16, NV 1-3, k unroll, explicit work-groups.
+CONFIGS = [
+    {"kernel": "nv", "TM": 8, "VW": 8, "NV": 1, "KU": 1, "WG": 0},
+    {"kernel": "nv", "TM": 6, "VW": 8, "NV": 2, "KU": 4, "WG": 1},
+    {"kernel": "nv", "TM": 3, "VW": 4, "NV": 3, "KU": 2, "WG": 0},
+    {"kernel": "nv", "TM": 1, "VW": 16, "NV": 1, "KU": 1, "WG": 1},
+    {"kernel": "nv", "TM": 5, "VW": 2, "NV": 1, "KU": 3, "WG": 0},
+    {"kernel": "mv", "TN": 4, "VW": 8, "NV": 2, "KU": 1, "WG": 0},
+    {"kernel": "mv", "TN": 6, "VW": 4, "NV": 1, "KU": 4, "WG": 1},
+    {"kernel": "mv", "TN": 3, "VW": 8, "NV": 3, "KU": 1, "WG": 0},
+    {"kernel": "mv", "TN": 1, "VW": 16, "NV": 1, "KU": 2, "WG": 0},
+    {"kernel": "mv", "TN": 12, "VW": 1, "NV": 2, "KU": 1, "WG": 1},
+]
+ODD = [(1, 1, 1), (5, 7, 3), (17, 33, 27), (75, 130, 41), (33, 169, 96)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_configs_odd_and_exact_shapes(rt, cfg):
+    """Each config on an odd shape (M, N, K not multiples of the block: checks emitted) and an exact one (none)."""
+    rows, cols = gc.block(cfg)
+    odd = ODD[CONFIGS.index(cfg) % len(ODD)]
+    exact = (2 * rows, 3 * cols, 19)
+    assert "CHECK_M" not in gc.defines({}, cfg, *exact[:2]) and "CHECK_N" not in gc.defines({}, cfg, *exact[:2])
+    for M, N, K in (odd, exact):
+        case(rt, cfg, M, N, K, act=LEAKY)
+
+
+def test_epilogue_residual_groups_batch_slice(rt):
+    """Bias + mish + residual add + leaky, 3 groups, batch 2, writing into the middle of a concat."""
+    for cfg in (CONFIGS[1], CONFIGS[5]):
+        case(rt, cfg, 7, 45, 20, G=3, batch=2, act=MISH, act2=LEAKY, with_residual=True, c_pad=(5, 3))
+
+
+def test_one_channel_and_single_pixel(rt):
+    """K = 1 (a 1x1 conv of a 1-channel input), M = 1 and N = 1."""
+    for cfg in (CONFIGS[0], CONFIGS[7]):
+        for M, N, K in ((9, 40, 1), (1, 40, 9), (12, 1, 30)):
+            case(rt, cfg, M, N, K)
+
+
+def test_fp16_storage(rt):
+    """Half storage (float math): inputs, weights and outputs as half."""
+    for cfg in (CONFIGS[1], CONFIGS[5]):
+        case(rt, cfg, 19, 70, 33, act=LEAKY, half=True, with_residual=True, tol=2e-3)
+
+
+def test_unpacked_weights(rt):
+    """yc_gemm on plain [G][M][K] weights, the layout untuned legacy configs bind."""
+    for cfg in (full({"TM": 3, "VW": 4}), full({"TM": 8, "VW": 16})):
+        for M, N, K in ((10, 37, 11), (16, 32, 8)):
+            rng = np.random.default_rng(M)
+            A = rng.standard_normal((2, M, K)).astype(np.float32)
+            B = rng.standard_normal((1, 2, K, N)).astype(np.float32)
+            bias = rng.standard_normal(2 * M).astype(np.float32)
+            out = run_gemm(rt, cfg, A, B, bias, act=LEAKY, packed=False)
+            assert rel_err(out, reference(A, B, bias, act=LEAKY)) < 1e-5
+
+
+def test_tuner_space_sample(rt):
+    """A seeded sample of what the tuner may choose on a ragged shape, each checked against NumPy."""
+    M, N, K = 21, 50, 13
+    space = gc.space(M, N, K)
+    assert space and all(gc.why_illegal(c, M, N, K) is None for c in space)
+    rng = np.random.default_rng(1)
+    for i in rng.choice(len(space), 6, replace=False):
+        case(rt, space[i], M, N, K, act=LEAKY)
+
+
+def test_legality():
+    ok = full({"TM": 4})
+    assert gc.why_illegal(ok, 10, 10, 10) is None
+    assert "VW" in gc.why_illegal(full({"VW": 3}), 10, 10, 10)
+    assert "register block" in gc.why_illegal(full({"TM": 16, "VW": 16, "NV": 1}), 10, 10, 10)
+    assert "divide" in gc.why_illegal(full({"WG": 4}), 10, 17, 10)      # 3 column blocks
+    assert "exceeds" in gc.why_illegal(full({"WG": 8}), 10, 64, 10, max_wg=4)
+    assert "missing" in gc.why_illegal({"kernel": "nv"}, 10, 10, 10)
+    assert "integer" in gc.why_illegal(full({"TM": "4"}), 10, 10, 10)
+    assert "kernel" in gc.why_illegal(full({"kernel": "xx"}), 10, 10, 10)
+
+
+def test_pack_weights_layout():
+    w = np.arange(2 * 5 * 3, dtype=np.float32).reshape(10, 3)      # G=2, M=5, K=3
+    p = gc.pack_weights(w, 2, 4)
+    assert p.shape == (2, 2, 3, 4)                                  # [G][MB][K][rows]
+    for g, m, k in itertools.product(range(2), range(5), range(3)):
+        assert p[g, m // 4, k, m % 4] == w[g * 5 + m, k]
+    assert (p[:, 1, :, 1:] == 0).all()                              # rows past M are zero
+
+
+def im2col_ref(x, KS, SX, SY, PAD, DIL, G):
+    B, C, H, W = x.shape
+    OH = (H + 2 * PAD - DIL * (KS - 1) - 1) // SY + 1
+    OW = (W + 2 * PAD - DIL * (KS - 1) - 1) // SX + 1
+    cg = C // G
+    out = np.zeros((B, G, cg * KS * KS, OH * OW), np.float32)
+    for b, g, c, ky, kx, oy, ox in itertools.product(range(B), range(G), range(cg), range(KS), range(KS),
+                                                     range(OH), range(OW)):
+        iy, ix = oy * SY - PAD + ky * DIL, ox * SX - PAD + kx * DIL
+        if 0 <= iy < H and 0 <= ix < W:
+            out[b, g, (c * KS + ky) * KS + kx, oy * OW + ox] = x[b, g * cg + c, iy, ix]
+    return out, OH, OW
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 7, 9, 3, 1, 1, 1, 1, 1), (2, 4, 8, 6, 3, 2, 2, 1, 1, 2),
+                                   (1, 3, 9, 9, 3, 1, 1, 2, 2, 1), (1, 2, 5, 4, 1, 1, 1, 0, 1, 1)],
+                         ids=["3x3s1", "3x3s2-groups-batch", "dilated", "1x1"])
+def test_im2col_rows(rt, shape):
+    B, C, H, W, KS, SX, SY, PAD, DIL, G = shape
+    x = np.random.default_rng(0).standard_normal((B, C, H, W)).astype(np.float32)
+    ref, OH, OW = im2col_ref(x, KS, SX, SY, PAD, DIL, G)
+    cl, i = rt.cl, np.int32
+    xb = rt.upload(np.concatenate([np.zeros(5, np.float32), x.ravel()]), "x")   # a view at offset 5
+    out = np.full(ref.size, np.nan, np.float32)
+    ob = rt.upload(out, "col")
+    k = cl.Kernel(rt.program("gemm.cl", {}), "yc_im2col_rows")
+    k.set_args(xb, i(5), i(C * H * W), i(C // G), i(H), i(W), ob, i(OH), i(OW), i(KS), i(SX), i(SY), i(PAD), i(DIL),
+               i(G))
+    cl.enqueue_nd_range_kernel(rt.queue, k, (OH, (C // G) * KS * KS, B * G), None)
+    cl.enqueue_copy(rt.queue, out, ob)
+    rt.queue.finish()
+    np.testing.assert_array_equal(out.reshape(ref.shape), ref)
