@@ -18,7 +18,7 @@ from . import postprocess as post
 from .cfg import parse_cfg
 from .errors import ImageError, YoloClError
 from .executor import Executor
-from .graph import build_graph
+from .graph import BN_EPS, build_graph
 from .layers import build_layers, head_layers, parse_net
 from .postprocess import Detection
 from .preprocess import FITS, Placement, check_image, placement, to_blob
@@ -34,13 +34,15 @@ class Detector:
 
     ``Detector("yolov3-tiny")`` loads the bundled model; otherwise pass a cfg and weights
     path (or a zoo name and a weights path). ``input_size`` (int or (width, height))
-    overrides the cfg's network size; ``fit`` is ``stretch`` or ``letterbox`` (default:
-    what the cfg's ``letter_box`` says).
+    overrides the cfg's network size; ``fit`` is ``stretch``, ``letterbox`` or ``crop`` (default:
+    what the cfg's ``letter_box`` says). ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by
+    default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
                  names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
-                 device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None) -> None:
+                 device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
+                 bn_eps: float = BN_EPS) -> None:
         if precision not in PRECISIONS:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
@@ -51,7 +53,8 @@ class Detector:
         if weights_path is None:
             raise YoloClError(f"{cfg_path}: no weights given (use --weights, or 'yolo-cl info' for shapes only)")
         self._params = load_weights(weights_path, self.layers)
-        self.graph = build_graph(self.net, self.layers, self._params)
+        self.bn_eps = bn_eps
+        self.graph = build_graph(self.net, self.layers, self._params, bn_eps)
         self._graphs: dict = {(self.net.width, self.net.height): self.graph}
         self.heads = head_layers(self.layers)
         self.classes = self.heads[0].p["classes"] if self.heads else self.layers[-1].c
@@ -90,7 +93,7 @@ class Detector:
             g = self._graphs.get(size)
             if g is None:
                 net = replace(self.net, width=size[0], height=size[1])
-                g = build_graph(net, build_layers(self._sections, net), self._params)
+                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps)
                 self._graphs[size] = g
             return g
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .layers import Layer, NetInfo, head_layers
 
-BN_EPS = 1e-5
+BN_EPS = 1e-5   # Darknet's (normalize_cpu and fuse_conv_batchnorm); OpenCV's importer uses 1e-6
 # Layer kinds that produce a fresh tensor (and so can write into a concat slice).
 PRODUCERS = {"convolutional", "maxpool", "avgpool", "upsample", "reorg", "shortcut", "scale_channels", "sam",
              "softmax"}
@@ -111,12 +111,12 @@ class Graph:
         return sum(n.flops for n in self.nodes)
 
 
-def fold_batchnorm(params) -> tuple:
+def fold_batchnorm(params, eps: float = BN_EPS) -> tuple:
     """Darknet's fuse_conv_batchnorm: fold BN into (weights, bias), computed in float64."""
     w = params.weights.astype(np.float64)
     b = params.biases.astype(np.float64)
     if params.scales is not None:
-        k = params.scales.astype(np.float64) / np.sqrt(params.variance.astype(np.float64) + BN_EPS)
+        k = params.scales.astype(np.float64) / np.sqrt(params.variance.astype(np.float64) + eps)
         b = b - k * params.mean.astype(np.float64)
         w = w * k[:, None, None, None]
     return w.astype(np.float32), b.astype(np.float32)
@@ -131,8 +131,10 @@ def _consumers(layers: list) -> dict:
     return uses
 
 
-def build_graph(net: NetInfo, layers: list, params: Optional[dict]) -> Graph:
-    """Fuse layers into nodes. ``params`` maps conv layer index -> ConvParams (None: shapes only)."""
+def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: float = BN_EPS) -> Graph:
+    """Fuse layers into nodes. ``params`` maps conv layer index -> ConvParams (None: shapes only).
+
+    ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer."""
     tensors: list = []
 
     def new_tensor(c: int, h: int, w: int, name: str) -> Tensor:
@@ -217,7 +219,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict]) -> Graph:
         if l.kind == "convolutional":
             attrs = dict(p)
             if params is not None:
-                attrs["weights"], attrs["bias"] = fold_batchnorm(params[i])
+                attrs["weights"], attrs["bias"] = fold_batchnorm(params[i], bn_eps)
             layers_done = [i]
             sc = fused_into.get(i)
             attrs["residual"] = None

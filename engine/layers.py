@@ -191,6 +191,8 @@ def _reorg(s, i, c, h, w, prev):
         raise s.error("reverse reorg is not supported", "reverse")
     if h % stride or w % stride:
         raise s.error(f"stride {stride} does not divide the {w}x{h} input", "stride")
+    if c % (stride * stride):
+        raise s.error(f"stride {stride} needs input channels ({c}) to be a multiple of {stride * stride}", "stride")
     return [prev], c * stride * stride, h // stride, w // stride, dict(stride=stride, in_c=c, in_h=h, in_w=w)
 
 
