@@ -134,20 +134,45 @@ void yc_corr2d(__global const float* restrict X, const long x_off, const long x_
     __global float* Yp = Y + y_off + (long)z * y_pstride;
 
 #if VEC
+    /* Input row r feeds output rows ry with ky = r - ry: each row vector is loaded once for up to
+     * RY multiply-adds (the weights are broadcast). Rows RY-1 .. KH-1 feed all RY rows. */
     vecf acc[RY][NV];
     #pragma unroll
     for (int i = 0; i < RY; ++i)
         #pragma unroll
         for (int j = 0; j < NV; ++j) acc[i][j] = (vecf)(0.0f);
-    for (int ky = 0; ky < KH_; ++ky) {
-        __local const float* rowp = tile + (ly * RY + ky) * PITCH + cx;
-        WSPACE float* wr = w + ky * KW_;
+    for (int r = RY - 1; r < KH_; ++r) {
+        __local const float* rowp = tile + (ly * RY + r) * PITCH + cx;
+        WSPACE float* wr = w + r * KW_;       /* w[r - ry][kx] = wr[kx - ry * KW] */
         for (int kx = 0; kx < KW_; ++kx) {
-            const float wv = wr[kx];
+            vecf v[NV];
             #pragma unroll
-            for (int ry = 0; ry < RY; ++ry)
+            for (int j = 0; j < NV; ++j) v[j] = LDV(__local, rowp + kx + VEC * j);
+            #pragma unroll
+            for (int ry = 0; ry < RY; ++ry) {
+                const float wv = wr[kx - ry * KW_];
                 #pragma unroll
-                for (int j = 0; j < NV; ++j) acc[ry][j] += wv * LDV(__local, rowp + ry * PITCH + kx + VEC * j);
+                for (int j = 0; j < NV; ++j) acc[ry][j] += wv * v[j];
+            }
+        }
+    }
+    /* The first RY-1 and the last rows feed fewer output rows: per output row, its taps there. */
+    const int bottom = KH_ > RY - 1 ? KH_ : RY - 1;       /* rows from here on are past the full ones */
+    #pragma unroll
+    for (int ry = 0; ry < RY; ++ry) {
+        const int top_end = KH_ < RY - 1 - ry ? KH_ : RY - 1 - ry;
+        const int bottom_start = bottom - ry;
+        for (int part = 0; part < 2; ++part) {
+            const int ky_end = part ? KH_ : top_end;
+            for (int ky = part ? bottom_start : 0; ky < ky_end; ++ky) {
+                WSPACE float* wk = w + ky * KW_;
+                __local const float* rp = tile + (ly * RY + ry + ky) * PITCH + cx;
+                for (int kx = 0; kx < KW_; ++kx) {
+                    const float wv = wk[kx];
+                    #pragma unroll
+                    for (int j = 0; j < NV; ++j) acc[ry][j] += wv * LDV(__local, rp + kx + VEC * j);
+                }
+            }
         }
     }
     #pragma unroll

@@ -325,8 +325,9 @@ def corr2d_candidates(ctx_or_device=None, kh: int = 3, kw: int = 3) -> list:
     if ctx.is_cpu:
         v = ctx.simd
         # One work-item per work-group: CPU drivers run a work-group as a loop, and a private
-        # tile per block of RY x NV vectors (<= 12 accumulators, the SIMD register file) is cheap.
-        raw = [dict(VEC=v, NV=nv, RY=ry, LX=1, LY=1) for nv, ry in ((3, 4), (2, 4), (2, 6), (4, 3), (1, 8))]
+        # tile per block of RY x NV vectors is cheap. RY*NV accumulators + NV row vectors + one
+        # broadcast weight must fit the SIMD registers (16 with AVX2).
+        raw = [dict(VEC=v, NV=nv, RY=ry, LX=1, LY=1) for nv, ry in ((2, 4), (3, 4), (2, 6), (2, 5), (2, 3))]
     else:
         raw = [dict(VEC=0, RX=4, RY=8, LX=16, LY=8), dict(VEC=0, RX=4, RY=4, LX=16, LY=8),
                dict(VEC=0, RX=4, RY=8, LX=32, LY=4), dict(VEC=0, RX=4, RY=4, LX=32, LY=8),
@@ -440,8 +441,12 @@ def _band_bytes(p: _Conv, nb: int, rows: int, host_io: bool) -> int:
     return 4 * elems
 
 
-def _bands(p: _Conv, cap: int, host_io: bool) -> Tuple[int, int]:
-    """(images per chunk, output rows per band) whose device buffers fit ``cap`` bytes."""
+def _bands(p: _Conv, cap: int, host_io: bool, align: int = 1) -> Tuple[int, int]:
+    """(images per chunk, output rows per band) whose device buffers fit ``cap`` bytes.
+
+    Band heights are multiples of ``align`` (the kernel's tile height) where possible, so every
+    output row sits at the same place in its tile, is summed in the same order, and tiled
+    results equal untiled ones bit for bit."""
     if not p.direct:
         cap = min(cap, 2**31 - 4)        # yc_gemm addresses with 32-bit offsets
     planes = p.f if p.direct else p.g
@@ -456,10 +461,16 @@ def _bands(p: _Conv, cap: int, host_io: bool) -> Tuple[int, int]:
             lo = mid
         else:
             hi = mid - 1
+    if lo >= align:
+        lo -= lo % align
     if lo < 1:
         raise LimitError(f"one output row of this conv2d needs {_band_bytes(p, 1, 1, host_io) / 2**20:.1f} MiB "
                          f"on the device, more than the tile limit of {cap / 2**20:.1f} MiB")
     return 1, lo
+
+
+def _band_align(p: _Conv, cfg: dict) -> int:
+    return _corr2d_tile(cfg, p.kh, p.kw)[1] if p.direct else 1
 
 
 def _conv2d_config(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, tune: Optional[bool]) -> dict:
@@ -551,7 +562,7 @@ def conv2d(x, w, bias=None, stride: IntPair = 1, pad: IntPair = 0, dilation: Int
 def _conv2d_host(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, cfg: dict, x: np.ndarray,
                  max_tile_bytes: Optional[int]) -> np.ndarray:
     cl, q = ctx.cl, ctx.rt.queue
-    nb_max, band = _bands(p, _tile_cap(ctx, max_tile_bytes), host_io=True)
+    nb_max, band = _bands(p, _tile_cap(ctx, max_tile_bytes), True, _band_align(p, cfg))
     out = np.empty((p.n, p.f, p.oh, p.ow), np.float32)
     for n0 in range(0, p.n, nb_max):
         nb = min(nb_max, p.n - n0)
@@ -581,7 +592,7 @@ def _conv2d_device(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, cfg: dict, x, max
     if not p.direct and max(x.size, out.size) >= 2**31:
         raise LimitError("conv2d on device arrays of 2^31 or more elements needs the direct kernel; "
                          "pass NumPy arrays to run it in bands")
-    nb_max, band = _bands(p, _tile_cap(ctx, max_tile_bytes), host_io=False)
+    nb_max, band = _bands(p, _tile_cap(ctx, max_tile_bytes), False, _band_align(p, cfg))
     xoff, yoff = x.offset // 4, out.offset // 4
     for n0 in range(0, p.n, nb_max):
         nb = min(nb_max, p.n - n0)
