@@ -38,6 +38,7 @@ typedef float vecu __attribute__((ext_vector_type(VEC), aligned(4)));
  *            VEC == 0: RX output columns per work-item (a multiple of 4 reads float4s);
  *            VEC  > 0: NV vectors of VEC columns per work-item;
  *            KH, KW  the kernel size compiled in (optional: else taken from kh, kw);
+ *            ROLL_R  (VEC == 0) do not unroll the input-row loop (smaller code, weights indexed);
  *            SINGLE_W  every plane uses weight plane 0, kept in __constant memory. */
 #ifndef LX
 #define LX 16
@@ -201,8 +202,13 @@ void yc_corr2d(__global const float* restrict X, const long x_off, const long x_
         for (int j = 0; j < RX; ++j) acc[i][j] = 0.0f;
 
     /* Input row r of this work-item's window feeds output rows ry with ky = r - ry, so each
-     * row segment is read from local memory once for up to RY output rows. */
+     * row segment is read from local memory once for up to RY output rows. Unrolled (taps
+     * compiled in), every weight index is a constant; ROLL_R keeps the row loop a loop. */
+#ifdef ROLL_R
+    #pragma unroll 1
+#else
     #pragma unroll
+#endif
     for (int r = 0; r < RY + KH_ - 1; ++r) {
         __local const float* row = tile + (ly * RY + r) * PITCH + cx;
 #ifdef SEG4

@@ -319,21 +319,27 @@ def _corr2d_tile(cfg: dict, kh: int, kw: int) -> Tuple[int, int, int]:
     return tw, th, (th + kh - 1) * pitch
 
 
-def corr2d_candidates(ctx_or_device=None, kh: int = 3, kw: int = 3) -> list:
-    """Configs of the 2-D correlation kernel that fit the device, heuristic first; [] if none fits."""
+def corr2d_candidates(ctx_or_device=None, kh: int = 3, kw: int = 3, gpu: Optional[bool] = None) -> list:
+    """Configs of the 2-D correlation kernel that fit the device, heuristic first; [] if none fits.
+
+    ``gpu`` picks the family (default: the device's kind); tests run the GPU family on PoCL."""
     ctx = ctx_or_device if isinstance(ctx_or_device, _Ctx) else _context(ctx_or_device)
-    if ctx.is_cpu:
+    if not (not ctx.is_cpu if gpu is None else gpu):
         v = ctx.simd
         # One work-item per work-group: CPU drivers run a work-group as a loop, and a private
         # tile per block of RY x NV vectors is cheap. RY*NV accumulators + NV row vectors + one
         # broadcast weight must fit the SIMD registers (16 with AVX2).
         raw = [dict(VEC=v, NV=nv, RY=ry, LX=1, LY=1) for nv, ry in ((2, 4), (3, 4), (2, 6), (2, 5), (2, 3))]
     else:
+        # Scalar register blocks of RY x RX outputs, 128-thread work-groups. Unrolled over the
+        # input rows (taps compiled in) every weight is a constant-memory operand but the body
+        # holds RY*RX*KH*KW multiply-adds; ROLL_R keeps one row's worth and indexes the weights.
         raw = [dict(VEC=0, RX=4, RY=8, LX=16, LY=8), dict(VEC=0, RX=4, RY=4, LX=16, LY=8),
-               dict(VEC=0, RX=4, RY=8, LX=32, LY=4), dict(VEC=0, RX=4, RY=4, LX=32, LY=8),
-               dict(VEC=0, RX=8, RY=4, LX=8, LY=16), dict(VEC=0, RX=4, RY=16, LX=16, LY=4)]
+               dict(VEC=0, RX=4, RY=8, LX=16, LY=8, ROLL_R=True), dict(VEC=0, RX=4, RY=8, LX=32, LY=4, ROLL_R=True),
+               dict(VEC=0, RX=4, RY=16, LX=16, LY=4, ROLL_R=True), dict(VEC=0, RX=8, RY=4, LX=8, LY=16)]
         for cfg in raw:                  # taps compiled in when the unrolled body stays a sane size
-            cfg["STATIC"] = cfg["RY"] * cfg["RX"] * kh * kw <= 16384
+            body = cfg["RY"] * cfg["RX"] * kw * (1 if cfg.get("ROLL_R") else kh)
+            cfg["STATIC"] = body <= 16384
     return [cfg for cfg in raw if cfg["LX"] * cfg["LY"] <= ctx.max_wg
             and _corr2d_tile(cfg, kh, kw)[2] * 4 <= ctx.local_mem - 256]
 
@@ -404,7 +410,7 @@ class _Conv2dRunner:
         if cfg["VEC"]:
             defines["NV"] = cfg["NV"]
         else:
-            defines["RX"] = cfg["RX"]
+            defines.update(RX=cfg["RX"], ROLL_R=bool(cfg.get("ROLL_R")))
             if cfg.get("STATIC"):
                 defines.update(KH=p.kh, KW=p.kw)
         k = ctx.kernel("ops.cl", "yc_corr2d", defines)

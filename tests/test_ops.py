@@ -96,11 +96,12 @@ def test_corr2d_many_filters_on_one_channel():
 # The GPU variant (scalar register blocks, float4 local reads, taps compiled in or not), run on
 # PoCL, and a 4-wide CPU variant with multi-item work-groups.
 RUNTIME_TAPS = [dict(VEC=0, RX=4, RY=2, LX=8, LY=4), dict(VEC=4, NV=2, RY=3, LX=2, LY=2)]
-STATIC_TAPS = [dict(VEC=0, RX=4, RY=4, LX=8, LY=4, STATIC=True), dict(VEC=0, RX=1, RY=3, LX=8, LY=2, STATIC=True)]
+STATIC_TAPS = [dict(VEC=0, RX=4, RY=4, LX=8, LY=4, STATIC=True), dict(VEC=0, RX=1, RY=3, LX=8, LY=2, STATIC=True),
+               dict(VEC=0, RX=4, RY=3, LX=8, LY=4, STATIC=True, ROLL_R=True)]
 
 
-@pytest.mark.parametrize("kh,kw,configs", [(1, 1, RUNTIME_TAPS), (16, 16, RUNTIME_TAPS),
-                                           (3, 3, RUNTIME_TAPS + STATIC_TAPS), (14, 15, RUNTIME_TAPS + STATIC_TAPS)])
+@pytest.mark.parametrize("kh,kw,configs", [(1, 1, RUNTIME_TAPS), (16, 16, RUNTIME_TAPS), (3, 3, RUNTIME_TAPS),
+                                           (14, 15, RUNTIME_TAPS + STATIC_TAPS)])
 def test_corr2d_kernel_variants(kh, kw, configs):
     x, w = rand(2, 1, 45, 77), rand(1, 1, kh, kw)
     ref = np_conv2d(x, w, pad=(1, 2))
@@ -120,6 +121,16 @@ def test_corr2d_every_candidate_config():
     ref = np_conv2d(x, w, pad=3, groups=2)
     for cfg in ops.corr2d_candidates(None, 7, 9):
         close(ops.conv2d(x, w, pad=3, groups=2, config=cfg), ref, 63)
+
+
+def test_corr2d_gpu_candidates_on_this_device():
+    """What the tuner may pick on a GPU, run here (a small kernel keeps PoCL's builds short)."""
+    x, w = rand(2, 1, 70, 150), rand(1, 1, 3, 4)
+    ref = np_conv2d(x, w, pad=(1, 0))
+    cands = ops.corr2d_candidates(None, 3, 4, gpu=True)
+    assert len(cands) >= 4 and all(c["VEC"] == 0 and c["STATIC"] for c in cands)
+    for cfg in cands:
+        close(ops.conv2d(x, w, pad=(1, 0), config=cfg), ref, 12)
 
 
 # -- general conv2d (im2col + GEMM) --------------------------------------------------------------
