@@ -624,15 +624,18 @@ def _causal_layout(ctx: _Ctx, cfg: dict, t: int, mode: int) -> Tuple[int, int, i
     return tp, size, a_floats, w_floats
 
 
-def causal1d_candidates(ctx_or_device=None, mode: int = 0) -> list:
-    """Configs of the causal 1-D kernel, heuristic first (for tests and tuning); ``mode`` 2 is grad of w."""
+def causal1d_candidates(ctx_or_device=None, mode: int = 0, gpu: Optional[bool] = None) -> list:
+    """Configs of the causal 1-D kernel, heuristic first (for tests and tuning); ``mode`` 2 is grad of w.
+
+    ``gpu`` picks the family (default: the device's kind); tests run the GPU family on PoCL."""
     ctx = ctx_or_device if isinstance(ctx_or_device, _Ctx) else _context(ctx_or_device)
-    if ctx.is_cpu:
+    if not (not ctx.is_cpu if gpu is None else gpu):
         # Lanes are rows; a chunk keeps 2R+1 vectors in registers (16 of them with AVX2, 32 with AVX-512).
         out = [dict(VEC=ctx.simd, R=r, S=1) for r in ((12, 10, 8) if ctx.simd >= 16 else (7, 6, 5))]
     else:
+        # R outputs x RB rows of scalars per work-item; S splits the rows of the grad-of-w reduction.
         out = [dict(VEC=0, R=4, RB=4, S=4), dict(VEC=0, R=4, RB=4, S=1), dict(VEC=0, R=8, RB=4, S=2),
-               dict(VEC=0, R=4, RB=8, S=2), dict(VEC=0, R=8, RB=2, S=4), dict(VEC=0, R=4, RB=2, S=8)]
+               dict(VEC=0, R=4, RB=8, S=2), dict(VEC=0, R=8, RB=2, S=4)]
     if mode != 2:                        # the split only matters for the reduction over rows
         seen, uniq = set(), []
         for cfg in out:

@@ -291,6 +291,8 @@ def causal_configs():
     """Every tuning candidate on one shape; the GPU variant (scalar blocks, a float4 window rotating
     through registers) and a 4-wide CPU variant on shapes of their own (PoCL builds the GPU variant
     once per work-group size, which follows T)."""
+    gpu = {cfg["R"] for cfg in ops.causal1d_candidates(None, 2, gpu=True)}
+    assert gpu == {4, 8}                  # the two shapes of the rotating window tested here
     return [(cfg, (3, 5, 37)) for cfg in ops.causal1d_candidates(None, 2)] + [
         (dict(VEC=0, R=4, RB=4, S=2), (3, 5, 37)), (dict(VEC=0, R=8, RB=3, S=1), (9, 3, 100)),
         (dict(VEC=4, R=3, S=3), (9, 3, 100))]
