@@ -92,9 +92,10 @@ class _Ctx:
                               f"{self.rt.device_name} ({e})") from None
 
     def upload(self, a: np.ndarray, what: str):
+        """A device copy of ``a``, enqueued without waiting (pyopencl keeps ``a`` alive until it is done)."""
         buf = self.alloc(a.nbytes, what)
         if a.nbytes:
-            self.cl.enqueue_copy(self.rt.queue, buf, a)
+            self.cl.enqueue_copy(self.rt.queue, buf, a, is_blocking=False)
         return buf
 
     def run(self, kernel, gsize: tuple, lsize: Optional[tuple], args: list) -> None:
@@ -329,7 +330,7 @@ def corr2d_candidates(ctx_or_device=None, kh: int = 3, kw: int = 3, gpu: Optiona
         # One work-item per work-group: CPU drivers run a work-group as a loop, and a private
         # tile per block of RY x NV vectors is cheap. RY*NV accumulators + NV row vectors + one
         # broadcast weight must fit the SIMD registers (16 with AVX2).
-        raw = [dict(VEC=v, NV=nv, RY=ry, LX=1, LY=1) for nv, ry in ((2, 4), (3, 4), (2, 6), (2, 5), (2, 3))]
+        raw = [dict(VEC=v, NV=nv, RY=ry, LX=1, LY=1) for nv, ry in ((2, 4), (3, 4), (2, 6), (3, 3), (4, 2), (2, 3))]
     else:
         # Scalar register blocks of RY x RX outputs, 128-thread work-groups. Unrolled over the
         # input rows (taps compiled in) every weight is a constant-memory operand but the body
