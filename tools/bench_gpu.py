@@ -336,6 +336,74 @@ def phase_gemm(rt, res: Results, args) -> None:
         res.put("gemm_geomean_speedup", float(np.exp(np.mean(np.log(sp)))))
 
 
+def wall_ms(rt, enqueue, reps: int = 20) -> float:
+    """Mean wall time of ``reps`` back-to-back calls of ``enqueue`` (one finish at the end), after a warm-up."""
+    enqueue()
+    rt.queue.finish()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        enqueue()
+    rt.queue.finish()
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def phase_gemmcheck(rt, res: Results, args) -> None:
+    """Re-time the sweep's winners against CLBlast by wall clock as well as events.
+
+    CLBlast may run several kernels per call (padding/transposing copies); its returned event
+    covers only the last, so the wall-clock figure (back-to-back calls, one finish) is the fair one.
+    """
+    cl = rt.cl
+    best = {}
+    for f in args.gemm_best:
+        for r in json.loads(Path(f).read_text()).get("gemm", []):
+            if "config" in r:
+                best[(r["M"], r["K"], r["N"])] = r["config"]
+    blast = CLBlast(rt)
+    rows = []
+    rng = np.random.default_rng(5)
+    for (M, K, N) in YOLOV2_SHAPES:
+        c = best.get((M, K, N))
+        if c is None:
+            continue
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        B = rng.standard_normal((K, N)).astype(np.float32)
+        ref = A.astype(np.float64) @ B.astype(np.float64)
+        Ab, Araw, Bb = rt.upload(gl.pack_weights(A, 1), "A"), rt.upload(A, "A raw"), rt.upload(B, "B")
+        Cb, biasb = rt.alloc(M * N * 4, "C"), rt.upload(np.zeros(M, np.float32), "bias")
+        k = cl.Kernel(rt.program("gemm_local.cl", gl.defines({"HALF_STORAGE": False, "ACT": 0}, c, M, N, K)),
+                      "yc_gemm_local")
+        k.set_args(Ab, biasb, Bb, *[np.int32(v) for v in (0, 0, 0, N)], Cb, np.int32(0), np.int32(0), np.int32(N),
+                   Cb, np.int32(0), np.int32(0), *[np.int32(v) for v in (M, N, K, 1)])
+        gs, ls = gl.sizes(c, M, N, 1)
+        errs = {}
+        for name, go in (("ours", lambda: cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)),
+                         ("clblast", lambda: blast.sgemm(M, N, K, Araw, Bb, Cb))):
+            cl.enqueue_fill_buffer(rt.queue, Cb, np.float32(np.nan), 0, M * N * 4)
+            go()
+            out = np.empty((M, N), np.float32)
+            cl.enqueue_copy(rt.queue, out, Cb)
+            errs[name] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+        flops = 2.0 * M * N * K
+        ev = time_launches(rt, [_L(k, gs, ls)], reps=10, warm=2)
+        ow = wall_ms(rt, lambda: cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls))
+        bw = wall_ms(rt, lambda: blast.sgemm(M, N, K, Araw, Bb, Cb))
+        row = {"M": M, "K": K, "N": N, "ours_event_ms": ev, "ours_wall_ms": ow, "clblast_wall_ms": bw,
+               "ours_tflops": flops / ev / 1e9, "ours_wall_tflops": flops / ow / 1e9,
+               "clblast_wall_tflops": flops / bw / 1e9, "speedup_wall": bw / ow, "errors": errs, "config": c}
+        rows.append(row)
+        log(f"GEMM check M={M} K={K} N={N}: ours {row['ours_tflops']:.2f} TF/s (event) {row['ours_wall_tflops']:.2f} "
+            f"(wall) | CLBlast {row['clblast_wall_tflops']:.2f} (wall) | speedup {row['speedup_wall']:.2f}x | err {errs}")
+        res.put("gemmcheck", rows)
+        for buf in (Ab, Araw, Bb, Cb, biasb):
+            buf.release()
+    sp = [r["speedup_wall"] for r in rows]
+    if sp:
+        res.put("gemmcheck_geomean", float(np.exp(np.mean(np.log(sp)))))
+        log(f"GEMM check: geometric-mean speedup over CLBlast {res.data['gemmcheck_geomean']:.2f}x, "
+            f"min {min(sp):.2f}x")
+
+
 class _L:
     """A bare launch for timing (kernel, global size, local size)."""
 
@@ -614,35 +682,94 @@ def opencv_compare(cfg, wts, blob, outs, args) -> dict:
 
 # -- phase: warm start ---------------------------------------------------------------------------
 WARM_SNIPPET = r"""
-import time, sys
+import sys, time, json
 t0 = time.perf_counter()
-import numpy as np
-import yolo_cl
+import numpy as np, cv2
 from yolo_cl.detector import Detector
-d = Detector(sys.argv[1], sys.argv[2])
-img = (np.random.default_rng(0).random((480, 640, 3)) * 255).astype(np.uint8)
-dets = d.detect(img)
 t1 = time.perf_counter()
-print("TTFD", t1 - t0, "builds", d.runtime.builds)
+d = Detector(sys.argv[1], sys.argv[2] if sys.argv[2] != "-" else None)
+t2 = time.perf_counter()
+img = cv2.imread(sys.argv[3])
+dets = d.detect(img, float(sys.argv[4]))
+t3 = time.perf_counter()
+print("TTFD", json.dumps({"import_s": t1 - t0, "init_s": t2 - t1, "first_detect_s": t3 - t2, "ttfd_s": t3 - t0,
+                          "builds": d.runtime.builds, "detections": len(dets)}))
 """
 
 
 def phase_warm(rt, res: Results, args) -> None:
+    """Fresh processes: the first with an empty binary cache (cold), then two warm ones."""
+    dog = str(ROOT / "models" / "images" / "dog.jpg")
+    cases = [("yolov3-tiny", "yolov3-tiny", "-", "0.25")]
     cfg, wts = model_files("yolov3", 416, Path(args.tmp))
-    cache = Path(args.tmp) / "cache"
+    cases.append(("yolov3 (random weights)", str(cfg), str(wts), "0.999"))
     out = {}
-    for run in ("cold", "warm", "warm2"):
-        env = dict(os.environ, YOLO_CL_CACHE=str(cache))
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-c", WARM_SNIPPET, str(cfg), str(wts)], env=env, capture_output=True,
-                           text=True, timeout=300)
-        wall = time.perf_counter() - t0
-        line = next((l for l in p.stdout.splitlines() if l.startswith("TTFD")), "")
-        out[run] = {"process_s": wall, "ttfd_s": float(line.split()[1]) if line else None,
-                    "builds": int(line.split()[3]) if line else None, "stderr": p.stderr[-300:] if not line else ""}
-        log(f"warm start {run}: time to first detection {out[run]['ttfd_s']} s (process {wall:.2f} s), "
-            f"builds {out[run]['builds']}")
-    res.put("warm_start yolov3 416", out)
+    for name, c, w, thresh in cases:
+        cache = Path(tempfile.mkdtemp(prefix="yccache"))
+        for run in ("cold", "warm", "warm2"):
+            env = dict(os.environ, YOLO_CL_CACHE=str(cache))
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, "-c", WARM_SNIPPET, c, w, dog, thresh], env=env, capture_output=True,
+                               text=True, timeout=300)
+            wall = time.perf_counter() - t0
+            line = next((l for l in p.stdout.splitlines() if l.startswith("TTFD")), "")
+            r = json.loads(line[5:]) if line else {"stderr": p.stderr[-400:]}
+            r["process_s"] = wall
+            out[f"{name} {run}"] = r
+            log(f"warm start {name} {run}: {r}")
+    res.put("warm_start", out)
+
+
+# -- export: tuning results -> the engine's tuning database (engine/tuner.py's format) -------------
+def export_db(bench_files: list, path: Path) -> int:
+    """Fold every 'tune MODEL SIZE bB fp32' result of earlier runs into a tuning database file.
+
+    fp16 gets the same GEMM configs with Winograd F(4x4) replaced by F(2x2) (F(4x4) fails the
+    fp16 accuracy gate); those fp16 entries are derived from the fp32 search, not searched.
+    """
+    from yolo_cl import tuner
+    records = {}
+    for f in bench_files:
+        data = json.loads(Path(f).read_text())
+        dev = data["device"]
+        for name, results in data.items():
+            if not name.startswith("tune "):
+                continue
+            _, model, size, b, prec = name.split()
+            batch = int(b[1:])
+            sections = parse_cfg(model_cfg(model, int(size)))
+            net = parse_net(sections[0], None)
+            graph = build_graph(net, build_layers(sections, net), None)
+            nodes = {shape_key(n, batch): n for n in graph.nodes if n.op == "conv"}
+            for key, r in results.items():
+                node = nodes[key]
+                cfg = dict(r["config"])
+                for precision in ("fp32", "fp16"):
+                    c = dict(cfg)
+                    if precision == "fp16" and c.get("algo") == "winograd" and c.get("m") == 4:
+                        Mw, Nw, Kw, _ = winograd.gemm_shape(node, 2)
+                        c = {"algo": "winograd", "m": 2, "family": gl.FAMILY, **gl.complete(
+                            {k: c[k] for k in ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "PF")}, Mw, Nw, Kw)}
+                        if gl.why_illegal(c, Mw, Nw, Kw) is not None:
+                            continue
+                    elif precision == "fp32":
+                        c["ms"] = r["ms"]
+                    ident = (dev["name"], dev["driver"], dev["vendor"], "GPU", precision)
+                    records.setdefault(ident, {})[tuner.shape_key(node, batch)] = c
+    recs = [{"device": d, "driver": v, "vendor": ven, "type": t, "precision": p, "configs": cfgs}
+            for (d, v, ven, t, p), cfgs in records.items()]
+    tuner.write_db(path, recs)
+    return sum(len(r["configs"]) for r in recs)
+
+
+def model_cfg(name: str, size: int) -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix="ycexport"))
+    src = ROOT / "models" / "cfg" / f"{name}.cfg"
+    text = "\n".join(f"width={size}" if l.replace(" ", "").startswith("width=") else
+                     f"height={size}" if l.replace(" ", "").startswith("height=") else l
+                     for l in src.read_text().splitlines())
+    (tmp / "m.cfg").write_text(text + "\n")
+    return tmp / "m.cfg"
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -660,8 +787,15 @@ def main() -> None:
     ap.add_argument("--fast", action="store_true", help="skip algorithms that never won in earlier runs")
     ap.add_argument("--gemm-from", type=int, default=0, help="first of YOLOv2's shapes to sweep")
     ap.add_argument("--max-cands", type=int, default=100000, help="cap per shape (smoke tests on a CPU)")
-    ap.add_argument("--yaml", default=None, help="tuning YAML to load (skips tune for keys it has)")
+    ap.add_argument("--yaml", nargs="*", default=[], help="tuning-gpu.yaml files of earlier runs to start from")
+    ap.add_argument("--gemm-best", nargs="*", default=[], help="bench.json files whose GEMM winners gemmcheck re-times")
+    ap.add_argument("--export-db", nargs="+", metavar=("DB", "BENCH_JSON"),
+                    help="write the tuning results of earlier runs' bench.json files to DB and exit (no device)")
     args = ap.parse_args()
+    if args.export_db:
+        n = export_db(args.export_db[1:], Path(args.export_db[0]))
+        log(f"{n} entries written to {args.export_db[0]}")
+        return
     args.deadline = time.perf_counter() + args.budget
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -682,11 +816,23 @@ def main() -> None:
         log(f"SANITY BUILD FAILED: {e}")
         raise
     entries = {}
+    t_start = time.perf_counter()
     if args.yaml:
         import yaml
-        entries.update(yaml.safe_load(Path(args.yaml).read_text()).get("entries", {}))
-    t_start = time.perf_counter()
-    if "gemm" in phases:
+        for f in args.yaml:
+            entries.update(yaml.safe_load(Path(f).read_text()).get("entries", {}))
+
+    def guarded(name, fn):
+        if name not in phases:
+            return
+        try:
+            fn()
+        except Exception:
+            import traceback
+            log(f"PHASE {name} FAILED:\n{traceback.format_exc()}")
+
+    def gemm():
+        nonlocal pool
         args.deadline = t_start + args.gemm_frac * args.budget
         phase_gemm(rt, res, args)
         args.deadline = t_start + args.budget
@@ -695,15 +841,16 @@ def main() -> None:
             if "config" in r and r["config"] not in tops:
                 tops.append(r["config"])
         pool = tops + [p for p in pool if all(any(p[k] != t[k] for k in p) for t in tops)]
-    res.put("pool", pool)
-    if "tune" in phases:
+
+    def tune():
         for spec in args.tune.split(","):
             model, size, batch = spec.split(":")
             entries.update(phase_tune(rt, res, args, model, int(size), int(batch), pool,
                                       deadline=t_start + args.tune_frac * args.budget))
             write_yaml(rt, entries, out / "tuning-gpu.yaml")
-    table = Table(rt, entries)
-    if "e2e" in phases:
+
+    def e2e():
+        table = Table(rt, entries)
         for spec in args.e2e.split(","):
             model, size, batch, *flags = spec.split(":")
             size, batch = int(size), int(batch)
@@ -712,14 +859,16 @@ def main() -> None:
             if "heur" in flags:
                 r2 = run_model(rt, model, size, batch, False, Table(rt), args, label="heuristic: ")
                 res.put(f"e2e heuristic {model} {size} b{batch}", {k: v for k, v in r2.items() if k != "layers"})
-    if "matrix" in phases:
+
+    def matrix():
         rows = []
         for spec in args.matrix.split(","):
             model, size = spec.split(":")
             for half in (False, True):
                 for batch in (1, 4, 8):
                     if time.perf_counter() > args.deadline:
-                        break
+                        log("matrix: deadline reached")
+                        return
                     try:
                         r = run_model(rt, model, int(size), batch, half, Table(rt, entries, half), args, reps=10)
                         rows.append({k: v for k, v in r.items() if k != "layers"})
@@ -727,8 +876,11 @@ def main() -> None:
                         log(f"{model} {size} b{batch} half={half}: {e}")
                         rows.append({"model": model, "size": size, "batch": batch, "half": half, "error": str(e)[:200]})
                     res.put("matrix", rows)
-    if "warm" in phases:
-        phase_warm(rt, res, args)
+
+    res.put("pool", pool)
+    for name, fn in (("gemmcheck", lambda: phase_gemmcheck(rt, res, args)), ("gemm", gemm), ("tune", tune),
+                     ("e2e", e2e), ("warm", lambda: phase_warm(rt, res, args)), ("matrix", matrix)):
+        guarded(name, fn)
     log(f"done in {args.budget - (args.deadline - time.perf_counter()):.0f} s; results in {out}/bench.json")
 
 

@@ -71,6 +71,16 @@ def complete(cfg: dict, M: int, N: int, K: int, implicit: bool = False) -> dict:
     return c
 
 
+def fit(cfg: dict, M: int, N: int, K: int, implicit: bool = False, lim: DeviceLimits = DeviceLimits()) -> dict:
+    """``cfg`` itself if legal for this exact shape, else the same tile with vector widths re-derived
+    (a tuned entry found through a neighbouring size bucket may not divide this N)."""
+    if why_illegal(cfg, M, N, K, implicit, lim) is None:
+        return cfg
+    core = {k: cfg[k] for k in ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "PF") if k in cfg}
+    extra = {k: v for k, v in cfg.items() if k not in TUNABLES}
+    return {**extra, **complete(core, M, N, K, implicit)}
+
+
 def why_illegal(cfg: dict, M: int, N: int, K: int, implicit: bool = False,
                 lim: DeviceLimits = DeviceLimits()) -> Optional[str]:
     """None if ``cfg`` can run this shape on a device with limits ``lim``, else the reason."""
@@ -272,6 +282,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     wts = packed_weights(ctx, node)
     algo = cfg["algo"]
     implicit = algo == "implicit"
+    cfg = fit(cfg, M, N, K, implicit, device_limits(ctx.rt))
     reason = why_illegal(cfg, M, N, K, implicit, device_limits(ctx.rt))
     if reason is not None:
         from ..errors import YoloClError

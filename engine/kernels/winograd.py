@@ -108,6 +108,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     x, out = node.inputs[0], node.output
     M, P, C, t2 = gemm_shape(node, m)
     th, tw, _ = tile_grid(node, m)
+    cfg = gl.fit(cfg, M, P, C, False, gl.device_limits(ctx.rt))
     reason = gl.why_illegal(cfg, M, P, C, False, gl.device_limits(ctx.rt))
     if reason is not None:
         raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
