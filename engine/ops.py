@@ -330,7 +330,11 @@ def corr2d_candidates(ctx_or_device=None, kh: int = 3, kw: int = 3, gpu: Optiona
         # One work-item per work-group: CPU drivers run a work-group as a loop, and a private
         # tile per block of RY x NV vectors is cheap. RY*NV accumulators + NV row vectors + one
         # broadcast weight must fit the SIMD registers (16 with AVX2).
+        # Small kernels get their size compiled in: fixed short tap loops unroll (2.5x at 3x3).
         raw = [dict(VEC=v, NV=nv, RY=ry, LX=1, LY=1) for nv, ry in ((2, 4), (3, 4), (2, 6), (3, 3), (4, 2), (2, 3))]
+        if kh * kw <= 25:
+            for cfg in raw:
+                cfg["STATIC"] = True
     else:
         # Scalar register blocks of RY x RX outputs, 128-thread work-groups. Unrolled over the
         # input rows (taps compiled in) every weight is a constant-memory operand but the body
@@ -412,8 +416,8 @@ class _Conv2dRunner:
             defines["NV"] = cfg["NV"]
         else:
             defines.update(RX=cfg["RX"], ROLL_R=bool(cfg.get("ROLL_R")))
-            if cfg.get("STATIC"):
-                defines.update(KH=p.kh, KW=p.kw)
+        if cfg.get("STATIC"):
+            defines.update(KH=p.kh, KW=p.kw)
         k = ctx.kernel("ops.cl", "yc_corr2d", defines)
         tw, th, floats = _corr2d_tile(cfg, p.kh, p.kw)
         gsize = (-(-p.ow // tw) * cfg["LX"], -(-rows // th) * cfg["LY"], nb * p.f)
