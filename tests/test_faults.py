@@ -232,6 +232,7 @@ def test_no_opencl_platform_in_the_cli(monkeypatch, capsys):
 
 
 # -- garbage that is finite ----------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # folding 3e38 weights overflows, as intended
 def test_finite_but_absurd_weights_do_not_crash_detection(runtime, tmp_path):
     """Finite weights of +-3e38 overflow to inf/NaN on the device: detect returns a list, never raises."""
     from yolo_cl.cfg import parse_cfg
