@@ -19,10 +19,11 @@
  *      input itself for a 1x1 stride-1 conv).
  *   C, R (residual): (m, n) at off + b*bstride + (g*M + m)*ldc + n, so a conv can write into a
  *      concat slice.
- * Epilogue: + bias, ACT, [+ R, ACT2], store (float or half).
+ * Epilogue: + bias (unless NO_BIAS), ACT, [+ R, ACT2], store (float or half).
  *
  * Defines: TM, TN, VW (1, 2, 4, 8, 16), NV (vectors per block), KU (k unroll), PACK_A,
- * CHECK_M / CHECK_N (emitted only when M / N do not divide the block), RESIDUAL, ACT, ACT2.
+ * CHECK_M / CHECK_N (emitted only when M / N do not divide the block), RESIDUAL, ACT, ACT2,
+ * NO_BIAS (the batched GEMM inside Winograd: the bias is added after the output transform).
  *
  * PoCL notes that shape this code: its fma()/mad() and vloadN/vstoreN builtins compile to
  * out-of-line calls, so products are written a * b + c (contracted to FMA instructions) and
@@ -89,6 +90,12 @@
 #define LANE(x, v) (x)
 #else
 #define LANE(x, v) ((x)[v])
+#endif
+
+#ifdef NO_BIAS
+#define BIAS(i) 0.0f
+#else
+#define BIAS(i) bias[i]
 #endif
 
 /* The epilogue for one element of C: bias, activation, optional residual, store. */
@@ -193,7 +200,7 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
         if (m < M)
 #endif
         {
-            const float bi = bias[g * M + m];
+            const float bi = BIAS(g * M + m);
             const size_t row = (size_t)(g * M + m) * ldc + n0;
             #pragma unroll
             for (int j = 0; j < NV; ++j)
@@ -271,7 +278,7 @@ __kernel void yc_gemm_mv(__global const dtype* restrict A, __global const float*
             if (m < M)
 #endif
             {
-                const float bi = bias[g * M + m];
+                const float bi = BIAS(g * M + m);
                 const size_t row = (size_t)(g * M + m) * ldc;
                 #pragma unroll
                 for (int t = 0; t < TN; ++t) {

@@ -1,4 +1,4 @@
-"""The ``yolo-cl`` command line: ``detect``, ``info`` and ``devices``.
+"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune`` and ``bench``.
 
 ``detect`` prints what Darknet's ``detector test -ext_output`` prints (or, with ``--json``,
 one document in the layout of Darknet's ``-out`` file) and can save annotated copies;
@@ -127,6 +127,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("devices", help="list OpenCL platforms and devices")
     v.set_defaults(func=cmd_devices)
+
+    t = sub.add_parser("tune", help="tune the conv kernels of a model for a device (saved to the tuning database)",
+                       description="Find fast, checked kernel configs for every conv shape of MODEL and store them "
+                                   "in the user tuning database (inference only reads it).")
+    t.add_argument("model", metavar="MODEL", help="zoo model name or cfg path")
+    t.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
+    t.add_argument("--batch", type=_positive, default=1, help="batch size to tune for (default 1)")
+    t.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
+    t.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
+    t.add_argument("--budget", type=float, metavar="SECONDS", help="stop starting new shapes after this long")
+    t.add_argument("--db", metavar="FILE", help="database file to write (default: the user cache)")
+    t.add_argument("--clock", choices=("events", "cpu"), default="events",
+                   help="events: OpenCL profiling (default); cpu: process CPU time per compute unit, for a CPU "
+                        "device on a machine busy with other work")
+    t.add_argument("--exhaustive", action="store_true", help="time every legal candidate (slow; the baseline)")
+    t.set_defaults(func=cmd_tune)
+
+    b = sub.add_parser("bench", help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
+    b.add_argument("model", metavar="MODEL", help="zoo model name or cfg path (no weights: random ones)")
+    b.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
+    b.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
+    b.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
+    b.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
+    b.add_argument("--weights", help="Darknet .weights file (default: bundled, else random)")
+    b.add_argument("--compare", choices=("opencv",), help="also run OpenCV DNN, interleaved, in the same process")
+    b.add_argument("--repeat", type=_positive, default=20, help="timed runs (default 20)")
+    b.add_argument("--peak", type=float, metavar="GFLOPS", help="device peak (default: measured once and cached)")
+    b.set_defaults(func=cmd_bench)
     return parser
 
 
@@ -518,6 +546,23 @@ def cmd_info(args) -> int:
 
 
 # -- devices ----------------------------------------------------------------------------------
+def cmd_tune(args) -> int:
+    """Tune a model's conv shapes on one device; configs go to the tuning database."""
+    from .tuner import tune_model
+    tune_model(args.model, args.size, args.batch, args.precision, args.device, args.budget, args.db, args.clock,
+               args.exhaustive)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Benchmark a model layer by layer (and against OpenCV DNN with --compare opencv)."""
+    from .bench import run_bench
+    report = run_bench(args.model, args.size, args.batch, args.precision, args.device, args.compare, args.repeat,
+                       args.weights, args.peak)
+    print(report.render())
+    return 0
+
+
 def cmd_devices(args) -> int:
     """List every OpenCL device as P:D with its type, size and fp16 support; mark the default."""
     from .runtime import INSTALL_HINT, list_devices, select_device

@@ -105,10 +105,10 @@ def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
     if config is None:
         return _bind_chosen(ctx, node)
     algo = config["algo"]
-    if algo == "winograd":
-        return winograd.bind(ctx, node, config)
     if config.get("family") == gemm_cpu.FAMILY:
         return gemm_cpu.bind(ctx, node, config)
+    if algo == "winograd":
+        return winograd.bind(ctx, node, config)
     if config.get("family") == gemm_local.FAMILY:
         return gemm_local.bind(ctx, node, config)
     weights = upload_weights(ctx, node)

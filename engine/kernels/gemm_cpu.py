@@ -6,13 +6,17 @@ A config is a dict of the kernel's tunables::
      "TM": 8, "VW": 8, "NV": 1, "KU": 1, "WG": 0}          # "nv": TM rows x VW*NV columns
     {"family": "cpu", "algo": ..., "kernel": "mv",
      "TN": 4, "VW": 8, "NV": 2, "KU": 1, "WG": 1}          # "mv": VW*NV rows x TN columns
+    {"family": "cpu", "algo": "winograd", "m": 2, "kernel": ..., ...}
 
 ``nv`` vectorises along N (output pixels), ``mv`` along M (filters); see the .cl header.
 ``WG`` is the work-group width along N: 0 lets the driver choose, n > 0 asks for (n, 1, 1)
 (on PoCL a work-group is one task of its thread pool, looping over its work-items).
 Weights are packed once per layout at bind time (``pack_weights``: [G][MB][K][rows]) so a k
 step's weights are contiguous and the inner loop has no row checks. ``im2col`` uses this
-family's row-wise ``yc_im2col_rows`` (a contiguous run per work-item).
+family's row-wise ``yc_im2col_rows`` (a contiguous run per work-item). ``winograd`` (3x3
+stride-1 convs) runs ``cl/winograd.cl``'s input and output transforms around this family's
+GEMM, batched over the (m+2)^2 transform points: F(2x2) does 2.25x and F(4x4) 4x fewer
+multiplies than the direct GEMM.
 """
 from __future__ import annotations
 
@@ -22,11 +26,12 @@ from typing import Optional
 import numpy as np
 
 from . import BindContext, Launch, act_id, i32
+from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
 
 FAMILY = "cpu"
-ALGOS = ("gemm1x1", "im2col")
+ALGOS = ("gemm1x1", "im2col", "winograd")
 KERNELS = ("nv", "mv")
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 MAX_ACC = 128                 # accumulator floats per work-item: 16 AVX registers of 8 lanes
@@ -117,23 +122,38 @@ def pack_weights(w: np.ndarray, G: int, rows: int, dtype=np.float32) -> np.ndarr
 
 
 # -- the search space -------------------------------------------------------------------------
-_NV_BLOCKS = [(tm, vw, nv) for tm in (1, 2, 4, 6, 8, 12, 16) for vw, nv in
-              ((4, 1), (8, 1), (4, 2), (8, 2), (16, 1), (8, 3))]
-_MV_BLOCKS = [(tn, vw, nv) for tn in (1, 2, 3, 4, 6, 8, 12) for vw, nv in
-              ((4, 1), (8, 1), (4, 2), (8, 2), (16, 1), (8, 3))]
-KUS = (1, 2, 4)
-WGS = (0, 1, 4)
+# Register blocks worth trying: 8-wide vectors (one AVX register), two or three of them, or one
+# 16-wide; shapes a wider vector or another split would only duplicate are left out.
+_NV_BLOCKS = ([(tm, 8, 1) for tm in (2, 4, 6, 8, 12)] + [(tm, 8, 2) for tm in (2, 4, 6)] +
+              [(tm, 16, 1) for tm in (2, 4, 6)] + [(tm, 8, 3) for tm in (2, 4)])
+_MV_BLOCKS = ([(tn, 8, 1) for tn in (2, 3, 4, 6, 8, 12)] + [(tn, 8, 2) for tn in (2, 3, 4, 6)] +
+              [(tn, 16, 1) for tn in (2, 4, 6)] + [(tn, 8, 3) for tn in (2, 3, 4)])
+KUS = (1, 4)
+WGS = (0, 1)
 
 
-def space(M: int, N: int, K: int, max_wg: int = 4096) -> list:
-    """Every legal (kernel, block, KU, WG) of the family for this shape, minus blocks that pad
-    more than they compute (e.g. 16-row blocks for M = 3)."""
+def registers_needed(cfg: dict, lanes: int = 8) -> int:
+    """SIMD registers one k step keeps live: accumulators, the loaded vectors, one broadcast."""
+    rows, cols = block(cfg)
+    per_vec = max(1, cfg["VW"] // lanes)
+    return -(-rows * cols // max(lanes, 1)) + cfg["NV"] * per_vec + 1
+
+
+def simd(rt) -> tuple:
+    """(lanes, registers) of the device's SIMD unit: 16 x 8 floats (AVX2), 32 x 16 (AVX-512)."""
+    lanes = int(getattr(rt.device, "native_vector_width_float", 8) or 8)
+    return (16, 32) if lanes >= 16 else (max(lanes, 4), 16)
+
+
+def space(M: int, N: int, K: int, max_wg: int = 4096, lanes: int = 8, registers: int = 16) -> list:
+    """Every legal (kernel, block, KU, WG) of the family for this shape: blocks whose accumulators
+    fit the register file, minus those that pad more than they compute (e.g. 16 rows for M = 3)."""
     out = []
     for kernel, blocks in (("nv", _NV_BLOCKS), ("mv", _MV_BLOCKS)):
         for (t, vw, nv), ku, wg in itertools.product(blocks, KUS, WGS):
             c = {"kernel": kernel, "VW": vw, "NV": nv, "KU": ku, "WG": wg,
                  ("TM" if kernel == "nv" else "TN"): t}
-            if t * vw * nv < 8 or why_illegal(c, M, N, K, max_wg) is not None:
+            if registers_needed(c, lanes) > registers or why_illegal(c, M, N, K, max_wg) is not None:
                 continue
             if waste(c, M, N) > 0.5:
                 continue
@@ -147,19 +167,23 @@ def waste(cfg: dict, M: int, N: int) -> float:
     return 1.0 - (M * N) / (round_up(M, rows) * round_up(N, cols))
 
 
-def cost(cfg: dict, M: int, N: int, K: int, Z: int = 1, threads: int = 2) -> float:
+def cost(cfg: dict, M: int, N: int, K: int, Z: int = 1, threads: int = 2, lanes: int = 8,
+         registers: int = 16) -> float:
     """Relative time estimate (lower is better), used to order and prune the search.
 
     Per k step a block does rows*cols FMA lanes and loads (rows + cols) values, one side as
     vectors and the other as broadcasts; it is throughput-bound by the larger of the FMA
-    vector count and the load count. Padding adds work; too few blocks leave threads idle;
-    a long k loop over a wide strip streams B from outside L1.
+    vector count and the load count. Accumulators beyond the SIMD register file (``registers``
+    of ``lanes`` floats) spill; padding adds work; too few blocks leave threads idle.
     """
     rows, cols = block(cfg)
     vw = cfg["VW"]
-    fma = rows * cols / vw
+    fma = rows * cols / max(vw, lanes) * max(1, vw // lanes)
     loads = (cols / vw + rows) if cfg["kernel"] == "nv" else (rows / vw + cols)
     per_step = max(fma, 0.75 * loads) + 1.5          # + loop and address overhead
+    live = rows * cols / lanes + cfg["NV"] * max(1, vw // lanes) + 1
+    if live > registers:
+        per_step *= 1.0 + 0.15 * (live - registers)   # spills: a load and a store per extra register
     if cfg["kernel"] == "mv" and N % cols:
         per_step += 0.1 * cols                        # clamped column loads
     blocks = -(-M // rows) * -(-N // cols) * Z
@@ -199,34 +223,62 @@ def is_pointwise(node: Node) -> bool:
 
 def conv_algos(node: Node) -> list:
     """Algorithms of this family that can run ``node``."""
-    return ["gemm1x1"] if is_pointwise(node) else ["im2col"]
+    if is_pointwise(node):
+        return ["gemm1x1"]
+    return ["im2col", "winograd"] if winograd.applicable(node) else ["im2col"]
+
+
+def gemm_shape(node: Node, cfg: dict) -> tuple:
+    """(M, N, K, G) of the GEMM a config runs: the conv's, or Winograd's batched one."""
+    if cfg.get("algo") == "winograd":
+        return winograd.gemm_shape(node, int(cfg.get("m", 2)))
+    return conv_gemm_shape(node)
+
+
+def wino_tiles(half: bool) -> tuple:
+    """Winograd tile sizes to try: F(4x4) loses too much to rounding with half storage."""
+    return winograd.TILE_SIZES[:1] if half else winograd.TILE_SIZES
 
 
 def max_work_group(rt) -> int:
     return int(rt.device.max_work_group_size)
 
 
-def candidates(node: Node, rt, batch: int = 1) -> list:
+def candidates(node: Node, rt, batch: int = 1, half: bool = False) -> list:
     """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device."""
-    M, N, K, G = conv_gemm_shape(node)
     out = []
     for algo in conv_algos(node):
-        out.extend({"family": FAMILY, "algo": algo, **c} for c in space(M, N, K, max_work_group(rt)))
+        for m in (wino_tiles(half) if algo == "winograd" else (None,)):
+            head = {"family": FAMILY, "algo": algo} if m is None else {"family": FAMILY, "algo": algo, "m": m}
+            M, N, K, G = gemm_shape(node, head)
+            out.extend({**head, **c} for c in space(M, N, K, max_work_group(rt), *simd(rt)))
     return out
 
 
 def heuristic_config(node: Node, batch: int = 1) -> dict:
-    """The untuned choice for a conv on a CPU: 1x1 straight from the input, others via im2col."""
-    M, N, K, G = conv_gemm_shape(node)
-    return {"family": FAMILY, "algo": conv_algos(node)[0], **heuristic(M, N, K, batch * G)}
+    """The untuned choice for a conv on a CPU: the cost model's best algorithm and block (KU 1,
+    driver work-groups; Winograd only as F(2x2), safe at either precision)."""
+    best, best_cost = None, None
+    for algo in conv_algos(node):
+        for m in (wino_tiles(True) if algo == "winograd" else (None,)):
+            head = {"family": FAMILY, "algo": algo} if m is None else {"family": FAMILY, "algo": algo, "m": m}
+            M, N, K, G = gemm_shape(node, head)
+            cfg = {**head, **heuristic(M, N, K, batch * G)}
+            c = conv_cost(node, cfg, batch)
+            if best_cost is None or c < best_cost:
+                best, best_cost = cfg, c
+    return best
 
 
 def conv_cost(node: Node, cfg: dict, batch: int = 1) -> float:
-    """``cost`` for a conv config, plus the im2col pass (a K x N write and read) where it has one."""
-    M, N, K, G = conv_gemm_shape(node)
+    """``cost`` for a conv config, plus the passes around the GEMM: im2col (a K x N write and
+    read), Winograd's transforms (T2 x (K + M) x N values, each several adds)."""
+    M, N, K, G = gemm_shape(node, cfg)
     c = cost(cfg, M, N, K, batch * G)
     if cfg["algo"] == "im2col":
         c += 4.0 * K * N * batch * G / 8
+    elif cfg["algo"] == "winograd":
+        c += 12.0 * G * (K + M) * N * batch / 8
     return c
 
 
@@ -257,24 +309,31 @@ def residual_args(ctx: BindContext, node: Node) -> list:
 
 
 def workspace_elems(node: Node, batch: int) -> int:
-    """im2col scratch (the K x N matrix per image and group), 0 for a pointwise conv."""
+    """Scratch for the largest algorithm: im2col's K x N matrix per image and group, or Winograd's
+    transformed input and products; 0 for a pointwise conv."""
     if is_pointwise(node):
         return 0
     M, N, K, G = conv_gemm_shape(node)
-    return batch * G * K * N
+    wino = max(winograd.workspace_elems(node, batch, m) for m in winograd.TILE_SIZES) \
+        if winograd.applicable(node) else 0
+    return max(batch * G * K * N, wino)
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
-    """Launches for a conv under a CPU-family config: [im2col,] GEMM."""
+    """Launches for a conv under a CPU-family config: [im2col,] GEMM, or Winograd's three."""
     a = node.attrs
-    M, N, K, G = conv_gemm_shape(node)
     x, out = node.inputs[0], node.output
     algo = cfg.get("algo")
     if algo not in conv_algos(node):
         raise YoloClError(f"algorithm '{algo}' of the CPU GEMM family cannot run {node.describe()}")
+    if algo == "winograd" and cfg.get("m", 2) not in winograd.TILE_SIZES:
+        raise YoloClError(f"Winograd tile size m={cfg.get('m')} is not one of {winograd.TILE_SIZES}")
+    M, N, K, G = gemm_shape(node, cfg)
     reason = why_illegal(cfg, M, N, K, max_work_group(ctx.rt))
     if reason is not None:
         raise YoloClError(f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
+    if algo == "winograd":
+        return _bind_winograd(ctx, node, cfg)
     wts = packed_weights(ctx, node, pack_rows(cfg))
     launches = []
     xb, xoff, xbs = ctx.view(x)
@@ -294,4 +353,48 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     k = ctx.kernel("gemm.cl", kernel_name(cfg), d, args)
     launches.append(Launch(k, grid(cfg, M, N, ctx.batch * G), local_size(cfg), node, "gemm",
                            dict(cfg), node.flops * ctx.batch))
+    return launches
+
+
+def wino_weights(ctx: BindContext, node: Node, m: int, rows: int) -> dict:
+    """U = G g G^T (T2, F, C) packed as this family's A with T2 groups, and the bias; uploaded once."""
+    a = node.attrs
+    key = (node.layers[0], ctx.half, FAMILY, "winograd", m, rows)
+    if key not in ctx.weight_cache:
+        U = winograd.filter_transform(a["weights"], m)
+        t2, F, C = U.shape
+        ctx.weight_cache[key] = {
+            "A": ctx.rt.upload(pack_weights(U.reshape(t2 * F, C).astype(np.float32), t2, rows, ctx.dtype),
+                               f"Winograd weights of layer {node.label}"),
+            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
+        }
+    return ctx.weight_cache[key]
+
+
+def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """Input transform, this family's GEMM batched over the T2 points (no bias), output transform + epilogue."""
+    a = node.attrs
+    m = int(cfg.get("m", 2))
+    x, out = node.inputs[0], node.output
+    M, P, C, t2 = winograd.gemm_shape(node, m)
+    th, tw, _ = winograd.tile_grid(node, m)
+    B = ctx.batch
+    wts = wino_weights(ctx, node, m, pack_rows(cfg))
+    v_off, m_off = 0, B * t2 * C * P
+    ws = ctx.workspace
+    k_in = ctx.kernel("winograd.cl", "yc_wino_input", ctx.defines(WINO_M=m),
+                      ctx.view(x) + i32(C, x.h, x.w) + [ws] + i32(v_off, tw, P, a["pad"]))
+    launches = [Launch(k_in, (P, C, B), None, node, "wino_input", {"m": m})]
+    gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
+        [ws, np.int32(0), np.int32(0)] + i32(M, P, C, t2)
+    gd = defines(ctx.defines(NO_BIAS=True), cfg, M, P)
+    k_g = ctx.kernel("gemm.cl", kernel_name(cfg), gd, gargs)
+    launches.append(Launch(k_g, grid(cfg, M, P, B * t2), local_size(cfg), node, "wino_gemm", dict(cfg),
+                           node.flops * B))
+    od = epilogue_defines(ctx, node)
+    od["WINO_M"] = m
+    oargs = [ws] + i32(m_off, M, P, tw) + [wts["bias"]] + ctx.view(out) + i32(out.h, out.w) + \
+        residual_args(ctx, node)
+    k_out = ctx.kernel("winograd.cl", "yc_wino_output", od, oargs)
+    launches.append(Launch(k_out, (P, M, B), None, node, "wino_output", {"m": m}))
     return launches

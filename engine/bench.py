@@ -1,0 +1,347 @@
+"""``yolo-cl bench``: where the time goes, layer by layer, and how it compares with OpenCV DNN.
+
+One run reports, for a model at a size, batch and precision on one device:
+- per launch: device time (OpenCL profiling events, median over the runs), the algorithm and
+  kernel config chosen, GFLOP/s and the share of the device's FMA peak;
+- end to end: the wall time of ``Executor.run`` (upload, kernels, download), its device part
+  and the host overhead per frame (wall minus device time);
+- with ``compare="opencv"``: OpenCV DNN on the same network and weights in the same process,
+  repetitions interleaved with ours (its OpenCL target on a GPU, its CPU backend on a CPU).
+
+Zoo models without bundled weights get random ones (built in memory; written to a temporary
+Darknet file only for OpenCV). The peak is measured once per device and driver with a small
+FMA-throughput kernel and cached (``cache_dir()/peak.yaml``), or given by the caller.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .errors import YoloClError
+from .weights import ConvParams
+
+PEAK_SOURCE = """
+__kernel void yc_fma_peak(__global float* out, const int iters) {
+    VT a0 = (VT)(get_global_id(0) * 1e-9f), m = (VT)(0.999999f), c = (VT)(1e-7f);
+    VT a1 = a0 + 1e-9f, a2 = a0 + 2e-9f, a3 = a0 + 3e-9f, a4 = a0 + 4e-9f, a5 = a0 + 5e-9f;
+    VT a6 = a0 + 6e-9f, a7 = a0 + 7e-9f, a8 = a0 + 8e-9f, a9 = a0 + 9e-9f;
+    for (int i = 0; i < iters; ++i) {   /* 10 independent chains hide the FMA latency */
+        a0 = a0 * m + c; a1 = a1 * m + c; a2 = a2 * m + c; a3 = a3 * m + c; a4 = a4 * m + c;
+        a5 = a5 * m + c; a6 = a6 * m + c; a7 = a7 * m + c; a8 = a8 * m + c; a9 = a9 * m + c;
+    }
+    VT s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9;
+    out[get_global_id(0)] = dot(s.lo.lo, (float2)(1.0f));
+}
+"""
+
+
+# -- peak -----------------------------------------------------------------------------------
+def measure_peak(rt, seconds: float = 0.2) -> float:
+    """The device's fp32 FMA throughput in GFLOP/s: best of a few runs of 10 independent FMA chains
+    per work-item, in its native vector width, written ``a * b + c`` (some drivers compile the
+    ``fma()`` builtin to a call). On a CPU device each run is also timed by the process's CPU time
+    per compute unit, so other work on the machine does not lower the figure."""
+    cl = rt.cl
+    lanes = max(4, min(16, int(rt.device.native_vector_width_float or 4)))
+    vt = f"float{max(lanes, 4)}"
+    prg = cl.Program(rt.context, PEAK_SOURCE.replace("VT", vt)).build()
+    k = prg.yc_fma_peak
+    units = int(rt.device.max_compute_units)
+    n = units * (64 if rt.is_cpu else 2048)
+    out = cl.Buffer(rt.context, cl.mem_flags.WRITE_ONLY, 4 * n)
+    queue = rt.queue if rt.profiling else cl.CommandQueue(
+        rt.context, rt.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    iters, best = 256, 0.0
+    for _ in range(12):
+        k.set_args(out, np.int32(iters))
+        c0 = time.process_time()
+        ev = cl.enqueue_nd_range_kernel(queue, k, (n,), None)
+        ev.wait()
+        t = (ev.profile.end - ev.profile.start) * 1e-9
+        if rt.is_cpu:   # a shared CPU: also credit the CPU time this process got (see Tuner's cpu clock)
+            t = min(t, (time.process_time() - c0) / units)
+        best = max(best, n * iters * 10 * lanes * 2 / max(t, 1e-9) / 1e9)
+        if t < seconds / 4:
+            iters *= 2
+    return best
+
+
+def device_peak(rt, refresh: bool = False) -> tuple:
+    """(GFLOP/s, 'measured' | 'cached'): the cached peak of this device and driver, measured if absent."""
+    import yaml
+    from .runtime import atomic_write, cache_dir
+    path = cache_dir() / "peak.yaml"
+    key = f"{rt.device_name} | {rt.driver}"
+    data = {}
+    try:
+        loaded = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        data = loaded if isinstance(loaded, dict) else {}
+    except (OSError, yaml.YAMLError):
+        data = {}
+    v = data.get(key)
+    if isinstance(v, (int, float)) and v > 0 and not refresh:
+        return float(v), "cached"
+    peak = measure_peak(rt)
+    data[key] = round(peak, 1)
+    try:
+        atomic_write(path, yaml.safe_dump(data, sort_keys=True).encode())
+    except OSError:
+        pass
+    return peak, "measured"
+
+
+# -- random weights -------------------------------------------------------------------------
+def random_params(layers: list, seed: int = 0) -> dict:
+    """He-scaled random conv weights with unit batch-norm statistics: activations stay O(1) through
+    the network (no overflow, no denormals), which is all a speed measurement needs."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for l in layers:
+        if l.kind != "convolutional":
+            continue
+        p = l.p
+        cin = p["in_c"] // p["groups"]
+        fan_in = cin * p["size"] ** 2
+        w = (rng.standard_normal((p["filters"], cin, p["size"], p["size"])) * math.sqrt(2.0 / fan_in))
+        n = p["filters"]
+        f = np.float32
+        if p["bn"]:
+            out[l.index] = ConvParams(np.zeros(n, f), w.astype(f), np.ones(n, f), np.zeros(n, f), np.ones(n, f))
+        else:
+            out[l.index] = ConvParams((0.1 * rng.standard_normal(n)).astype(f), w.astype(f))
+    return out
+
+
+def write_darknet_weights(path: Path, layers: list, params: dict) -> None:
+    """``params`` as a Darknet .weights file (format 0.2: 64-bit ``seen``), conv layers in order."""
+    with open(path, "wb") as f:
+        f.write(np.array([0, 2, 0], "<i4").tobytes())
+        f.write(np.array([0], "<u8").tobytes())
+        for l in layers:
+            if l.kind != "convolutional":
+                continue
+            cp = params[l.index]
+            f.write(cp.biases.astype("<f4").tobytes())
+            if l.p["bn"]:
+                for a in (cp.scales, cp.mean, cp.variance):
+                    f.write(a.astype("<f4").tobytes())
+            f.write(cp.weights.astype("<f4").tobytes())
+
+
+# -- the report -----------------------------------------------------------------------------
+@dataclass
+class LaunchStat:
+    """Median device time of one launch over the profiled runs."""
+
+    node: str
+    op: str
+    name: str
+    ms: float
+    flops: int
+    config: dict
+
+
+@dataclass
+class BenchReport:
+    model: str
+    size: tuple
+    batch: int
+    precision: str
+    device: str
+    platform: str
+    driver: str
+    device_type: str
+    peak: float
+    peak_source: str
+    weights: str
+    launches: list
+    wall_ms: list
+    device_ms: list
+    cpu_ms: list = field(default_factory=list)
+    tuned: dict = field(default_factory=dict)       # origin level -> conv node count
+    opencv: Optional[dict] = None
+
+    @property
+    def gflop(self) -> float:
+        return sum(l.flops for l in self.launches) / 1e9
+
+    def render(self) -> str:
+        """The human-readable report."""
+        lines = [f"yolo-cl bench: {self.model} {self.size[0]}x{self.size[1]} batch {self.batch} {self.precision} "
+                 f"on {self.device} ({self.platform}, driver {self.driver}, {self.device_type})",
+                 f"weights: {self.weights}; peak {self.peak:.1f} GFLOP/s ({self.peak_source}); conv configs: " +
+                 ", ".join(f"{n} {k}" for k, n in sorted(self.tuned.items())),
+                 "",
+                 f"{'node':>8}  {'op':<24} {'kernel':<12} {'ms':>8} {'GFLOP/s':>8} {'%peak':>6}  config"]
+        for l in self.launches:
+            rate = l.flops / (l.ms * 1e6) if l.flops and l.ms > 0 else 0.0
+            cfg = _config_text(l.config)
+            lines.append(f"{l.node:>8}  {l.op[:24]:<24} {l.name[:12]:<12} {l.ms:>8.3f} "
+                         f"{(f'{rate:.1f}' if rate else ''):>8} {(f'{100 * rate / self.peak:.1f}' if rate else ''):>6}"
+                         f"  {cfg}")
+        dev = float(np.median(self.device_ms))
+        conv = sum(l.ms for l in self.launches if l.op.startswith("conv"))
+        wall = float(np.median(self.wall_ms))
+        lines += ["",
+                  f"device time (sum of kernels, median): {dev:.2f} ms (convolutions {conv:.2f} ms, other "
+                  f"{dev - conv:.2f} ms); {self.gflop / dev * 1e3 if dev else 0:.1f} GFLOP/s = "
+                  f"{100 * self.gflop / dev * 1e3 / self.peak if dev else 0:.1f}% of peak",
+                  f"end to end (Executor.run wall, {len(self.wall_ms)} runs): median {wall:.2f} ms, min "
+                  f"{min(self.wall_ms):.2f} ms; host overhead {float(np.median(np.subtract(self.wall_ms, self.device_ms))):.2f} "
+                  f"ms/frame (wall - device)"]
+        if self.cpu_ms:
+            lines.append(f"process CPU time per run: median {float(np.median(self.cpu_ms)):.1f} ms")
+        if self.opencv is not None:
+            o = self.opencv
+            ow = float(np.median(o["wall_ms"]))
+            lines.append(f"OpenCV DNN {o['version']} ({o['target']}, interleaved): median {ow:.2f} ms, min "
+                         f"{min(o['wall_ms']):.2f} ms" +
+                         (f"; process CPU time median {float(np.median(o['cpu_ms'])):.1f} ms" if o.get("cpu_ms") else ""))
+            lines.append(f"yolo-cl / OpenCV latency: {wall / ow:.3f} (median), {min(self.wall_ms) / min(o['wall_ms']):.3f} "
+                         f"(min){'  -> yolo-cl is faster' if wall < ow else ''}")
+            if self.cpu_ms and o.get("cpu_ms"):
+                lines.append(f"yolo-cl / OpenCV CPU time: {float(np.median(self.cpu_ms)) / float(np.median(o['cpu_ms'])):.3f}")
+        return "\n".join(lines)
+
+
+def _config_text(cfg: dict) -> str:
+    """``cpu winograd nv m4 TM6 VW8 NV2 KU1 WG0``: names as words, tunables as name+value."""
+    words = ("family", "algo", "kernel")
+    head = [str(cfg[k]) for k in words if k in cfg]
+    return " ".join(head + [f"{k}{v}" for k, v in cfg.items() if k not in words])
+
+
+# -- running it -----------------------------------------------------------------------------
+def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", device=None,
+              compare: Optional[str] = None, repeat: int = 20, weights: Optional[str] = None,
+              peak: Optional[float] = None, warmup: int = 2, progress=None) -> BenchReport:
+    """Benchmark ``model`` (zoo name or cfg path); see the module doc."""
+    from .cfg import parse_cfg
+    from .executor import Executor
+    from .graph import build_graph
+    from .layers import build_layers, parse_net
+    from .runtime import Runtime
+    from .tuner import TuningDatabase
+    from .weights import load_weights
+    from .zoo import resolve
+
+    if precision not in ("fp32", "fp16"):
+        raise YoloClError(f"precision '{precision}' is not one of fp32, fp16")
+    if compare not in (None, "opencv"):
+        raise YoloClError(f"--compare '{compare}' is not supported (only opencv)")
+    z = resolve(model) if not Path(model).is_file() else None
+    cfg_path = Path(model) if z is None else z[0]
+    if z is None and not cfg_path.is_file():
+        raise YoloClError(f"'{model}' is neither a cfg file nor a zoo model")
+    weights_path = Path(weights) if weights else (z[1] if z is not None else None)
+    sections = parse_cfg(cfg_path)
+    net = parse_net(sections[0], size)
+    layers = build_layers(sections, net)
+    if weights_path is not None:
+        params, wdesc = load_weights(weights_path, layers), str(weights_path)
+    else:
+        params, wdesc = random_params(layers), "random (He-scaled, in memory)"
+    graph = build_graph(net, layers, params)
+
+    rt = Runtime(device, profiling=True)
+    db = TuningDatabase.for_runtime(rt, precision)
+    ex = Executor(rt, graph, batch, precision == "fp16", db)
+    tuned: dict = {}
+    for level, _ in db.origin.values():
+        tuned[level] = tuned.get(level, 0) + 1
+    the_peak, peak_src = (float(peak), "given") if peak else device_peak(rt)
+
+    rng = np.random.default_rng(0)
+    blob = rng.random((batch, net.channels, net.height, net.width), dtype=np.float32)
+    ocv = _opencv_net(cfg_path, weights_path, layers, params, rt) if compare == "opencv" else None
+    for _ in range(warmup):
+        ex.run(blob)
+        if ocv is not None:
+            ocv.run(blob)
+    if ocv is not None:
+        ocv.reset()
+    wall, dev, cpu, per = [], [], [], []
+    for i in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        ex.run(blob, profile=True)
+        wall.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+        times = ex.layer_times()
+        per.append([t.ms for t in times])
+        dev.append(sum(t.ms for t in times))
+        if ocv is not None:
+            ocv.run(blob)
+        if progress:
+            progress(i + 1, repeat)
+    med = np.median(np.array(per), axis=0)
+    launches = [LaunchStat(t.label, t.op, t.name, float(m), t.flops, t.config)
+                for t, m in zip(ex.layer_times(), med)]
+    plat = rt.device.platform.name.strip()
+    report = BenchReport(str(model), (net.width, net.height), batch, precision, rt.device_name, plat, rt.driver,
+                         rt.device_type, the_peak, peak_src, wdesc, launches, wall, dev,
+                         cpu if rt.is_cpu else [], tuned)
+    if ocv is not None:
+        report.opencv = ocv.summary(rt.is_cpu)
+        ocv.close()
+    return report
+
+
+class _OpenCV:
+    """OpenCV DNN on the same cfg and weights: its CPU backend for CPU devices, its OpenCL target otherwise."""
+
+    def __init__(self, cfg: Path, weights: Path, cpu: bool, tmp: Optional[str]) -> None:
+        if not cpu:
+            os.environ.setdefault("OPENCV_DNN_OPENCL_ALLOW_ALL_DEVICES", "1")
+        import cv2
+        self.cv2 = cv2
+        self.tmp = tmp
+        self.net = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
+        self.net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+        self.target = "CPU backend" if cpu else "OpenCL target"
+        self.net.setPreferableTarget(cv2.dnn.DNN_TARGET_CPU if cpu else cv2.dnn.DNN_TARGET_OPENCL)
+        self.names = self.net.getUnconnectedOutLayersNames()
+        self.wall, self.cpu = [], []
+
+    def run(self, blob: np.ndarray) -> None:
+        c0, t0 = time.process_time(), time.perf_counter()
+        self.net.setInput(blob)
+        self.net.forward(self.names)
+        self.wall.append((time.perf_counter() - t0) * 1e3)
+        self.cpu.append((time.process_time() - c0) * 1e3)
+
+    def reset(self) -> None:
+        """Forget the warm-up runs."""
+        self.wall, self.cpu = [], []
+
+    def summary(self, cpu: bool) -> dict:
+        return {"version": self.cv2.__version__, "target": self.target, "wall_ms": list(self.wall),
+                "cpu_ms": list(self.cpu) if cpu else []}
+
+    def close(self) -> None:
+        if self.tmp:
+            try:
+                os.unlink(self.tmp)
+            except OSError:
+                pass
+
+
+def _opencv_net(cfg: Path, weights: Optional[Path], layers: list, params: dict, rt) -> _OpenCV:
+    tmp = None
+    if weights is None:
+        fd, tmp = tempfile.mkstemp(suffix=".weights", prefix="yolo-cl-bench-")
+        os.close(fd)
+        write_darknet_weights(Path(tmp), layers, params)
+        weights = Path(tmp)
+    try:
+        return _OpenCV(cfg, weights, rt.is_cpu, tmp)
+    except Exception as e:   # cv2.error and friends: OpenCV cannot read this network
+        if tmp:
+            os.unlink(tmp)
+        raise YoloClError(f"OpenCV DNN cannot load {cfg}: {str(e).strip().splitlines()[-1][:200]}") from None

@@ -1,0 +1,253 @@
+"""The tuning database (keys, bucketing, hierarchical fall-back, stale drivers, corrupt files,
+locked atomic merges) and the tuner (legal, reference-checked choices within its timing budget)."""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import types
+
+import numpy as np
+import pytest
+import yaml
+
+from yolo_cl import tuner as tmod
+from yolo_cl.cfg import parse_cfg
+from yolo_cl.graph import build_graph
+from yolo_cl.kernels import gemm_cpu
+from yolo_cl.layers import build_layers, parse_net
+from yolo_cl.runtime import Runtime
+
+NET = """[net]
+width={w}
+height={h}
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+filters=12
+size=1
+stride=1
+pad=0
+activation=linear
+
+[convolutional]
+batch_normalize=1
+filters=6
+size=3
+stride=2
+pad=1
+activation=mish
+
+[convolutional]
+filters=6
+size=1
+stride=1
+pad=0
+activation=leaky
+
+[shortcut]
+from=-2
+activation=linear
+"""
+
+
+def convs(tmp_path, w=24, h=20):
+    path = tmp_path / f"net{w}x{h}.cfg"
+    path.write_text(NET.format(w=w, h=h))
+    sections = parse_cfg(path)
+    net = parse_net(sections[0], None)
+    graph = build_graph(net, build_layers(sections, net), None)
+    return [n for n in graph.nodes if n.op == "conv"]
+
+
+def fake_rt(device="Dev X", driver="1.0", vendor="Acme", kind="CPU"):
+    dev = types.SimpleNamespace(max_work_group_size=4096, native_vector_width_float=8, max_compute_units=2)
+    return types.SimpleNamespace(device_name=device, driver=driver, vendor=vendor, device_type=kind,
+                                 is_cpu=kind == "CPU", device=dev)
+
+
+CFG_A = {"family": "cpu", "algo": "im2col", "kernel": "nv", "TM": 4, "VW": 8, "NV": 1, "KU": 1, "WG": 0}
+CFG_B = {"family": "cpu", "algo": "im2col", "kernel": "mv", "TN": 3, "VW": 8, "NV": 1, "KU": 4, "WG": 0}
+CFG_C = {"family": "cpu", "algo": "winograd", "m": 2, "kernel": "nv", "TM": 2, "VW": 8, "NV": 1, "KU": 1, "WG": 0}
+CFG_D = {"family": "cpu", "algo": "im2col", "kernel": "nv", "TM": 2, "VW": 8, "NV": 2, "KU": 1, "WG": 0}
+
+
+def record(device="Dev X", driver="1.0", vendor="Acme", kind="CPU", precision="fp32", configs=None):
+    return {"device": device, "driver": driver, "vendor": vendor, "type": kind, "precision": precision,
+            "configs": configs or {}}
+
+
+# -- keys -----------------------------------------------------------------------------------
+def test_bucketing(tmp_path):
+    assert [tmod.n_bucket(n) for n in (1, 2, 3, 169, 256, 257)] == [1, 2, 4, 256, 256, 512]
+    a = convs(tmp_path, 24, 20)[0]          # 480 output pixels
+    b = convs(tmp_path, 22, 22)[0]          # 484: same bucket, same key
+    c = convs(tmp_path, 40, 40)[0]          # 1600: another bucket
+    assert tmod.shape_key(a) == tmod.shape_key(b) != tmod.shape_key(c)
+    assert "n512" in tmod.shape_key(a) and tmod.shape_key(a, 4).endswith("b4")
+
+
+# -- the database -----------------------------------------------------------------------------
+def test_round_trip_and_merge(tmp_path):
+    path = tmp_path / "db.yaml"
+    tmod.write_db(path, [record(configs={"k1": CFG_A})])
+    tmod.write_db(path, [record(configs={"k2": CFG_B}), record(driver="2.0", configs={"k1": CFG_B})])
+    tmod.write_db(path, [record(configs={"k1": CFG_D})])          # same identity: k1 replaced, k2 kept
+    recs = tmod.read_db(path)
+    assert len(recs) == 2
+    one = next(r for r in recs if r["driver"] == "1.0")
+    assert one["configs"] == {"k1": CFG_D, "k2": CFG_B}
+    assert not list(tmp_path.glob(".db.yaml.*.tmp")), "a temp file was left behind"
+
+
+def test_fallback_order(tmp_path):
+    """device+driver -> device (stale) -> vendor -> type -> heuristic; the user file first within a level."""
+    node = convs(tmp_path)[0]
+    key = tmod.shape_key(node)
+    user, shipped = tmp_path / "user.yaml", tmp_path / "shipped.yaml"
+    levels = [record(configs={key: CFG_A}),                                    # exact
+              record(driver="0.9", configs={key: CFG_B}),                      # same device, old driver
+              record(device="Dev Y", configs={key: CFG_C}),                    # same vendor
+              record(device="Other", vendor="Else", configs={key: CFG_D})]     # same type only
+    expect = [CFG_A, CFG_B, CFG_C, CFG_D]
+    for start in range(4):
+        shipped.write_text(yaml.safe_dump({"version": 1, "records": levels[start:]}))
+        db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[shipped], user_path=user)
+        assert db.conv_config(node) == expect[start]
+        assert db.origin[key][0] == tmod.LEVELS[start]
+        assert (key in db.stale) == (start == 1)
+    shipped.write_text(yaml.safe_dump({"version": 1, "records": [record(kind="GPU", configs={key: CFG_A}),
+                                                                 record(precision="fp16", configs={key: CFG_A})]}))
+    db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[shipped], user_path=user)
+    assert db.conv_config(node) == gemm_cpu.heuristic_config(node)
+    assert db.origin[key][0] == "heuristic"
+    # Within a level the user's file wins over the shipped one.
+    shipped.write_text(yaml.safe_dump({"version": 1, "records": [record(configs={key: CFG_A})]}))
+    tmod.write_db(user, [record(configs={key: CFG_B})])
+    assert tmod.TuningDatabase(fake_rt(), "fp32", paths=[shipped], user_path=user).conv_config(node) == CFG_B
+
+
+def test_neighbour_bucket_and_illegal_entries(tmp_path):
+    """A new input size finds the neighbouring bucket's entry; an entry illegal for the exact shape is skipped."""
+    small, big = convs(tmp_path, 24, 20)[0], convs(tmp_path, 30, 30)[0]   # 480 -> n512, 900 -> n1024
+    path = tmp_path / "db.yaml"
+    tmod.write_db(path, [record(configs={tmod.shape_key(small): CFG_B})])
+    db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
+    assert db.conv_config(big) == CFG_B
+    bad = dict(CFG_A, WG=7)           # 7 does not divide the column blocks of 900 pixels
+    tmod.write_db(path, [record(configs={tmod.shape_key(big): bad, tmod.shape_key(small): bad})])
+    db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
+    assert db.conv_config(big) == gemm_cpu.heuristic_config(big)
+
+
+def test_stale_driver_warns_once(tmp_path, caplog):
+    node = convs(tmp_path)[0]
+    path = tmp_path / "db.yaml"
+    tmod.write_db(path, [record(driver="0.1", configs={tmod.shape_key(node): CFG_A})])
+    tmod._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="yolo_cl.tuner"):
+        db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
+        db.conv_config(node)
+        db.conv_config(node)
+    msgs = [r.getMessage() for r in caplog.records if "re-validate" in r.getMessage()]
+    assert len(msgs) == 1 and "0.1" in msgs[0]
+    # Recording the shape under the current driver clears it.
+    db.record({tmod.shape_key(node): CFG_A})
+    assert not db.stale
+
+
+@pytest.mark.parametrize("text", ["records: [oops\n  - {", "just a string", "records: 5\n",
+                                  "records:\n- device: x\n  configs: nope\n", "\x00\xff garbage"])
+def test_corrupt_database_warns_and_is_ignored(tmp_path, caplog, text):
+    node = convs(tmp_path)[0]
+    path = tmp_path / "db.yaml"
+    path.write_bytes(text.encode("latin-1"))
+    tmod._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="yolo_cl.tuner"):
+        db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
+        assert db.conv_config(node) == gemm_cpu.heuristic_config(node)
+    assert any("ignoring it" in r.getMessage() for r in caplog.records)
+    db.record({tmod.shape_key(node): CFG_A})           # writing replaces the unreadable file
+    assert tmod.read_db(path)[0]["configs"] == {tmod.shape_key(node): CFG_A}
+
+
+def _writer(path: str, i: int) -> None:
+    for j in range(5):
+        tmod.write_db(path, [record(configs={f"w{i}-{j}": dict(CFG_A, TM=1 + j)})])
+
+
+def test_concurrent_writers_merge(tmp_path):
+    """Four processes writing at once: every entry survives, the file always parses."""
+    path = str(tmp_path / "db.yaml")
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(path, i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    configs = tmod.read_db(path)[0]["configs"]
+    assert sorted(configs) == sorted(f"w{i}-{j}" for i in range(4) for j in range(5))
+
+
+# -- the tuner --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime(profiling=True)
+
+
+def test_search_is_legal_correct_and_within_budget(rt, tmp_path):
+    nodes = convs(tmp_path, 20, 16)
+    tuner = tmod.Tuner(rt, "fp32", fraction=0.25, reps=1)
+    for node in nodes[:2]:
+        r = tuner.search(node)
+        assert 0 < r.timed <= max(1, int(0.25 * r.candidates)), (r.timed, r.candidates)
+        assert r.config in tuner.candidates(node)
+        M, N, K, _ = gemm_cpu.gemm_shape(node, r.config)
+        assert gemm_cpu.why_illegal(r.config, M, N, K) is None
+        bench = tmod.ConvBench(rt, node, 1, False, tuner.queue, seed=5)
+        assert bench.check(bench.bind(r.config)) < 1e-4
+        assert 0 < r.ms < float("inf")
+    # The tuned config round-trips through the database and is what the executor binds.
+    path = tmp_path / "tuned.yaml"
+    db = tmod.TuningDatabase(rt, "fp32", paths=[], user_path=path)
+    db.record(tmod.entries([r]))
+    assert tmod.TuningDatabase(rt, "fp32", paths=[], user_path=path).conv_config(node) == r.config
+
+
+def test_reference_gate_rejects_wrong_kernels(rt, tmp_path, monkeypatch):
+    """A candidate that computes the wrong thing is rejected before timing and never chosen, even
+    when the cost model ranks it first (here: its weights are packed with the wrong sign)."""
+    node = convs(tmp_path, 12, 12)[0]
+    tuner = tmod.Tuner(rt, "fp32", fraction=1.0, reps=1)
+    good = [CFG_A, CFG_D]
+    wrong = dict(CFG_A, TM=3)
+    pack = gemm_cpu.pack_weights
+    monkeypatch.setattr(gemm_cpu, "pack_weights", lambda w, G, rows, dtype=np.float32:
+                        pack(-w if rows == 3 else w, G, rows, dtype))
+    monkeypatch.setattr(tuner, "candidates", lambda n: [wrong] + good)
+    monkeypatch.setattr(tmod, "_cost_fn", lambda *a: (lambda c: 0.0 if c is wrong else 1.0))
+    for r in (tuner.traverse(node), tuner.search(node)):
+        assert r.rejected == 1 and r.config in good
+        assert repr(sorted(wrong.items())) not in r.times
+
+
+def test_fp16_gate(rt, tmp_path):
+    """Half storage: no F(4x4) candidates, and real kernels land between the fp32 and fp16 gates."""
+    nodes = convs(tmp_path, 12, 12)
+    tuner = tmod.Tuner(rt, "fp16", reps=1)
+    assert all(not (c["algo"] == "winograd" and c.get("m") == 4) for c in tuner.candidates(nodes[0]))
+    assert any(c["algo"] == "winograd" for c in tuner.candidates(nodes[0]))
+    pointwise = dict(CFG_B, algo="gemm1x1")
+    for node, cfg in ((nodes[2], CFG_D), (nodes[3], pointwise)):       # 3x3/2 mish; 1x1 + fused residual
+        assert node.attrs["residual"] is not None or node.attrs["stride_x"] == 2
+        bench = tmod.ConvBench(rt, node, 2, True, tuner.queue)
+        err = bench.check(bench.bind(cfg))
+        assert 1e-5 < err < tmod.TOLERANCE["fp16"]

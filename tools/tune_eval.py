@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Is the guided tuner as good as a full traversal, at a quarter of the timings?
+
+For every unique conv shape of each model it runs, on one device:
+  1. a full traversal (every legal candidate checked against NumPy and timed),
+  2. the tuner's guided search (at most 25% of the candidates timed),
+  3. an interleaved re-timing of the two winners (``--verify`` rounds each),
+and reports per shape the candidates, how many the search timed, both winners and the
+re-timed ratio search/traversal; then totals weighted by how often each shape occurs.
+Results are rewritten to a JSON file after each shape, so a long run can be stopped and read.
+
+``--phase traverse`` records only the traversals; ``--phase search --traversal FILE`` then runs
+the searches against them (re-timing both winners live). ``--replay FILE`` runs the search
+against the recorded times instead of the device: a quick way to study the cost model (its
+numbers are a simulation and are labelled so).
+
+    PYTHONPATH=... python tools/tune_eval.py --model yolov3-tiny:416 --model yolov4:256 \\
+        --clock cpu --out /tmp/tune_eval.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+
+def graph_of(model: str, size: int):
+    from yolo_cl.cfg import parse_cfg
+    from yolo_cl.graph import build_graph
+    from yolo_cl.layers import build_layers, parse_net
+    from yolo_cl.zoo import resolve
+    z = resolve(model)
+    cfg = Path(model) if z is None else z[0]
+    sections = parse_cfg(cfg)
+    net = parse_net(sections[0], size)
+    return build_graph(net, build_layers(sections, net), None)
+
+
+def retime(tuner, node, cfgs: list, rounds: int) -> list:
+    """Best ms of each config over ``rounds`` interleaved passes, on one fresh bench."""
+    from yolo_cl.tuner import ConvBench
+    bench = ConvBench(tuner.rt, node, tuner.batch, tuner.half, tuner.queue, seed=1)
+    launches = [bench.bind(c) for c in cfgs]
+    for l in launches:
+        assert bench.check(l) <= tuner.tol
+    best = [math.inf] * len(cfgs)
+    for _ in range(rounds):
+        for i, l in enumerate(launches):
+            best[i] = min(best[i], bench.time(l, 1, tuner.clock))
+    return best
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", required=True, metavar="NAME:SIZE",
+                   help="zoo model (or cfg) and input size, e.g. yolov4:256; repeatable")
+    p.add_argument("--device", help="OpenCL device (default: the runtime's default)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32")
+    p.add_argument("--clock", choices=("events", "cpu"), default="events",
+                   help="events: OpenCL profiling; cpu: process CPU time / compute units (a shared CPU)")
+    p.add_argument("--reps", type=int, default=2, help="timed runs per candidate (best of)")
+    p.add_argument("--verify", type=int, default=7, help="interleaved re-timing rounds of the two winners")
+    p.add_argument("--max-shapes", type=int, default=0, help="stop after this many shapes per model (0: all)")
+    p.add_argument("--out", default="tune_eval.json", help="JSON results file (rewritten after each shape)")
+    p.add_argument("--phase", choices=("both", "traverse", "search"), default="both")
+    p.add_argument("--traversal", help="search phase: JSON of an earlier traverse phase")
+    p.add_argument("--replay", help="simulate the search on the recorded times of this JSON (no timing)")
+    args = p.parse_args(argv)
+    if args.replay:
+        return replay(json.loads(Path(args.replay).read_text()), args)
+    recorded = {}
+    if args.phase == "search":
+        if not args.traversal:
+            p.error("--phase search needs --traversal FILE")
+        prev = json.loads(Path(args.traversal).read_text())
+        recorded = {(spec, r["key"]): r for spec, rows in prev["models"].items() for r in rows}
+    warnings.filterwarnings("ignore", message="Non-empty compiler output")
+
+    from yolo_cl.runtime import Runtime
+    from yolo_cl.tuner import Tuner, shape_key
+    rt = Runtime(args.device, profiling=True)
+    tuner = Tuner(rt, args.precision, args.batch, reps=args.reps, clock=args.clock)
+    report = {"device": rt.device_name, "driver": rt.driver, "precision": args.precision, "batch": args.batch,
+              "clock": args.clock, "reps": args.reps, "models": {}}
+    for spec in args.model:
+        name, _, size = spec.partition(":")
+        graph = graph_of(name, int(size or 416))
+        counts = Counter(shape_key(n, args.batch) for n in graph.nodes if n.op == "conv")
+        nodes = tuner.unique_convs(graph)
+        if args.max_shapes:
+            nodes = nodes[:args.max_shapes]
+        rows = report["models"].setdefault(spec, [])
+        for i, node in enumerate(nodes):
+            key = shape_key(node, args.batch)
+            t0 = time.perf_counter()
+            found = tuner.search(node) if args.phase != "traverse" else None   # first: it pays cold compiles
+            t1 = time.perf_counter()
+            if args.phase == "search":
+                if (spec, key) not in recorded:
+                    print(f"[{spec}] {key}: not in {args.traversal}, skipped", flush=True)
+                    continue
+                old = recorded[(spec, key)]
+                full_cfg, cands, full_s, times, rejected = (old["full_best"], old["candidates"], old["full_s"],
+                                                             old["all_times"], old["rejected"])
+            else:
+                full = tuner.traverse(node)
+                full_cfg, cands, full_s, times, rejected = (full.config, full.candidates,
+                                                             time.perf_counter() - t1, full.times, full.rejected)
+            if found is None:
+                found_cfg, timed = full_cfg, 0
+            else:
+                found_cfg, timed = found.config, found.timed
+            f_ms, s_ms = retime(tuner, node, [full_cfg, found_cfg], args.verify)
+            row = {"key": key, "count": counts[key], "gflop": node.flops * args.batch / 1e9,
+                   "candidates": cands, "search_timed": timed, "rejected": rejected,
+                   "full_best": full_cfg, "full_ms": f_ms, "search_best": found_cfg, "search_ms": s_ms,
+                   "ratio": s_ms / f_ms, "search_s": t1 - t0, "full_s": full_s, "all_times": times}
+            rows.append(row)
+            print(f"[{spec} {i + 1}/{len(nodes)}] {row['key']}: {row['candidates']} candidates, search timed "
+                  f"{row['search_timed']} ({100 * row['search_timed'] / max(row['candidates'], 1):.0f}%), "
+                  f"traversal {f_ms:.3f} ms vs search {s_ms:.3f} ms -> ratio {row['ratio']:.3f} "
+                  f"(search {row['search_s']:.0f} s, traversal {row['full_s']:.0f} s)", flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+    print()
+    print(summary(report))
+    return 0
+
+
+def replay(report: dict, args) -> int:
+    """Re-run the search with the recorded traversal times standing in for the device."""
+    from yolo_cl import tuner as tmod
+    from yolo_cl.runtime import Runtime
+    rt = Runtime(args.device)
+    tuner = tmod.Tuner(rt, report["precision"], report["batch"], clock=report["clock"])
+    out = dict(report, clock=report["clock"] + " (replayed)", models={})
+    for spec, rows in report["models"].items():
+        name, _, size = spec.partition(":")
+        graph = graph_of(name, int(size or 416))
+        nodes = {tmod.shape_key(n, report["batch"]): n for n in tuner.unique_convs(graph)}
+        for r in rows:
+            times = r["all_times"]
+            node = nodes[r["key"]]
+
+            def measure(bench, cfg, reps, state, times=times):
+                k = repr(sorted(cfg.items()))
+                if k not in state["timed"]:
+                    state["timed"].add(k)
+                ms = times.get(k, math.inf)
+                state["times"][k] = ms
+                return ms
+            tuner._measure = measure
+            tmod_bench, tmod.ConvBench = tmod.ConvBench, lambda *a, **k: None
+            try:
+                found = tuner.search(node)
+            finally:
+                tmod.ConvBench = tmod_bench
+            best = min(v for v in times.values())
+            got = times[repr(sorted(found.config.items()))]
+            out["models"].setdefault(spec, []).append(dict(r, search_timed=found.timed, search_best=found.config,
+                                                           full_ms=best, search_ms=got, ratio=got / best))
+    print(summary(out))
+    return 0
+
+
+def summary(report: dict) -> str:
+    lines = [f"device {report['device']} ({report['driver']}), {report['precision']}, batch {report['batch']}, "
+             f"clock {report['clock']}"]
+    for spec, rows in report["models"].items():
+        if not rows:
+            continue
+        cands = sum(r["candidates"] for r in rows)
+        timed = sum(r["search_timed"] for r in rows)
+        worst = max(rows, key=lambda r: r["ratio"])
+        geo = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
+        net_full = sum(r["full_ms"] * r["count"] for r in rows)
+        net_search = sum(r["search_ms"] * r["count"] for r in rows)
+        within = sum(r["ratio"] <= 1.05 for r in rows)
+        lines.append(f"{spec}: {len(rows)} shapes, search timed {timed}/{cands} candidates "
+                     f"({100 * timed / cands:.1f}%, max {100 * max(r['search_timed'] / r['candidates'] for r in rows):.0f}% "
+                     f"per shape); search/traversal time: network {net_search / net_full:.3f}, geomean "
+                     f"{geo:.3f}, worst {worst['ratio']:.3f} ({worst['key']}); {within}/{len(rows)} shapes within 5%; "
+                     f"tuning time: search {sum(r['search_s'] for r in rows):.0f} s (cold compiles), traversal "
+                     f"{sum(r['full_s'] for r in rows):.0f} s (compiles cached by the search)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
