@@ -230,3 +230,14 @@ def test_gpu_heuristic_and_candidates_are_legal(rt, net):
         assert gl.why_illegal(h, M, N, K, h["algo"] == "implicit", gl.device_limits(rt)) is None
     _, out = run(rt, graph, blob, lambda n: gl.heuristic_config(n, 2, gl.device_limits(rt)))
     assert rel(out, ref) < 2e-4
+
+
+def test_small_device_limits_fall_back_to_a_legal_tile(rt, net, direct, monkeypatch):
+    """A config too big for the device (here: pretend 64 work-items, 4 KiB local) is re-picked, not failed."""
+    graph, blob, ref = net
+    small = gl.DeviceLimits(max_wg=64, local_mem=4096, compute_units=4)
+    monkeypatch.setattr(gl, "device_limits", lambda rt: small)
+    big = dict(MWG=64, NWG=64, KWG=16, MDIMC=16, NDIMC=16)
+    ex, out = run(rt, graph, blob, wino_pick(2, big))
+    assert all(l.lsize is None or l.lsize[0] * l.lsize[1] <= 64 for l in ex.launches)
+    assert rel(out, direct) < 5e-6

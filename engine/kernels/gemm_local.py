@@ -81,6 +81,16 @@ def fit(cfg: dict, M: int, N: int, K: int, implicit: bool = False, lim: DeviceLi
     return {**extra, **complete(core, M, N, K, implicit)}
 
 
+def fits_device(cfg: dict, lim: DeviceLimits) -> bool:
+    """Whether the work-group size and local memory of ``cfg`` fit the device."""
+    try:
+        threads = int(cfg["MDIMC"]) * int(cfg["NDIMC"])
+        local = (int(cfg.get("SA", 1)) * int(cfg["MWG"]) + int(cfg.get("SB", 1)) * int(cfg["NWG"])) * int(cfg["KWG"]) * 4
+    except (KeyError, TypeError, ValueError):
+        return True         # malformed: why_illegal names the problem
+    return threads <= lim.max_wg and local <= lim.local_mem
+
+
 def why_illegal(cfg: dict, M: int, N: int, K: int, implicit: bool = False,
                 lim: DeviceLimits = DeviceLimits()) -> Optional[str]:
     """None if ``cfg`` can run this shape on a device with limits ``lim``, else the reason."""
@@ -282,8 +292,11 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     wts = packed_weights(ctx, node)
     algo = cfg["algo"]
     implicit = algo == "implicit"
-    cfg = fit(cfg, M, N, K, implicit, device_limits(ctx.rt))
-    reason = why_illegal(cfg, M, N, K, implicit, device_limits(ctx.rt))
+    lim = device_limits(ctx.rt)
+    if not fits_device(cfg, lim):       # e.g. the limit-blind default heuristic on a small GPU
+        cfg = {**cfg, **heuristic(M, N, K, ctx.batch * G, implicit, lim)}
+    cfg = fit(cfg, M, N, K, implicit, lim)
+    reason = why_illegal(cfg, M, N, K, implicit, lim)
     if reason is not None:
         from ..errors import YoloClError
         raise YoloClError(f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")

@@ -108,7 +108,10 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     x, out = node.inputs[0], node.output
     M, P, C, t2 = gemm_shape(node, m)
     th, tw, _ = tile_grid(node, m)
-    cfg = gl.fit(cfg, M, P, C, False, gl.device_limits(ctx.rt))
+    lim = gl.device_limits(ctx.rt)
+    if not gl.fits_device(cfg, lim):
+        cfg = {**cfg, **gl.heuristic(M, P, C, ctx.batch * t2, False, lim)}
+    cfg = gl.fit(cfg, M, P, C, False, lim)
     reason = gl.why_illegal(cfg, M, P, C, False, gl.device_limits(ctx.rt))
     if reason is not None:
         raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
