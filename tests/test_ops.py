@@ -153,7 +153,10 @@ def test_conv2d_general(stride, pad, dilation, groups, cin, f, k):
 
 # -- tiling --------------------------------------------------------------------------------------
 
-def test_forced_row_tiling_is_exact_direct():
+@pytest.mark.parametrize("host_memory", [True, False])
+def test_forced_row_tiling_is_exact_direct(host_memory, monkeypatch):
+    """Bands with halos, through buffers wrapping the NumPy arrays (CPU devices) or copies (GPUs)."""
+    monkeypatch.setattr(ops._context(), "host_memory", host_memory)
     x, w, b = rand(3, 2, 97, 131), rand(2, 1, 14, 15), rand(2)
     whole = ops.conv2d(x, w, b, pad=(7, 3), groups=2)
     tiled = ops.conv2d(x, w, b, pad=(7, 3), groups=2, max_tile_bytes=48 * 1024)   # bands of a few rows
