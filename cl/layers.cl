@@ -20,7 +20,8 @@ __kernel void yc_maxpool(__global const dtype* restrict X, const int x_off, cons
         for (int dx = 0; dx < SIZE; ++dx) {
             const int ix = x0 + dx;
             if (ix < 0 || ix >= W) continue;
-            m = fmax(m, LD(X, base + iy * W + ix));
+            const float v = LD(X, base + iy * W + ix);
+            m = v > m ? v : m;   /* not fmax(): PoCL compiles it to an out-of-line call */
         }
     }
     ST(Y, y_off + b * y_bstride + c * OH * OW + n, m);
@@ -33,7 +34,10 @@ __kernel void yc_maxpool_depth(__global const dtype* restrict X, const int x_off
 {
     const int n = get_global_id(0), g = get_global_id(1), b = get_global_id(2);
     float m = -FLT_MAX;
-    for (int k = g; k < C; k += OC) m = fmax(m, LD(X, x_off + b * x_bstride + k * HW + n));
+    for (int k = g; k < C; k += OC) {
+        const float v = LD(X, x_off + b * x_bstride + k * HW + n);
+        m = v > m ? v : m;
+    }
     ST(Y, y_off + b * y_bstride + g * HW + n, m);
 }
 
