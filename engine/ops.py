@@ -278,6 +278,7 @@ class _Conv:
     dy: int
     dx: int
     g: int
+    direct: bool = False                 # runs the tiled correlation kernel (else im2col + GEMM)
 
     @property
     def oh(self) -> int:
@@ -290,8 +291,6 @@ class _Conv:
     @property
     def k(self) -> int:
         return (self.c // self.g) * self.kh * self.kw
-
-    direct: bool = False                 # runs the tiled correlation kernel (else im2col + GEMM)
 
     @property
     def one_plane(self) -> bool:
