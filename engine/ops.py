@@ -570,11 +570,20 @@ def conv2d(x, w, bias=None, stride: IntPair = 1, pad: IntPair = 0, dilation: Int
     return out[0, 0] if flat else out
 
 
+def _aligned_empty(shape: tuple, align: int = 4096) -> np.ndarray:
+    """An uninitialised float32 array on an ``align``-byte boundary, so a driver can use it in place
+    (PoCL copies host pointers aligned to less than its 128-byte base alignment)."""
+    n = int(np.prod(shape))
+    raw = np.empty(n + align // 4, np.float32)
+    skip = (-raw.ctypes.data % align) // 4
+    return raw[skip:skip + n].reshape(shape)
+
+
 def _conv2d_host(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, cfg: dict, x: np.ndarray,
                  max_tile_bytes: Optional[int]) -> np.ndarray:
     cl, q = ctx.cl, ctx.rt.queue
     nb_max, band = _bands(p, _tile_cap(ctx, max_tile_bytes), True, _band_align(p, cfg))
-    out = np.empty((p.n, p.f, p.oh, p.ow), np.float32)
+    out = _aligned_empty((p.n, p.f, p.oh, p.ow))
     for n0 in range(0, p.n, nb_max):
         nb = min(nb_max, p.n - n0)
         for oy0 in range(0, p.oh, band):
@@ -582,7 +591,7 @@ def _conv2d_host(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, cfg: dict, x: np.nd
             r0 = min(max(0, oy0 * p.sy - p.py), p.h)
             r1 = max(r0, min(p.h, (oy0 + rows - 1) * p.sy - p.py + (p.kh - 1) * p.dy + 1))
             xb = np.ascontiguousarray(x[n0:n0 + nb, :, r0:r1, :])
-            yb = out[n0:n0 + nb] if rows == p.oh else np.empty((nb, p.f, rows, p.ow), np.float32)
+            yb = out[n0:n0 + nb] if rows == p.oh else _aligned_empty((nb, p.f, rows, p.ow))
             if ctx.host_memory and xb.nbytes and yb.nbytes:
                 # The device works in host memory: let it read and write the arrays in place.
                 xbuf = cl.Buffer(ctx.rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR, hostbuf=xb)
