@@ -12,9 +12,9 @@
  * of a taller image is just another image: the host tiles images of any size through bands that
  * fit one device allocation.
  *
- * Every kernel has two inner loops, picked by VEC:
+ * The correlation and causal kernels have two inner loops each, picked by VEC:
  *   VEC == 0  GPU style: scalar work-items in lock-step, aligned float4 reads of local memory,
- *             register blocks of scalars, taps unrolled at compile time.
+ *             register blocks of scalars, loops over compile-time sizes fully unrolled.
  *   VEC == n  CPU style: each work-item runs n-wide vectors itself (n = the SIMD width), since
  *             CPU drivers such as PoCL do not reliably vectorise across work-items.
  * Multiply-adds are written a * b + c (contracted to FMA by the compiler): some CPU drivers

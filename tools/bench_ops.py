@@ -70,8 +70,28 @@ def rel_err(a, ref) -> float:
     return float(np.abs(a - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
+def interleaved(fns: list, reps: int, sync=None) -> list:
+    """Best wall time and mean CPU time of each function, run round-robin so that changes in the
+    machine's load during the measurement hit all of them alike."""
+    best, cpu = [float("inf")] * len(fns), [0.0] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            if sync:
+                sync()
+            best[i] = min(best[i], time.perf_counter() - t)
+            cpu[i] += time.process_time() - c
+    out = []
+    for b, c in zip(best, cpu):
+        tm = Timing(b)
+        tm.cpu = c / reps
+        out.append(tm)
+    return out
+
+
 def bench_2d(table: Table, rt, h: int, w: int, kh: int, kw: int, batch: int, reps: int, baselines: bool) -> None:
-    """One 2-D case: ops on device and from NumPy, then cv2.filter2D and scipy fftconvolve (CPU)."""
+    """One 2-D case: ops on device and from NumPy, cv2.filter2D and scipy fftconvolve (CPU), interleaved."""
     import pyopencl.array as cla
     rng = np.random.default_rng(0)
     x = rng.random((batch, 1, h, w), dtype=np.float32)
@@ -87,32 +107,31 @@ def bench_2d(table: Table, rt, h: int, w: int, kh: int, kw: int, batch: int, rep
     tune_s = time.perf_counter() - t
     ref = yd.get()
     cfg = ops.tuned_configs(rt).get(("corr2d", kh, kw, min(1 << (ow - 1).bit_length(), 8192), True), "heuristic")
-    dt = best_time(lambda: ops.conv2d(xd, k, device=rt), reps, q.finish)
-    table.row(case, "yolo_cl.ops device", dt, flops, 0.0, f"(first call {tune_s:.1f}s; {cfg})")
-    del xd, yd
-    dt = best_time(lambda: ops.conv2d(x, k, device=rt), max(1, reps // 2))
-    table.row(case, "yolo_cl.ops numpy in/out", dt, flops, rel_err(ops.conv2d(x, k, device=rt), ref))
-    if not baselines:
-        return
-    try:
-        import cv2
-        img, ker = x[0, 0], k[0, 0]
-        run = (lambda: [cv2.filter2D(x[i, 0], -1, ker, anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)
-                        for i in range(batch)])
-        dt = best_time(run, max(1, reps // 2))
-        y = cv2.filter2D(img, -1, ker, anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)[:oh, :ow]
-        table.row(case, f"cv2.filter2D ({cv2.getNumThreads()} threads)", dt, flops, rel_err(y, ref[0, 0]))
-    except ImportError:
-        pass
-    try:
-        import scipy.signal as ss
-        flipped = k[0, 0, ::-1, ::-1]
-        run = (lambda: [ss.fftconvolve(x[i, 0], flipped, mode="valid") for i in range(batch)])
-        dt = best_time(run, max(1, reps // 2))
-        table.row(case, "scipy fftconvolve", dt, flops, rel_err(ss.fftconvolve(x[0, 0], flipped, mode="valid"),
-                                                                 ref[0, 0]))
-    except ImportError:
-        pass
+    rows = [("yolo_cl.ops device", lambda: (ops.conv2d(xd, k, device=rt), q.finish()), 0.0,
+             f"(first call {tune_s:.1f}s; {cfg})"),
+            ("yolo_cl.ops numpy in/out", lambda: ops.conv2d(x, k, device=rt),
+             rel_err(ops.conv2d(x, k, device=rt), ref), "")]
+    if baselines:
+        try:
+            import cv2
+            ker = k[0, 0]
+            y = cv2.filter2D(x[0, 0], -1, ker, anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)[:oh, :ow]
+            rows.append((f"cv2.filter2D ({cv2.getNumThreads()} threads)",
+                         lambda: [cv2.filter2D(x[i, 0], -1, ker, anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)
+                                  for i in range(batch)], rel_err(y, ref[0, 0]), ""))
+        except ImportError:
+            pass
+        try:
+            import scipy.signal as ss
+            flipped = k[0, 0, ::-1, ::-1]
+            rows.append(("scipy fftconvolve", lambda: [ss.fftconvolve(x[i, 0], flipped, mode="valid")
+                                                       for i in range(batch)],
+                         rel_err(ss.fftconvolve(x[0, 0], flipped, mode="valid"), ref[0, 0]), ""))
+        except ImportError:
+            pass
+    times = interleaved([fn for _, fn, _, _ in rows], reps)
+    for (name, _, err, note), tm in zip(rows, times):
+        table.row(case, name, tm, flops, err, note)
 
 
 def bench_1d(table: Table, rt, b: int, c: int, t: int, reps: int, torch_baseline: bool) -> None:
@@ -200,7 +219,7 @@ def main(argv=None) -> int:
                     (10128, 11159, 14, 15, 1)]
         cases_1d = [(32, 768, 768)]
     for h, w, kh, kw, batch in cases_2d:
-        bench_2d(table, rt, h, w, kh, kw, batch, reps if h * w < 2e7 else 2, base)
+        bench_2d(table, rt, h, w, kh, kw, batch, reps if h * w < 2e7 else 3, base)
     for b, c, t in cases_1d:
         bench_1d(table, rt, b, c, t, reps, base)
     return 0
