@@ -3,7 +3,8 @@
 - yolov3-tiny with the real COCO weights on every shared image: head inputs within 1e-3
   max abs, detections equal to OpenCV's (same classes, IoU >= 0.95, confidence within 0.01);
 - every zoo cfg with random Darknet-format weights at a small input size: head inputs
-  within 1e-3 of the head's largest magnitude.
+  within 1e-3 of the head's largest magnitude, of OpenCV's and of the float64 NumPy forward's
+  (where OpenCV's own float32 error exceeds half that, it bounds the agreement instead).
 OpenCV's importer normalises with batchnorm eps 1e-6 where Darknet uses 1e-5; the parity tests
 run yolo-cl with ``bn_eps=1e-6`` so both compute the same function, and one test bounds the
 difference Darknet's own epsilon makes. OpenCV cannot import relu6 (efficientnet-lite3): there both engines run the cfg with relu
@@ -113,12 +114,21 @@ def test_zoo_cfg_random_weights_matches_opencv(cfg, tmp_path):
     run_cfg = _substituted(cfg, size, tmp_path)
     ours = yolo_cl.Detector(run_cfg, weights, bn_eps=OPENCV_BN_EPS).forward(blob)
     ref = opencv_ref.opencv_heads(run_cfg, weights, blob, strict_relu6=False)
-    assert len(ours) == len(ref) >= 1
-    for a, b in zip(ours, ref):
+    exact = list(darknet_io.forward_numpy(run_cfg, weights, blob, keep="heads").values())
+    assert len(ours) == len(ref) == len(exact) >= 1
+    for a, b, c in zip(ours, ref, exact):
         assert a.shape == b.shape
-        scale = float(np.abs(b).max())
+        c = np.asarray(c, np.float64).reshape(a.shape)
+        scale = float(np.abs(c).max())
         assert scale > 0
-        assert float(np.abs(a - b).max()) <= 1e-3 * scale, (cfg.stem, float(np.abs(a - b).max()), scale)
+        ours_err = float(np.abs(a - c).max())          # vs the float64 forward of the same cfg
+        cv_err = float(np.abs(b - c).max())             # OpenCV's own float32 error
+        diff = float(np.abs(a - b).max())
+        assert ours_err <= 1e-3 * scale, (cfg.stem, ours_err, scale)
+        # Deep mish nets amplify float32 rounding: where OpenCV itself strays from the exact
+        # result by more than 0.5e-3 of the scale, agreement is bounded by its error, not ours.
+        allowed = 1e-3 * scale if cv_err <= 0.5e-3 * scale else cv_err + ours_err
+        assert diff <= allowed, (cfg.stem, diff, allowed, cv_err, ours_err)
     if relu6:
         ours6 = yolo_cl.Detector(str(cfg), weights, input_size=size, bn_eps=OPENCV_BN_EPS).forward(blob)
         ref6 = darknet_io.forward_numpy(str(cfg), weights, blob, keep="heads")

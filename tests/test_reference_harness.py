@@ -93,13 +93,14 @@ def test_random_weights_exact_size(cfg):
 
 def test_random_weights_header_variants(tmp_path):
     cfg = os.path.join(MODELS, "cfg", "yolov2-tiny.cfg")
-    p1 = darknet_io.write_random_weights(cfg, str(tmp_path / "a.weights"), major=0, minor=1)
-    p2 = darknet_io.write_random_weights(cfg, str(tmp_path / "b.weights"), major=0, minor=2)
+    kw = dict(calib_size=64)  # fast; the calibration size does not change the layout
+    p1 = darknet_io.write_random_weights(cfg, str(tmp_path / "a.weights"), major=0, minor=1, **kw)
+    p2 = darknet_io.write_random_weights(cfg, str(tmp_path / "b.weights"), major=0, minor=2, **kw)
     assert os.path.getsize(p1) == darknet_io.weights_size(cfg, 0, 1) == darknet_io.weights_size(cfg) - 4
     assert os.path.getsize(p2) == darknet_io.weights_size(cfg)
     # same seed -> same floats regardless of header
     assert np.fromfile(p1, "<f4", offset=16).tobytes() == np.fromfile(p2, "<f4", offset=20).tobytes()
-    p3 = darknet_io.write_random_weights(cfg, str(tmp_path / "c.weights"), seed=1)
+    p3 = darknet_io.write_random_weights(cfg, str(tmp_path / "c.weights"), seed=1, **kw)
     assert np.fromfile(p3, "<f4", offset=20).tobytes() != np.fromfile(p2, "<f4", offset=20).tobytes()
 
 
