@@ -200,6 +200,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peak", type=float, default=None,
                     help=f"device fp32 peak in GFLOP/s (default {CPU_PEAK_GFLOPS:g} on a CPU, {GPU_PEAK_GFLOPS:g} on a GPU)")
     ap.add_argument("--no-baselines", action="store_true", help="skip OpenCV, SciPy and PyTorch")
+    ap.add_argument("--no-cpu-baselines", action="store_true", help="skip OpenCV and SciPy (keep PyTorch)")
     args = ap.parse_args(argv)
 
     rt = ops.runtime(args.device)
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
                     (10128, 11159, 14, 15, 1)]
         cases_1d = [(32, 768, 768)]
     for h, w, kh, kw, batch in cases_2d:
-        bench_2d(table, rt, h, w, kh, kw, batch, reps if h * w < 2e7 else 3, base)
+        bench_2d(table, rt, h, w, kh, kw, batch, reps if h * w < 2e7 else 3, base and not args.no_cpu_baselines)
     for b, c, t in cases_1d:
         bench_1d(table, rt, b, c, t, reps, base)
     return 0
