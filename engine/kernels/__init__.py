@@ -74,6 +74,21 @@ def i32(*values) -> list:
     return [np.int32(v) for v in values]
 
 
+def epilogue_defines(ctx: BindContext, node: Node) -> dict:
+    """Defines of a conv's fused epilogue: its activation, and the shortcut add + activation if fused."""
+    a = node.attrs
+    d = ctx.defines(ACT=act_id(a["activation"]))
+    if a.get("residual") is not None:
+        d.update(RESIDUAL=True, ACT2=act_id(a["activation2"]))
+    return d
+
+
+def residual_args(ctx: BindContext, node: Node) -> list:
+    """Kernel arguments of the fused shortcut's input view (the arena as a dummy when there is none)."""
+    r = node.attrs.get("residual")
+    return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
+
+
 def bind_node(ctx: BindContext, node: Node) -> list:
     """Launches for ``node`` (in order)."""
     from . import conv, simple

@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from . import BindContext, Launch, act_id, i32
+from . import BindContext, Launch, epilogue_defines, i32, residual_args
 from . import gemm_cpu, gemm_local, winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -84,15 +84,12 @@ def workspace_elems(node: Node, batch: int) -> int:
 
 
 def gemm_defines(ctx: BindContext, cfg: dict, s: dict, node: Node) -> dict:
-    a = node.attrs
-    d = ctx.defines(TM=cfg["TM"], VW=cfg["VW"], KU=cfg.get("KU", 1), ACT=act_id(a["activation"]))
+    d = epilogue_defines(ctx, node)
+    d.update(TM=cfg["TM"], VW=cfg["VW"], KU=cfg.get("KU", 1))
     if s["M"] % cfg["TM"]:
         d["CHECK_M"] = True
     if s["N"] % cfg["VW"]:
         d["CHECK_N"] = True
-    if a.get("residual") is not None:
-        d["RESIDUAL"] = True
-        d["ACT2"] = act_id(a["activation2"])
     return d
 
 
@@ -172,11 +169,6 @@ def upload_weights(ctx: BindContext, node: Node) -> dict:
     return ctx.weight_cache[key]
 
 
-def _residual_args(ctx: BindContext, node: Node) -> list:
-    r = node.attrs.get("residual")
-    return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
-
-
 def _bind_gemm(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> list:
     a = node.attrs
     s = conv_shape(node, ctx.batch)
@@ -193,7 +185,7 @@ def _bind_gemm(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> list:
         launches.append(Launch(k, (s["N"], s["K"], s["B"] * s["G"]), None, node, "im2col"))
         b_args = [ctx.workspace, np.int32(0), np.int32(s["G"] * KN), np.int32(KN), np.int32(s["N"])]
     yb, yoff, ybs = ctx.view(out)
-    args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(s["N"])] + _residual_args(ctx, node) + \
+    args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(s["N"])] + residual_args(ctx, node) + \
         i32(s["M"], s["N"], s["K"], s["G"])
     defines = gemm_defines(ctx, cfg, s, node)
     k = ctx.kernel("gemm.cl", "yc_gemm", defines, args)
@@ -204,10 +196,8 @@ def _bind_gemm(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> list:
 def _bind_depthwise(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> Launch:
     a = node.attrs
     x, out = node.inputs[0], node.output
-    d = ctx.defines(ACT=act_id(a["activation"]))
-    if a.get("residual") is not None:
-        d.update(RESIDUAL=True, ACT2=act_id(a["activation2"]))
-    args = ctx.view(x) + i32(x.h, x.w) + [wts["Af"], wts["bias"]] + ctx.view(out) + _residual_args(ctx, node) + \
+    d = epilogue_defines(ctx, node)
+    args = ctx.view(x) + i32(x.h, x.w) + [wts["Af"], wts["bias"]] + ctx.view(out) + residual_args(ctx, node) + \
         i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"])
     k = ctx.kernel("conv.cl", "yc_depthwise", d, args)
     return Launch(k, (out.h * out.w, out.c, ctx.batch), None, node, "depthwise", dict(cfg), node.flops * ctx.batch)

@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, act_id, i32
+from . import BindContext, Launch, epilogue_defines, i32, residual_args
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -293,19 +293,6 @@ def packed_weights(ctx: BindContext, node: Node, rows: int) -> dict:
             "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
         }
     return ctx.weight_cache[key]
-
-
-def epilogue_defines(ctx: BindContext, node: Node) -> dict:
-    a = node.attrs
-    d = ctx.defines(ACT=act_id(a["activation"]))
-    if a.get("residual") is not None:
-        d.update(RESIDUAL=True, ACT2=act_id(a["activation2"]))
-    return d
-
-
-def residual_args(ctx: BindContext, node: Node) -> list:
-    r = node.attrs.get("residual")
-    return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
 
 
 def workspace_elems(node: Node, batch: int) -> int:

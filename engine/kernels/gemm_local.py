@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, act_id, i32
+from . import BindContext, Launch, epilogue_defines, i32, residual_args
 from ..graph import Node
 
 FAMILY = "local"
@@ -261,7 +261,7 @@ def heuristic_config(node: Node, batch: int = 1, lim: DeviceLimits = DeviceLimit
 def packed_weights(ctx: BindContext, node: Node) -> dict:
     """This family's weight layout and the bias, uploaded once per node and precision."""
     a = node.attrs
-    key = (id(node), ctx.half, FAMILY)
+    key = (node.layers[0], ctx.half, FAMILY)   # by layer: shared by every input size
     if key not in ctx.weight_cache:
         w = pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], ctx.dtype)
         ctx.weight_cache[key] = {
@@ -269,19 +269,6 @@ def packed_weights(ctx: BindContext, node: Node) -> dict:
             "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
         }
     return ctx.weight_cache[key]
-
-
-def epilogue_defines(ctx: BindContext, node: Node) -> dict:
-    a = node.attrs
-    d = ctx.defines(ACT=act_id(a["activation"]))
-    if a.get("residual") is not None:
-        d.update(RESIDUAL=True, ACT2=act_id(a["activation2"]))
-    return d
-
-
-def residual_args(ctx: BindContext, node: Node) -> list:
-    r = node.attrs.get("residual")
-    return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:

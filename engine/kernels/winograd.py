@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BindContext, Launch, i32
+from . import BindContext, Launch, epilogue_defines, i32, residual_args
 from . import gemm_local as gl
 from ..graph import Node
 
@@ -132,10 +132,10 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     gs, ls = gl.sizes(cfg, M, P, B * t2)
     launches.append(Launch(k_g, gs, ls, node, "wino_gemm", dict(cfg), node.flops * B))
 
-    od = gl.epilogue_defines(ctx, node)
+    od = epilogue_defines(ctx, node)
     od["WINO_M"] = m
     oargs = [ws] + i32(m_off, M, P, tw) + [wts["bias"]] + ctx.view(out) + i32(out.h, out.w) + \
-        gl.residual_args(ctx, node)
+        residual_args(ctx, node)
     k_out = ctx.kernel("winograd.cl", "yc_wino_output", od, oargs)
     launches.append(Launch(k_out, (P, M, B), None, node, "wino_output", {"m": m}))
     return launches
