@@ -25,6 +25,12 @@
  * CHECK_M / CHECK_N (emitted only when M / N do not divide the block), RESIDUAL, ACT, ACT2,
  * NO_BIAS (the batched GEMM inside Winograd: the bias is added after the output transform).
  *
+ * IMPLICIT (yc_gemm only; stride-1 convs, with IM_KS, IM_SY, IM_PAD, IM_DIL): B is the conv input,
+ * (c, iy, ix) at b_off + b*b_bstride + g*b_gstride + (c*H + iy)*W + ix, and the im2col matrix is
+ * never built: a work-item's VW*NV columns are consecutive pixels of one output row (the host
+ * requires OW % (VW*NV) == 0), so each (c, ky, kx) step loads one contiguous input run; rows
+ * above or below the image contribute nothing and are skipped. Extra arguments: H, W, OW.
+ *
  * PoCL notes that shape this code: its fma()/mad() and vloadN/vstoreN builtins compile to
  * out-of-line calls, so products are written a * b + c (contracted to FMA instructions) and
  * vectors are assembled from scalars (one unaligned vector load after optimisation); every
@@ -147,7 +153,11 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
                       const int b_gstride, const int ldb,
                       __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
                       __global const dtype* restrict R, const int r_off, const int r_bstride,
-                      const int M, const int N, const int K, const int G)
+                      const int M, const int N, const int K, const int G
+#ifdef IMPLICIT
+                      , const int H, const int W, const int OW
+#endif
+                      )
 {
     const int n0 = get_global_id(0) * (VW * NV);
     const int mb = get_global_id(1);
@@ -165,7 +175,6 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
 #else
     const __global dtype* Ap = A + (size_t)(g * M + m0) * K;
 #endif
-    const __global dtype* Bp = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride + n0;
 
     VECT acc[TM][NV];
     #pragma unroll
@@ -173,6 +182,30 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
         #pragma unroll
         for (int j = 0; j < NV; ++j) acc[i][j] = (VECT)(0.0f);
 
+#ifdef IMPLICIT
+    const __global dtype* Xg = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride;
+    const int oy = n0 / OW, ox0 = n0 - oy * OW;
+    for (int c = 0, kb = 0; kb < K; ++c) {
+        for (int ky = 0; ky < IM_KS; ++ky, kb += IM_KS) {
+            const int iy = oy * IM_SY - IM_PAD + ky * IM_DIL;
+            if (iy < 0 || iy >= H) continue;          /* a zero row: nothing to add */
+            const __global dtype* Xr = Xg + ((size_t)c * H + iy) * W;
+            #pragma unroll
+            for (int kx = 0; kx < IM_KS; ++kx) {
+                const int k = kb + kx, x0 = ox0 + kx * IM_DIL - IM_PAD;
+                if (x0 >= 0 && x0 + VW * NV <= W) {
+                    const __global dtype* Bk = Xr + x0;
+                    NV_STEP(B_FULL)
+                } else {                               /* the run crosses the left or right edge */
+                    float t[VW * NV];
+                    for (int e = 0; e < VW * NV; ++e) t[e] = (x0 + e >= 0 && x0 + e < W) ? LD(Xr, x0 + e) : 0.0f;
+                    NV_STEP(B_PART)
+                }
+            }
+        }
+    }
+#else
+    const __global dtype* Bp = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride + n0;
 #ifdef CHECK_N
     if (n0 + VW * NV > N) {
         /* The ragged last column block: element loads, columns past N read as 0. */
@@ -191,6 +224,7 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
             NV_STEP(B_FULL)
         }
     }
+#endif
 
     const size_t cb = c_off + (size_t)b * c_bstride, rb = r_off + (size_t)b * r_bstride;
     #pragma unroll

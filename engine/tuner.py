@@ -192,7 +192,8 @@ def _config_fits(node: Node, config: dict, rt) -> bool:
         if fam == gemm_cpu.FAMILY:
             M, N, K, _ = gemm_cpu.gemm_shape(node, config)
             return (config["algo"] in gemm_cpu.conv_algos(node)
-                    and gemm_cpu.why_illegal(config, M, N, K, gemm_cpu.max_work_group(rt)) is None)
+                    and gemm_cpu.why_illegal(config, M, N, K, gemm_cpu.max_work_group(rt)) is None
+                    and gemm_cpu.conv_illegal(node, config) is None)
         if fam == gemm_local.FAMILY:
             return config["algo"] in gemm_local.conv_algos(node) + ["winograd"]
     except (KeyError, TypeError, ValueError):

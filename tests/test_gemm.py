@@ -236,3 +236,62 @@ def test_im2col_rows(rt, shape):
     cl.enqueue_copy(rt.queue, out, ob)
     rt.queue.finish()
     np.testing.assert_array_equal(out.reshape(ref.shape), ref)
+
+
+CONV_NET = """[net]
+width=24
+height=10
+channels={c}
+
+[convolutional]
+filters=10
+size={k}
+stride=1
+pad=1
+dilation={d}
+groups={g}
+activation=leaky
+
+[convolutional]
+filters=10
+size=1
+stride=1
+pad=0
+activation=linear
+
+[shortcut]
+from=-2
+activation=leaky
+"""
+
+
+@pytest.mark.parametrize("c,k,d,g", [(3, 3, 1, 1), (4, 5, 2, 2), (1, 3, 1, 1)], ids=["3x3", "5x5-dil2-groups", "1ch"])
+def test_conv_algorithms(rt, tmp_path, c, k, d, g):
+    """Whole convs through each algorithm of the family (im2col, implicit, Winograd F(2x2)/F(4x4),
+    gemm1x1 with a fused residual) against the tuner's NumPy reference, at batch 2."""
+    from yolo_cl.cfg import parse_cfg
+    from yolo_cl.graph import build_graph
+    from yolo_cl.layers import build_layers, parse_net
+    from yolo_cl.tuner import ConvBench
+    path = tmp_path / "net.cfg"
+    path.write_text(CONV_NET.format(c=c, k=k, d=d, g=g))
+    sections = parse_cfg(path)
+    net = parse_net(sections[0], None)
+    nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
+    nv = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 1, "KU": 2, "WG": 0}
+    mv = {"kernel": "mv", "TN": 3, "VW": 4, "NV": 2, "KU": 1, "WG": 1}
+    cases = [(nodes[0], {"algo": "im2col", **mv}), (nodes[0], {"algo": "implicit", **nv}),
+             (nodes[0], {"algo": "implicit", **dict(nv, VW=4, NV=3, TM=3)}),
+             (nodes[1], {"algo": "gemm1x1", **mv})]
+    if k == 3 and d == 1 and g == 1:
+        cases += [(nodes[0], {"algo": "winograd", "m": m, **cfg}) for m in (2, 4) for cfg in (nv, mv)]
+    algos = gc.conv_algos(nodes[0])
+    assert ("implicit" in algos) and (("winograd" in algos) == (k == 3 and d == 1 and g == 1))
+    assert nodes[1].attrs["residual"] is not None
+    for node, cfg in cases:
+        cfg = {"family": "cpu", **cfg}
+        bench = ConvBench(rt, node, 2, False, rt.queue, seed=3)
+        err = bench.check(bench.bind(cfg))
+        assert err < 1e-4, f"{cfg}: relative error {err:.2e}"
+    bad = {"family": "cpu", "algo": "implicit", **dict(nv, NV=2)}      # 16 does not divide the width 24
+    assert "divide" in gc.conv_illegal(nodes[0], bad)

@@ -68,13 +68,16 @@ def main(argv=None) -> int:
     p.add_argument("--verify", type=int, default=7, help="interleaved re-timing rounds of the two winners")
     p.add_argument("--max-shapes", type=int, default=0, help="stop after this many shapes per model (0: all)")
     p.add_argument("--out", default="tune_eval.json", help="JSON results file (rewritten after each shape)")
-    p.add_argument("--phase", choices=("both", "traverse", "search"), default="both")
+    p.add_argument("--phase", choices=("both", "traverse", "search", "extend"), default="both",
+                   help="extend: time the candidates a --traversal FILE lacks (the space grew) and merge them")
     p.add_argument("--traversal", help="search phase: JSON of an earlier traverse phase")
     p.add_argument("--replay", help="simulate the search on the recorded times of this JSON (no timing)")
     args = p.parse_args(argv)
     if args.replay:
         return replay(json.loads(Path(args.replay).read_text()), args)
     recorded = {}
+    if args.phase == "extend":
+        return extend(json.loads(Path(args.traversal).read_text()), args)
     if args.phase == "search":
         if not args.traversal:
             p.error("--phase search needs --traversal FILE")
@@ -129,6 +132,38 @@ def main(argv=None) -> int:
             Path(args.out).write_text(json.dumps(report, indent=1))
     print()
     print(summary(report))
+    return 0
+
+
+def extend(report: dict, args) -> int:
+    """Complete a recorded traversal: check and time the candidates it has no time for."""
+    import ast
+    from yolo_cl.runtime import Runtime
+    from yolo_cl.tuner import ConvBench, Tuner, shape_key
+    rt = Runtime(args.device, profiling=True)
+    tuner = Tuner(rt, report["precision"], report["batch"], reps=report.get("reps", args.reps),
+                  clock=report["clock"])
+    for spec, rows in report["models"].items():
+        name, _, size = spec.partition(":")
+        nodes = {shape_key(n, report["batch"]): n for n in tuner.unique_convs(graph_of(name, int(size or 416)))}
+        for r in rows:
+            node = nodes[r["key"]]
+            cands = tuner.candidates(node)
+            missing = [c for c in cands if repr(sorted(c.items())) not in r["all_times"]]
+            t0 = time.perf_counter()
+            if missing:
+                bench = ConvBench(rt, node, report["batch"], tuner.half, tuner.queue, tuner.seed)
+                state = {"launches": {}, "timed": set(), "times": {}, "rejected": 0}
+                for c in missing:
+                    tuner._measure(bench, c, tuner.reps, state)
+                r["all_times"].update(state["times"])
+                r["rejected"] += state["rejected"]
+            r["candidates"] = len(cands)
+            best = min(r["all_times"].items(), key=lambda kv: kv[1])[0]
+            r["full_best"] = dict(ast.literal_eval(best))
+            r["full_s"] += time.perf_counter() - t0
+            print(f"[{spec}] {r['key']}: +{len(missing)} candidates timed, best now {r['full_best']}", flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -7,13 +7,16 @@ A config is a dict of the kernel's tunables::
     {"family": "cpu", "algo": ..., "kernel": "mv",
      "TN": 4, "VW": 8, "NV": 2, "KU": 1, "WG": 1}          # "mv": VW*NV rows x TN columns
     {"family": "cpu", "algo": "winograd", "m": 2, "kernel": ..., ...}
+    {"family": "cpu", "algo": "implicit", "kernel": "nv", ...}
 
 ``nv`` vectorises along N (output pixels), ``mv`` along M (filters); see the .cl header.
 ``WG`` is the work-group width along N: 0 lets the driver choose, n > 0 asks for (n, 1, 1)
 (on PoCL a work-group is one task of its thread pool, looping over its work-items).
 Weights are packed once per layout at bind time (``pack_weights``: [G][MB][K][rows]) so a k
 step's weights are contiguous and the inner loop has no row checks. ``im2col`` uses this
-family's row-wise ``yc_im2col_rows`` (a contiguous run per work-item). ``winograd`` (3x3
+family's row-wise ``yc_im2col_rows`` (a contiguous run per work-item); ``implicit`` (stride-1
+convs, ``nv`` blocks whose width divides the output rows) reads the input directly and
+skips the im2col pass. ``winograd`` (3x3
 stride-1 convs) runs ``cl/winograd.cl``'s input and output transforms around this family's
 GEMM, batched over the (m+2)^2 transform points: F(2x2) does 2.25x and F(4x4) 4x fewer
 multiplies than the direct GEMM.
@@ -31,7 +34,7 @@ from ..errors import YoloClError
 from ..graph import Node
 
 FAMILY = "cpu"
-ALGOS = ("gemm1x1", "im2col", "winograd")
+ALGOS = ("gemm1x1", "im2col", "implicit", "winograd")
 KERNELS = ("nv", "mv")
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 MAX_ACC = 128                 # accumulator floats per work-item: 16 AVX registers of 8 lanes
@@ -225,7 +228,22 @@ def conv_algos(node: Node) -> list:
     """Algorithms of this family that can run ``node``."""
     if is_pointwise(node):
         return ["gemm1x1"]
-    return ["im2col", "winograd"] if winograd.applicable(node) else ["im2col"]
+    algos = ["im2col"]
+    if node.attrs["stride_x"] == 1:
+        algos.append("implicit")
+    if winograd.applicable(node):
+        algos.append("winograd")
+    return algos
+
+
+def conv_illegal(node: Node, cfg: dict) -> Optional[str]:
+    """Why ``cfg`` cannot run ``node`` beyond the GEMM's own legality, or None."""
+    if cfg.get("algo") == "implicit":
+        if cfg.get("kernel") != "nv":
+            return "the implicit GEMM is an nv kernel"
+        if node.output.w % (cfg["VW"] * cfg["NV"]):
+            return f"block width {cfg['VW'] * cfg['NV']} does not divide the output width {node.output.w}"
+    return None
 
 
 def gemm_shape(node: Node, cfg: dict) -> tuple:
@@ -251,7 +269,8 @@ def candidates(node: Node, rt, batch: int = 1, half: bool = False) -> list:
         for m in (wino_tiles(half) if algo == "winograd" else (None,)):
             head = {"family": FAMILY, "algo": algo} if m is None else {"family": FAMILY, "algo": algo, "m": m}
             M, N, K, G = gemm_shape(node, head)
-            out.extend({**head, **c} for c in space(M, N, K, max_work_group(rt), *simd(rt)))
+            out.extend(c for c in ({**head, **c} for c in space(M, N, K, max_work_group(rt), *simd(rt)))
+                       if conv_illegal(node, c) is None)
     return out
 
 
@@ -263,6 +282,8 @@ def heuristic_config(node: Node, batch: int = 1) -> dict:
         for m in (wino_tiles(True) if algo == "winograd" else (None,)):
             head = {"family": FAMILY, "algo": algo} if m is None else {"family": FAMILY, "algo": algo, "m": m}
             M, N, K, G = gemm_shape(node, head)
+            if algo == "implicit":
+                continue         # im2col's block choice may not divide the output width: tuning only
             cfg = {**head, **heuristic(M, N, K, batch * G)}
             c = conv_cost(node, cfg, batch)
             if best_cost is None or c < best_cost:
@@ -275,7 +296,9 @@ def conv_cost(node: Node, cfg: dict, batch: int = 1) -> float:
     read), Winograd's transforms (T2 x (K + M) x N values, each several adds)."""
     M, N, K, G = gemm_shape(node, cfg)
     c = cost(cfg, M, N, K, batch * G)
-    if cfg["algo"] == "im2col":
+    if cfg["algo"] == "implicit":
+        c *= 1.05                    # edge runs and row bookkeeping
+    elif cfg["algo"] == "im2col":
         c += 4.0 * K * N * batch * G / 8
     elif cfg["algo"] == "winograd":
         c += 12.0 * G * (K + M) * N * batch / 8
@@ -316,7 +339,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if algo == "winograd" and cfg.get("m", 2) not in winograd.TILE_SIZES:
         raise YoloClError(f"Winograd tile size m={cfg.get('m')} is not one of {winograd.TILE_SIZES}")
     M, N, K, G = gemm_shape(node, cfg)
-    reason = why_illegal(cfg, M, N, K, max_work_group(ctx.rt))
+    reason = why_illegal(cfg, M, N, K, max_work_group(ctx.rt)) or conv_illegal(node, cfg)
     if reason is not None:
         raise YoloClError(f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
     if algo == "winograd":
@@ -324,8 +347,12 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     wts = packed_weights(ctx, node, pack_rows(cfg))
     launches = []
     xb, xoff, xbs = ctx.view(x)
-    if algo == "gemm1x1":
-        b_args = [xb, xoff, xbs, np.int32(K * x.h * x.w), np.int32(x.h * x.w)]
+    extra, d = [], defines(epilogue_defines(ctx, node), cfg, M, N)
+    if algo in ("gemm1x1", "implicit"):
+        b_args = [xb, xoff, xbs, np.int32(K // a["size"] ** 2 * x.h * x.w), np.int32(x.h * x.w)]
+        if algo == "implicit":
+            d.update(IMPLICIT=True, IM_KS=a["size"], IM_SY=a["stride_y"], IM_PAD=a["pad"], IM_DIL=a["dilation"])
+            extra = i32(x.h, x.w, out.w)
     else:
         KN = K * N
         im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ctx.workspace] + \
@@ -335,8 +362,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         b_args = [ctx.workspace, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
     yb, yoff, ybs = ctx.view(out)
     args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(N)] + residual_args(ctx, node) + \
-        i32(M, N, K, G)
-    d = defines(epilogue_defines(ctx, node), cfg, M, N)
+        i32(M, N, K, G) + extra
     k = ctx.kernel("gemm.cl", kernel_name(cfg), d, args)
     launches.append(Launch(k, grid(cfg, M, N, ctx.batch * G), local_size(cfg), node, "gemm",
                            dict(cfg), node.flops * ctx.batch))
