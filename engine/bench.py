@@ -6,7 +6,9 @@ One run reports, for a model at a size, batch and precision on one device:
 - end to end: the wall time of ``Executor.run`` (upload, kernels, download), its device part
   and the host overhead per frame (wall minus device time);
 - with ``compare="opencv"``: OpenCV DNN on the same network and weights in the same process,
-  repetitions interleaved with ours (its OpenCL target on a GPU, its CPU backend on a CPU).
+  repetitions interleaved with ours (its OpenCL target on a GPU, its CPU backend on a CPU);
+  ``compare="opencv-opencl"`` always uses its OpenCL target (on a CPU device: OpenCV's OpenCL
+  kernels on the OpenCL CPU driver, e.g. PoCL, with OPENCV_DNN_OPENCL_ALLOW_ALL_DEVICES=1).
 
 Zoo models without bundled weights get random ones (built in memory; written to a temporary
 Darknet file only for OpenCV). The peak is measured once per device and driver with a small
@@ -26,6 +28,8 @@ import numpy as np
 
 from .errors import YoloClError
 from .weights import ConvParams
+
+COMPARE = (None, "opencv", "opencv-opencl")   # opencv: the device's natural OpenCV target; -opencl: always OpenCL
 
 PEAK_SOURCE = """
 __kernel void yc_fma_peak(__global float* out, const int iters) {
@@ -234,8 +238,8 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
 
     if precision not in ("fp32", "fp16"):
         raise YoloClError(f"precision '{precision}' is not one of fp32, fp16")
-    if compare not in (None, "opencv"):
-        raise YoloClError(f"--compare '{compare}' is not supported (only opencv)")
+    if compare not in COMPARE:
+        raise YoloClError(f"--compare '{compare}' is not one of {', '.join(c for c in COMPARE if c)}")
     z = resolve(model) if not Path(model).is_file() else None
     cfg_path = Path(model) if z is None else z[0]
     if z is None and not cfg_path.is_file():
@@ -260,7 +264,8 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
 
     rng = np.random.default_rng(0)
     blob = rng.random((batch, net.channels, net.height, net.width), dtype=np.float32)
-    ocv = _opencv_net(cfg_path, weights_path, layers, params, rt) if compare == "opencv" else None
+    ocv = _opencv_net(cfg_path, weights_path, layers, params, rt.is_cpu and compare == "opencv", rt.is_cpu) \
+        if compare else None
     for _ in range(warmup):
         ex.run(blob)
         if ocv is not None:
@@ -288,7 +293,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
                          rt.device_type, the_peak, peak_src, wdesc, launches, wall, dev,
                          cpu if rt.is_cpu else [], tuned)
     if ocv is not None:
-        report.opencv = ocv.summary(rt.is_cpu)
+        report.opencv = ocv.summary(rt.is_cpu and ocv.target == "CPU backend")
         ocv.close()
     return report
 
@@ -296,10 +301,17 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
 class _OpenCV:
     """OpenCV DNN on the same cfg and weights: its CPU backend for CPU devices, its OpenCL target otherwise."""
 
-    def __init__(self, cfg: Path, weights: Path, cpu: bool, tmp: Optional[str]) -> None:
+    def __init__(self, cfg: Path, weights: Path, cpu: bool, tmp: Optional[str], device_is_cpu: bool) -> None:
         if not cpu:
             os.environ.setdefault("OPENCV_DNN_OPENCL_ALLOW_ALL_DEVICES", "1")
+            if device_is_cpu:
+                os.environ.setdefault("OPENCV_OPENCL_DEVICE", ":CPU:")   # OpenCV's default is a GPU
         import cv2
+        if not cpu:
+            cv2.ocl.setUseOpenCL(True)
+            if not cv2.ocl.haveOpenCL() or not cv2.ocl.Device.getDefault().name():
+                raise YoloClError("OpenCV sees no OpenCL device: its ICD loader (libOpenCL.so) must find the "
+                                  "driver (OCL_ICD_VENDORS: a folder of .icd files naming it by absolute path)")
         self.cv2 = cv2
         self.tmp = tmp
         self.net = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
@@ -332,7 +344,8 @@ class _OpenCV:
                 pass
 
 
-def _opencv_net(cfg: Path, weights: Optional[Path], layers: list, params: dict, rt) -> _OpenCV:
+def _opencv_net(cfg: Path, weights: Optional[Path], layers: list, params: dict, cpu: bool,
+                device_is_cpu: bool) -> _OpenCV:
     tmp = None
     if weights is None:
         fd, tmp = tempfile.mkstemp(suffix=".weights", prefix="yolo-cl-bench-")
@@ -340,7 +353,11 @@ def _opencv_net(cfg: Path, weights: Optional[Path], layers: list, params: dict, 
         write_darknet_weights(Path(tmp), layers, params)
         weights = Path(tmp)
     try:
-        return _OpenCV(cfg, weights, rt.is_cpu, tmp)
+        return _OpenCV(cfg, weights, cpu, tmp, device_is_cpu)
+    except YoloClError:
+        if tmp:
+            os.unlink(tmp)
+        raise
     except Exception as e:   # cv2.error and friends: OpenCV cannot read this network
         if tmp:
             os.unlink(tmp)

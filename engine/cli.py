@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
     b.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
     b.add_argument("--weights", help="Darknet .weights file (default: bundled, else random)")
-    b.add_argument("--compare", choices=("opencv",), help="also run OpenCV DNN, interleaved, in the same process")
+    b.add_argument("--compare", choices=("opencv", "opencv-opencl"),
+                   help="also run OpenCV DNN, interleaved, in the same process (opencv: its CPU backend on a CPU "
+                        "device, its OpenCL target on a GPU; opencv-opencl: its OpenCL target)")
     b.add_argument("--repeat", type=_positive, default=20, help="timed runs (default 20)")
     b.add_argument("--peak", type=float, metavar="GFLOPS", help="device peak (default: measured once and cached)")
     b.set_defaults(func=cmd_bench)
