@@ -200,6 +200,9 @@ class BenchReport:
                   f"end to end (Executor.run wall, {len(self.wall_ms)} runs): median {wall:.2f} ms, min "
                   f"{min(self.wall_ms):.2f} ms; host overhead {float(np.median(np.subtract(self.wall_ms, self.device_ms))):.2f} "
                   f"ms/frame (wall - device)"]
+        if any(l.name.startswith("wino") for l in self.launches):
+            lines.append("(GFLOP/s count a conv's direct-convolution FLOPs: Winograd does fewer multiplies, so its "
+                         "rates are effective ones and may exceed the peak)")
         if self.cpu_ms:
             lines.append(f"process CPU time per run: median {float(np.median(self.cpu_ms)):.1f} ms")
         if self.opencv is not None:
