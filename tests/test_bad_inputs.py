@@ -18,7 +18,7 @@ from yolo_cl.errors import ImageError, YoloClError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOG = ROOT / "models" / "images" / "dog.jpg"
-VIDEO = Path("/work/shared/videos/library1.mp4")
+VIDEO = ROOT.parent / "shared" / "videos" / "library1.mp4"
 SIZE = 96
 
 

@@ -51,6 +51,11 @@ def clip(box, w, h):
 OPENCV_BN_EPS = 1e-6
 
 
+def test_shared_images_and_zoo_are_present():
+    """The parametrised tests below need them; an empty list must fail, not skip."""
+    assert len(IMAGES) >= 5 and len(ZOO) >= 12
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return yolo_cl.Detector(str(TINY_CFG), str(TINY_WEIGHTS), bn_eps=OPENCV_BN_EPS)

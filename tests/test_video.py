@@ -23,7 +23,6 @@ from yolo_cl.errors import ImageError, YoloClError
 ROOT = Path(__file__).resolve().parents[1]
 CLIP = ROOT.parent / "shared" / "videos" / "library1.mp4"
 SIZE = 128
-needs_clip = pytest.mark.skipif(not CLIP.is_file(), reason="needs /work/shared/videos/library1.mp4")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +72,6 @@ def dicts(dets) -> list:
 
 
 # -- files ---------------------------------------------------------------------------------------
-@needs_clip
 def test_clip_to_video_and_jsonl(det, tmp_path):
     """The whole clip: same frame count and size in the output video, one JSON line per frame,
     boxes inside the frame, and the detections of each line belong to that frame."""
@@ -239,7 +237,6 @@ sys.exit(run_detect_stream(det, sys.argv[1], a))
 """
 
 
-@needs_clip
 def test_sigint_leaves_a_playable_video(tmp_path):
     out, jl = tmp_path / "out.mp4", tmp_path / "dets.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(yolo_cl.__file__).parents[1]),
@@ -289,7 +286,6 @@ def test_unwritable_output_fails_before_any_work(det, clip_frames, tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]      # no temp files left behind
 
 
-@needs_clip
 def test_unwritable_video_format_fails_before_any_work(det, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(det, "forward", lambda blob: calls.append(1))
