@@ -458,15 +458,24 @@ def _tunables(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in ("family",)}
 
 
-def _neighbours(cfg: dict, pool: list) -> list:
-    """Configs in ``pool`` that differ from ``cfg`` in exactly one tunable."""
+SCHEDULE_KEYS = ("KU", "WG", "PF")   # cheap knobs that do not change the register block or tiles
+
+
+def _neighbours(cfg: dict, pool: list) -> tuple:
+    """(siblings, neighbours) of ``cfg`` in ``pool``: siblings share everything but the schedule
+    knobs (k unroll, work-group, prefetch), neighbours differ in exactly one other tunable."""
     base = _tunables(cfg)
-    out = []
+    sib, near = [], []
     for c in pool:
         t = _tunables(c)
-        if t.keys() == base.keys() and sum(t[k] != base[k] for k in base) == 1:
-            out.append(c)
-    return out
+        if t.keys() != base.keys() or t == base:
+            continue
+        diff = [k for k in base if t[k] != base[k]]
+        if all(k in SCHEDULE_KEYS for k in diff):
+            sib.append(c)
+        elif len(diff) == 1:
+            near.append(c)
+    return sib, near
 
 
 def _group(cfg: dict) -> tuple:
@@ -572,12 +581,15 @@ class Tuner:
         seeds = max(1, budget // 2)
         for c in itertools.islice(_round_robin(list(groups.values())), seeds):
             try_(c, self.reps)
-        # 2. neighbours of the fastest so far, cheapest (by cost) first, until the budget is spent.
+        # 2. around the fastest two so far: their schedule siblings, then one-tunable neighbours,
+        #    cheapest (by cost) first, until the budget is spent.
         for _ in range(budget):
             if len(state["timed"]) >= budget:
                 break
             best = sorted((v for v in timed.values() if v[0] < math.inf), key=lambda v: v[0])[:2]
-            nb = [c for b in best for c in _neighbours(b[1], cands) if repr(sorted(c.items())) not in timed]
+            around = [_neighbours(b[1], cands) for b in best]
+            fresh = lambda cs: [c for c in cs if repr(sorted(c.items())) not in timed]   # noqa: E731
+            nb = fresh(c for sib, _ in around for c in sib) or fresh(c for _, near in around for c in near)
             if not nb:
                 nb = [c for c in ranked if repr(sorted(c.items())) not in timed]
                 if not nb:

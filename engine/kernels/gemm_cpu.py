@@ -194,9 +194,11 @@ def cost(cfg: dict, M: int, N: int, K: int, Z: int = 1, threads: int = 2, lanes:
     fill = min(1.0, blocks / (4 * threads))
     ku = cfg["KU"]
     unroll = 1.0 if ku == 1 else (0.97 if ku in (2, 4) else 0.99)
+    # Each work-group is one task of the driver's thread pool: a fixed cost that matters when a
+    # block's k loop is short. The driver picks larger groups than one work-item (WG=0).
     wg = cfg.get("WG", 0)
-    sched = 1.0 + (0.02 if wg == 0 else 0.0) + (0.03 if wg == 1 and blocks > 4096 else 0.0)
-    return work / fill * unroll * sched
+    groups = blocks / (wg if wg else 16)
+    return (work * unroll + 150.0 * groups) / fill
 
 
 def heuristic(M: int, N: int, K: int, Z: int = 1) -> dict:
