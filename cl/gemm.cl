@@ -23,7 +23,9 @@
  *
  * Defines: TM, TN, VW (1, 2, 4, 8, 16), NV (vectors per block), KU (k unroll), PACK_A,
  * CHECK_M / CHECK_N (emitted only when M / N do not divide the block), RESIDUAL, ACT, ACT2,
- * NO_BIAS (the batched GEMM inside Winograd: the bias is added after the output transform).
+ * NO_BIAS (the batched GEMM inside Winograd: the bias is added after the output transform),
+ * MFIRST (global dimension 0 walks the row blocks, 1 the column blocks: consecutive work-items,
+ * which a CPU driver runs back to back, then share their B strip instead of their A panel).
  *
  * IMPLICIT (yc_gemm only; stride-1 convs, with IM_KS, IM_SY, IM_PAD, IM_DIL): B is the conv input,
  * (c, iy, ix) at b_off + b*b_bstride + g*b_gstride + (c*H + iy)*W + ix, and the im2col matrix is
@@ -52,6 +54,16 @@
 #endif
 #ifndef KU
 #define KU 1
+#endif
+
+#ifdef MFIRST
+#define COL_BLOCK get_global_id(1)
+#define ROW_BLOCK get_global_id(0)
+#define ROW_BLOCKS get_global_size(0)
+#else
+#define COL_BLOCK get_global_id(0)
+#define ROW_BLOCK get_global_id(1)
+#define ROW_BLOCKS get_global_size(1)
 #endif
 
 #if VW == 1
@@ -159,8 +171,8 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
 #endif
                       )
 {
-    const int n0 = get_global_id(0) * (VW * NV);
-    const int mb = get_global_id(1);
+    const int n0 = COL_BLOCK * (VW * NV);
+    const int mb = ROW_BLOCK;
     const int m0 = mb * TM;
     const int z = get_global_id(2);
     const int b = z / G, g = z - b * G;
@@ -171,7 +183,7 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
     if (n0 >= N) return;
 #endif
 #ifdef PACK_A
-    const __global dtype* Ap = A + ((size_t)g * (size_t)get_global_size(1) + mb) * (size_t)K * TM;
+    const __global dtype* Ap = A + ((size_t)g * (size_t)ROW_BLOCKS + mb) * (size_t)K * TM;
 #else
     const __global dtype* Ap = A + (size_t)(g * M + m0) * K;
 #endif
@@ -262,12 +274,12 @@ __kernel void yc_gemm_mv(__global const dtype* restrict A, __global const float*
                          __global const dtype* restrict R, const int r_off, const int r_bstride,
                          const int M, const int N, const int K, const int G)
 {
-    const int n0 = get_global_id(0) * TN;
-    const int mb = get_global_id(1);
+    const int n0 = COL_BLOCK * TN;
+    const int mb = ROW_BLOCK;
     const int m0 = mb * MV;
     const int z = get_global_id(2);
     const int b = z / G, g = z - b * G;
-    const __global dtype* Ap = A + ((size_t)g * (size_t)get_global_size(1) + mb) * (size_t)K * MV;
+    const __global dtype* Ap = A + ((size_t)g * (size_t)ROW_BLOCKS + mb) * (size_t)K * MV;
     const __global dtype* Bp = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride;
 
     /* Columns past N re-read column N-1 (always in bounds); their results are never stored. */

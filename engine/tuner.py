@@ -458,7 +458,7 @@ def _tunables(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in ("family",)}
 
 
-SCHEDULE_KEYS = ("KU", "WG", "PF")   # cheap knobs that do not change the register block or tiles
+SCHEDULE_KEYS = ("KU", "WG", "ORD", "PF")   # knobs that do not change the register block or tiles
 
 
 def _neighbours(cfg: dict, pool: list) -> tuple:

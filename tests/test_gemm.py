@@ -115,16 +115,17 @@ def case(rt, cfg, M, N, K, *, G=1, batch=1, seed=0, tol=1e-5, **kw):
     assert err < tol, f"{cfg} M={M} N={N} K={K}: relative error {err:.2e}"
 
 
-# Register blocks of both kernels, vector widths 1-16, NV 1-3, k unroll, explicit work-groups.
+# Register blocks of both kernels, vector widths 1-16, NV 1-3, k unroll, explicit work-groups,
+# both grid orders.
 CONFIGS = [
     {"kernel": "nv", "TM": 8, "VW": 8, "NV": 1, "KU": 1, "WG": 0},
-    {"kernel": "nv", "TM": 6, "VW": 8, "NV": 2, "KU": 4, "WG": 1},
-    {"kernel": "nv", "TM": 3, "VW": 4, "NV": 3, "KU": 2, "WG": 0},
+    {"kernel": "nv", "TM": 6, "VW": 8, "NV": 2, "KU": 4, "WG": 1, "ORD": 1},
+    {"kernel": "nv", "TM": 3, "VW": 4, "NV": 3, "KU": 2, "WG": 0, "ORD": 1},
     {"kernel": "nv", "TM": 1, "VW": 16, "NV": 1, "KU": 1, "WG": 1},
     {"kernel": "nv", "TM": 5, "VW": 2, "NV": 1, "KU": 3, "WG": 0},
     {"kernel": "mv", "TN": 4, "VW": 8, "NV": 2, "KU": 1, "WG": 0},
-    {"kernel": "mv", "TN": 6, "VW": 4, "NV": 1, "KU": 4, "WG": 1},
-    {"kernel": "mv", "TN": 3, "VW": 8, "NV": 3, "KU": 1, "WG": 0},
+    {"kernel": "mv", "TN": 6, "VW": 4, "NV": 1, "KU": 4, "WG": 1, "ORD": 1},
+    {"kernel": "mv", "TN": 3, "VW": 8, "NV": 3, "KU": 1, "WG": 0, "ORD": 1},
     {"kernel": "mv", "TN": 1, "VW": 16, "NV": 1, "KU": 2, "WG": 0},
     {"kernel": "mv", "TN": 12, "VW": 1, "NV": 2, "KU": 1, "WG": 1},
 ]
@@ -193,6 +194,8 @@ def test_legality():
     assert "missing" in gc.why_illegal({"kernel": "nv"}, 10, 10, 10)
     assert "integer" in gc.why_illegal(full({"TM": "4"}), 10, 10, 10)
     assert "kernel" in gc.why_illegal(full({"kernel": "xx"}), 10, 10, 10)
+    assert "ORD" in gc.why_illegal(full({"ORD": 2}), 10, 10, 10)
+    assert "divide" in gc.why_illegal(full({"WG": 3, "ORD": 1, "TM": 3}), 10, 64, 10)    # 4 row blocks of 3
 
 
 def test_pack_weights_layout():
@@ -279,8 +282,9 @@ def test_conv_algorithms(rt, tmp_path, c, k, d, g):
     net = parse_net(sections[0], None)
     nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
     nv = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 1, "KU": 2, "WG": 0}
-    mv = {"kernel": "mv", "TN": 3, "VW": 4, "NV": 2, "KU": 1, "WG": 1}
+    mv = {"kernel": "mv", "TN": 3, "VW": 4, "NV": 2, "KU": 1, "WG": 1, "ORD": 1}
     cases = [(nodes[0], {"algo": "im2col", **mv}), (nodes[0], {"algo": "implicit", **nv}),
+             (nodes[0], {"algo": "implicit", **dict(nv, ORD=1)}),
              (nodes[0], {"algo": "implicit", **dict(nv, VW=4, NV=3, TM=3)}),
              (nodes[1], {"algo": "gemm1x1", **mv})]
     if k == 3 and d == 1 and g == 1:

@@ -10,8 +10,10 @@ A config is a dict of the kernel's tunables::
     {"family": "cpu", "algo": "implicit", "kernel": "nv", ...}
 
 ``nv`` vectorises along N (output pixels), ``mv`` along M (filters); see the .cl header.
-``WG`` is the work-group width along N: 0 lets the driver choose, n > 0 asks for (n, 1, 1)
-(on PoCL a work-group is one task of its thread pool, looping over its work-items).
+``WG`` is the work-group width along dimension 0: 0 lets the driver choose, n > 0 asks for
+(n, 1, 1) (on PoCL a work-group is one task of its thread pool, looping over its work-items).
+``ORD`` orders the grid: 0 walks column blocks first (consecutive work-items share their A
+panel), 1 row blocks first (they share their B strip, the better order when B is large).
 Weights are packed once per layout at bind time (``pack_weights``: [G][MB][K][rows]) so a k
 step's weights are contiguous and the inner loop has no row checks. ``im2col`` uses this
 family's row-wise ``yc_im2col_rows`` (a contiguous run per work-item); ``implicit`` (stride-1
@@ -53,9 +55,10 @@ def block(cfg: dict) -> tuple:
 
 
 def grid(cfg: dict, M: int, N: int, Z: int) -> tuple:
-    """Global size: (column blocks, row blocks, batch * groups)."""
+    """Global size: (column blocks, row blocks, batch * groups), or rows first with ORD=1."""
     rows, cols = block(cfg)
-    return -(-N // cols), -(-M // rows), Z
+    g = (-(-N // cols), -(-M // rows), Z)
+    return (g[1], g[0], Z) if cfg.get("ORD", 0) else g
 
 
 def local_size(cfg: dict) -> Optional[tuple]:
@@ -73,19 +76,20 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, max_wg: int = 4096) -> Option
         return f"missing tunable {e}"
     if kernel not in KERNELS:
         return f"kernel '{kernel}' is not one of {', '.join(KERNELS)}"
-    for name, v in (("VW", vw), ("NV", nv), ("KU", ku), ("WG", wg), ("TM/TN", t)):
+    order = cfg.get("ORD", 0)
+    for name, v in (("VW", vw), ("NV", nv), ("KU", ku), ("WG", wg), ("TM/TN", t), ("ORD", order)):
         if isinstance(v, bool) or not isinstance(v, int):
             return f"{name}={v!r} is not an integer"
     if vw not in VECTOR_WIDTHS:
         return f"VW={vw} is not one of {VECTOR_WIDTHS}"
-    if not 1 <= nv <= 4 or not 1 <= t <= MAX_BLOCK or not 1 <= ku <= 16:
-        return "NV must be 1-4, TM/TN 1-16 and KU 1-16"
+    if not 1 <= nv <= 4 or not 1 <= t <= MAX_BLOCK or not 1 <= ku <= 16 or order not in ORDS:
+        return "NV must be 1-4, TM/TN 1-16, KU 1-16 and ORD 0 or 1"
     if t * vw * nv > MAX_ACC:
         return f"register block of {t * vw * nv} accumulators exceeds {MAX_ACC}"
     if wg < 0 or wg > max_wg:
         return f"work-group of {wg} exceeds the device's {max_wg}"
     if wg and grid(cfg, M, N, 1)[0] % wg:
-        return f"work-group width {wg} does not divide the {grid(cfg, M, N, 1)[0]} column blocks"
+        return f"work-group width {wg} does not divide the {grid(cfg, M, N, 1)[0]} blocks of dimension 0"
     return None
 
 
@@ -93,7 +97,7 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int) -> dict:
     """Kernel defines for ``cfg`` on this shape: tunables plus only the bounds checks it needs."""
     d = dict(ctx_defines)
     rows, cols = block(cfg)
-    d.update(VW=cfg["VW"], NV=cfg["NV"], KU=cfg["KU"], PACK_A=True)
+    d.update(VW=cfg["VW"], NV=cfg["NV"], KU=cfg["KU"], PACK_A=True, MFIRST=bool(cfg.get("ORD", 0)))
     if cfg["kernel"] == "nv":
         d["TM"] = cfg["TM"]
     else:
@@ -133,6 +137,7 @@ _MV_BLOCKS = ([(tn, 8, 1) for tn in (2, 3, 4, 6, 8, 12)] + [(tn, 8, 2) for tn in
               [(tn, 16, 1) for tn in (2, 4, 6)] + [(tn, 8, 3) for tn in (2, 3, 4)])
 KUS = (1, 4)
 WGS = (0, 1)
+ORDS = (0, 1)
 
 
 def registers_needed(cfg: dict, lanes: int = 8) -> int:
@@ -153,8 +158,8 @@ def space(M: int, N: int, K: int, max_wg: int = 4096, lanes: int = 8, registers:
     fit the register file, minus those that pad more than they compute (e.g. 16 rows for M = 3)."""
     out = []
     for kernel, blocks in (("nv", _NV_BLOCKS), ("mv", _MV_BLOCKS)):
-        for (t, vw, nv), ku, wg in itertools.product(blocks, KUS, WGS):
-            c = {"kernel": kernel, "VW": vw, "NV": nv, "KU": ku, "WG": wg,
+        for (t, vw, nv), ku, wg, order in itertools.product(blocks, KUS, WGS, ORDS):
+            c = {"kernel": kernel, "VW": vw, "NV": nv, "KU": ku, "WG": wg, "ORD": order,
                  ("TM" if kernel == "nv" else "TN"): t}
             if registers_needed(c, lanes) > registers or why_illegal(c, M, N, K, max_wg) is not None:
                 continue
@@ -171,7 +176,7 @@ def waste(cfg: dict, M: int, N: int) -> float:
 
 
 def cost(cfg: dict, M: int, N: int, K: int, Z: int = 1, threads: int = 2, lanes: int = 8,
-         registers: int = 16) -> float:
+         registers: int = 16, l2_bytes: int = 512 * 1024) -> float:
     """Relative time estimate (lower is better), used to order and prune the search.
 
     Per k step a block does rows*cols FMA lanes and loads (rows + cols) values, one side as
@@ -189,20 +194,29 @@ def cost(cfg: dict, M: int, N: int, K: int, Z: int = 1, threads: int = 2, lanes:
         per_step *= 1.0 + 0.15 * (live - registers)   # spills: a load and a store per extra register
     if cfg["kernel"] == "mv" and N % cols:
         per_step += 0.1 * cols                        # clamped column loads
-    blocks = -(-M // rows) * -(-N // cols) * Z
+    mb, nb = -(-M // rows), -(-N // cols)
+    blocks = mb * nb * Z
     work = blocks * K * per_step
     fill = min(1.0, blocks / (4 * threads))
     ku = cfg["KU"]
     unroll = 1.0 if ku == 1 else (0.97 if ku in (2, 4) else 0.99)
+    # Consecutive work-items run back to back on one core and share one operand: the A panel
+    # (ORD 0, column blocks first) or the B strip (ORD 1). The other operand is re-read once per
+    # block of the shared one; from L3 or memory when it is larger than a core's L2.
+    order = cfg.get("ORD", 0)
+    other, passes = (4.0 * K * N, mb) if order == 0 else (4.0 * K * M, nb)
+    traffic = 0.0 if other <= l2_bytes else Z * other * (passes - 1) * (0.1 if other <= 16 * 2 ** 20 else 0.3)
     # Each work-group is one task of the driver's thread pool: a fixed cost that matters when a
-    # block's k loop is short. The driver picks larger groups than one work-item (WG=0).
+    # block's k loop is short. With WG=0 the driver picks groups along dimension 0 (up to ~16).
     wg = cfg.get("WG", 0)
-    groups = blocks / (wg if wg else 16)
-    return (work * unroll + 150.0 * groups) / fill
+    dim0 = nb if order == 0 else mb
+    groups = blocks / (wg if wg else max(1, min(16, dim0)))
+    return (work * unroll + traffic + 150.0 * groups) / fill
 
 
 def heuristic(M: int, N: int, K: int, Z: int = 1) -> dict:
-    """An untuned pick: the cost model's best over the register blocks, KU 1, driver work-groups."""
+    """An untuned pick: the cost model's best over the register blocks and orders, KU 1, driver
+    work-groups."""
     best, best_cost = None, None
     for c in space(M, N, K):
         if c["KU"] != 1 or c["WG"] != 0:
