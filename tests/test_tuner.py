@@ -251,3 +251,31 @@ def test_fp16_gate(rt, tmp_path):
         bench = tmod.ConvBench(rt, node, 2, True, tuner.queue)
         err = bench.check(bench.bind(cfg))
         assert 1e-5 < err < tmod.TOLERANCE["fp16"]
+
+
+# -- the commands -----------------------------------------------------------------------------
+def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
+    """`yolo-cl tune` writes checked configs to --db with a progress bar on stderr, `yolo-cl bench`
+    then reports them per layer next to OpenCV DNN (random weights, same network)."""
+    from yolo_cl.cli import main
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    # A small space keeps this quick: the search itself is tested above.
+    monkeypatch.setattr(gemm_cpu, "_NV_BLOCKS", [(4, 8, 1), (2, 8, 2)])
+    monkeypatch.setattr(gemm_cpu, "_MV_BLOCKS", [(4, 8, 1), (3, 4, 2)])
+    monkeypatch.setattr(gemm_cpu, "KUS", (1,))
+    cfg = tmp_path / "net.cfg"
+    cfg.write_text(NET.format(w=16, h=16))
+    db = tmp_path / "cache" / "tuning.yaml"
+    assert main(["tune", str(cfg), "--db", str(db), "--budget", "600"]) == 0
+    out, err = capsys.readouterr()
+    assert "4 of 4 conv shapes need tuning" in out and "saved 4 configs" in out
+    assert "timings" in err and "%" in err
+    configs = tmod.read_db(db)[0]["configs"]
+    assert len(configs) == 4 and all(c["ms"] > 0 for c in configs.values())
+    assert main(["tune", str(cfg), "--db", str(db)]) == 0            # already tuned: nothing to do
+    assert "0 of 4 conv shapes need tuning" in capsys.readouterr().out
+    assert main(["bench", str(cfg), "--repeat", "2", "--compare", "opencv", "--peak", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "conv configs: 4 device+driver" in out          # the user cache (YOLO_CL_CACHE) was read
+    assert "OpenCV DNN" in out and "yolo-cl / OpenCV latency" in out and "host overhead" in out
+    assert out.count("conv ") >= 4 and "peak 100.0 GFLOP/s (given)" in out
