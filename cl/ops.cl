@@ -91,15 +91,16 @@ typedef float vecu __attribute__((ext_vector_type(VEC), aligned(4)));
 /* Y[z][oy][ox] = bias[f] + sum_{ky,kx} Wt[f][ky][kx] * X[p][oy + ky + y_shift][ox + kx + x_shift]
  * for plane z = n*F + f reading input plane p = n*C + f / (F / C); reads outside H x W are zero.
  * Global size (ceil(OW/TW)*LX, ceil(OH/TH)*LY, planes), local size (LX, LY, 1); `tile` holds
- * IH * PITCH floats. */
+ * IH * PITCH floats, 16-byte aligned. */
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
 void yc_corr2d(__global const float* restrict X, const long x_off, const long x_pstride,
                const int H, const int W, const int y_shift, const int x_shift,
                WSPACE float* restrict Wt, __global const float* restrict bias,
                __global float* restrict Y, const long y_off, const long y_pstride,
                const int OH, const int OW, const int C, const int F, const int kh, const int kw,
-               __local float* restrict tile)
+               __local float4* restrict tile4)
 {
+    __local float* tile = (__local float*)tile4;   /* typed float4 so the driver aligns it for float4 reads */
     const int lx = get_local_id(0), ly = get_local_id(1);
     const int z = get_global_id(2);
     const int n = z / F, f = z - n * F;
@@ -364,8 +365,12 @@ inline float yc_w_at(const __global float* row, const bool ok, const int i, cons
 __kernel void yc_causal1d(__global const float* restrict A, __global const float* restrict Wsrc,
                           __global float* restrict Y, const int rows, const int C, const int T, const int TP,
                           const float eps, const int reverse,
-                          __local float* restrict al, __local float* restrict wl)
+                          __local float4* restrict al4, __local float4* restrict wl4)
 {
+    /* Typed float4 so the driver aligns both for float4 reads (NVIDIA aligns a float* argument to 4 bytes
+     * only, and a misaligned float4 read faults there). */
+    __local float* al = (__local float*)al4;
+    __local float* wl = (__local float*)wl4;
     const int c = get_global_id(1);
     const int zg = get_global_id(2);
     const int lid = get_local_id(0), nl = get_local_size(0);

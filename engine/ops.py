@@ -339,9 +339,14 @@ def corr2d_candidates(ctx_or_device=None, kh: int = 3, kw: int = 3, gpu: Optiona
         # Scalar register blocks of RY x RX outputs, 128-thread work-groups. Unrolled over the
         # input rows (taps compiled in) every weight is a constant-memory operand but the body
         # holds RY*RX*KH*KW multiply-adds; ROLL_R keeps one row's worth and indexes the weights.
-        raw = [dict(VEC=0, RX=4, RY=8, LX=16, LY=8), dict(VEC=0, RX=4, RY=4, LX=16, LY=8),
+        # On the H200 the 14x15 winner was RX=4, RY=4 at 80 registers: small blocks keep 6 groups
+        # per SM, so the neighbours of that block (tile shape, rows, 256 threads) come next.
+        raw = [dict(VEC=0, RX=4, RY=4, LX=16, LY=8), dict(VEC=0, RX=4, RY=8, LX=16, LY=8),
+               dict(VEC=0, RX=4, RY=4, LX=32, LY=4), dict(VEC=0, RX=4, RY=2, LX=16, LY=8),
+               dict(VEC=0, RX=4, RY=3, LX=32, LY=8), dict(VEC=0, RX=4, RY=4, LX=16, LY=16),
+               dict(VEC=0, RX=8, RY=2, LX=16, LY=8), dict(VEC=0, RX=8, RY=4, LX=8, LY=16),
                dict(VEC=0, RX=4, RY=8, LX=16, LY=8, ROLL_R=True), dict(VEC=0, RX=4, RY=8, LX=32, LY=4, ROLL_R=True),
-               dict(VEC=0, RX=4, RY=16, LX=16, LY=4, ROLL_R=True), dict(VEC=0, RX=8, RY=4, LX=8, LY=16)]
+               dict(VEC=0, RX=4, RY=16, LX=16, LY=4, ROLL_R=True)]
         for cfg in raw:                  # taps compiled in when the unrolled body stays a sane size
             body = cfg["RY"] * cfg["RX"] * kw * (1 if cfg.get("ROLL_R") else kh)
             cfg["STATIC"] = body <= 16384
@@ -690,7 +695,7 @@ class _Causal:
         if c > _MAX_GROUPS:
             raise LimitError(f"causal_depthwise_conv1d supports at most {_MAX_GROUPS} channels, not {c}")
         z = max(1, min(cfg.get("S", 1), groups)) if mode == 2 else groups
-        local = [cl.LocalMemory(4 * max(a_floats, 1)), cl.LocalMemory(4 * max(w_floats, 1))]
+        local = [cl.LocalMemory(4 * max(a_floats, 4)), cl.LocalMemory(4 * max(w_floats, 4))]
         args = [a, wsrc, y] + _i32(rows, c, self.t, tp) + [np.float32(eps), np.int32(mode == 1)] + local
         ctx.run(k, (size, c, z), (size, 1, 1), args)
 

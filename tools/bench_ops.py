@@ -138,7 +138,7 @@ def bench_1d(table: Table, rt, b: int, c: int, t: int, reps: int, torch_baseline
     """The causal depthwise 1-D op forward, backward and both, on device; PyTorch conv1d if present."""
     import pyopencl.array as cla
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((c, t), dtype=np.float32) / np.sqrt(t)
+    w = (rng.standard_normal((c, t), dtype=np.float32) / np.sqrt(t)).astype(np.float32)
     k = rng.standard_normal((b, c, t), dtype=np.float32)
     g = rng.standard_normal((b, c, t), dtype=np.float32)
     q = rt.queue
