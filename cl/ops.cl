@@ -39,7 +39,8 @@ typedef float vecu __attribute__((ext_vector_type(VEC), aligned(4)));
  *            VEC  > 0: NV vectors of VEC columns per work-item;
  *            KH, KW  the kernel size compiled in (optional: else taken from kh, kw);
  *            ROLL_R  (VEC == 0) do not unroll the input-row loop (smaller code, weights indexed);
- *            SINGLE_W  every plane uses weight plane 0, kept in __constant memory. */
+ *            SINGLE_W  every plane uses weight plane 0, kept in __constant memory;
+ *            WLOCAL  (VEC == 0, KH/KW compiled in) the taps are staged in local memory. */
 #ifndef LX
 #define LX 16
 #endif
@@ -124,13 +125,21 @@ void yc_corr2d(__global const float* restrict X, const long x_off, const long x_
         for (int c = lx; c < PITCH; c += LX)
             dst[c] = (row_ok && gx0 + c >= 0 && gx0 + c < W) ? src[c] : 0.0f;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
-
 #ifdef SINGLE_W
     WSPACE float* w = Wt;
 #else
     WSPACE float* w = Wt + (long)f * (KH_ * KW_);
 #endif
+#if defined(WLOCAL) && !VEC && defined(KH)
+    /* The taps in local memory: every work-item reads the same one (a broadcast), at an offset
+     * compiled into the load, instead of a constant-cache load per tap. */
+    __local float wloc[KH * KW];
+    for (int i = ly * LX + lx; i < KH * KW; i += LX * LY) wloc[i] = w[i];
+#define WTAP(i) wloc[i]
+#else
+#define WTAP(i) w[i]
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);
     const int cx = lx * RXW;
     const float b = bias[f];
     __global float* Yp = Y + y_off + (long)z * y_pstride;
@@ -230,7 +239,7 @@ void yc_corr2d(__global const float* restrict X, const long x_off, const long x_
             if (ky >= 0 && ky < KH_) {
                 #pragma unroll
                 for (int kx = 0; kx < KW_; ++kx) {
-                    const float wv = w[ky * KW_ + kx];
+                    const float wv = WTAP(ky * KW_ + kx);
                     #pragma unroll
                     for (int rx = 0; rx < RX; ++rx) acc[ry][rx] += wv * SEG(rx + kx);
                 }

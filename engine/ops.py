@@ -19,6 +19,7 @@ import math
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Tuple, Union
 
@@ -50,6 +51,7 @@ class _AdoptedRuntime(Runtime):
     def __init__(self, queue) -> None:
         super().__init__(queue.device)
         self.context, self.queue = queue.context, queue
+        self.profiling = bool(queue.properties & self.cl.command_queue_properties.PROFILING_ENABLE)
 
 
 class _Ctx:
@@ -60,6 +62,7 @@ class _Ctx:
         self.rt, self.cl = rt, rt.cl
         self.pool = clt.MemoryPool(clt.ImmediateAllocator(rt.queue))
         self.configs: dict = {}
+        self.events: deque = deque(maxlen=4096)   # launch events, kept on a profiling runtime (benchmarks)
         self._kernels: dict = {}
         self.lock = threading.RLock()
         d = rt.device
@@ -102,7 +105,9 @@ class _Ctx:
     def run(self, kernel, gsize: tuple, lsize: Optional[tuple], args: list) -> None:
         kernel.set_args(*args)
         try:
-            self.cl.enqueue_nd_range_kernel(self.rt.queue, kernel, gsize, lsize)
+            ev = self.cl.enqueue_nd_range_kernel(self.rt.queue, kernel, gsize, lsize)
+            if self.rt.profiling:
+                self.events.append(ev)
         except self.cl.Error as e:
             raise DeviceError(f"kernel {kernel.function_name} {gsize}/{lsize} failed on "
                               f"{self.rt.device_name}: {e}") from None
@@ -347,11 +352,16 @@ def corr2d_candidates(ctx_or_device=None, kh: int = 3, kw: int = 3, gpu: Optiona
                dict(VEC=0, RX=8, RY=2, LX=16, LY=8), dict(VEC=0, RX=8, RY=4, LX=8, LY=16),
                dict(VEC=0, RX=4, RY=8, LX=16, LY=8, ROLL_R=True), dict(VEC=0, RX=4, RY=8, LX=32, LY=4, ROLL_R=True),
                dict(VEC=0, RX=4, RY=16, LX=16, LY=4, ROLL_R=True)]
+        raw += [dict(VEC=0, RX=4, RY=4, LX=32, LY=8), dict(VEC=0, RX=4, RY=2, LX=16, LY=16),
+                dict(VEC=0, RX=4, RY=4, LX=16, LY=16, WLOCAL=True), dict(VEC=0, RX=8, RY=4, LX=16, LY=8, WLOCAL=True),
+                dict(VEC=0, RX=4, RY=8, LX=16, LY=8, WLOCAL=True)]
         for cfg in raw:                  # taps compiled in when the unrolled body stays a sane size
             body = cfg["RY"] * cfg["RX"] * kw * (1 if cfg.get("ROLL_R") else kh)
             cfg["STATIC"] = body <= 16384
+            if not cfg["STATIC"]:
+                cfg.pop("WLOCAL", None)
     return [cfg for cfg in raw if cfg["LX"] * cfg["LY"] <= ctx.max_wg
-            and _corr2d_tile(cfg, kh, kw)[2] * 4 <= ctx.local_mem - 256]
+            and (_corr2d_tile(cfg, kh, kw)[2] + (kh * kw if cfg.get("WLOCAL") else 0)) * 4 <= ctx.local_mem - 256]
 
 
 def _gemm_candidates(ctx: _Ctx, m: int, n: int) -> list:
@@ -420,7 +430,7 @@ class _Conv2dRunner:
         if cfg["VEC"]:
             defines["NV"] = cfg["NV"]
         else:
-            defines.update(RX=cfg["RX"], ROLL_R=bool(cfg.get("ROLL_R")))
+            defines.update(RX=cfg["RX"], ROLL_R=bool(cfg.get("ROLL_R")), WLOCAL=bool(cfg.get("WLOCAL")))
         if cfg.get("STATIC"):
             defines.update(KH=p.kh, KW=p.kw)
         k = ctx.kernel("ops.cl", "yc_corr2d", defines)

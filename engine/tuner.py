@@ -458,6 +458,7 @@ def _tunables(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in ("family",)}
 
 
+SEED_SHARE = 0.5            # share of the search budget spent on per-group seeds, the rest near the best
 SCHEDULE_KEYS = ("KU", "WG", "ORD", "PF")   # knobs that do not change the register block or tiles
 
 
@@ -578,7 +579,7 @@ class Tuner:
         groups: dict = {}
         for c in ranked:
             groups.setdefault(_group(c), []).append(c)
-        seeds = max(1, budget // 2)
+        seeds = max(1, int(SEED_SHARE * budget))
         for c in itertools.islice(_round_robin(list(groups.values())), seeds):
             try_(c, self.reps)
         # 2. around the fastest two so far: their schedule siblings, then one-tunable neighbours,

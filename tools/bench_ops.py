@@ -132,6 +132,23 @@ def bench_2d(table: Table, rt, h: int, w: int, kh: int, kw: int, batch: int, rep
     times = interleaved([fn for _, fn, _, _ in rows], reps)
     for (name, _, err, note), tm in zip(rows, times):
         table.row(case, name, tm, flops, err, note)
+    if rt.profiling:
+        table.row(case, "yolo_cl.ops kernel (events)", kernel_time(rt, lambda: ops.conv2d(xd, k, device=rt), reps),
+                  flops, 0.0, "(OpenCL profiling: kernel time only, no launch overhead)")
+
+
+def kernel_time(rt, fn, reps: int) -> Timing:
+    """Best over ``reps`` calls of the summed OpenCL event time of the kernels ``fn`` launches."""
+    ctx = ops._context(rt)
+    best = float("inf")
+    for _ in range(reps):
+        ctx.events.clear()
+        fn()
+        rt.queue.finish()
+        best = min(best, sum((e.profile.end - e.profile.start) * 1e-9 for e in ctx.events))
+    out = Timing(best)
+    out.cpu = 0.0
+    return out
 
 
 def bench_1d(table: Table, rt, b: int, c: int, t: int, reps: int, torch_baseline: bool) -> None:
@@ -203,7 +220,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cpu-baselines", action="store_true", help="skip OpenCV and SciPy (keep PyTorch)")
     args = ap.parse_args(argv)
 
-    rt = ops.runtime(args.device)
+    from yolo_cl.runtime import Runtime
+    rt = Runtime(args.device, profiling=True)        # ops run on it (device=rt), so kernel events can be read
+    ops.tuned_configs(rt)                            # registers rt with the ops: arrays on rt.queue use it
     peak = args.peak or (CPU_PEAK_GFLOPS if rt.is_cpu else GPU_PEAK_GFLOPS)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"device: {rt.device_name} ({rt.device_type}, {rt.driver}); peak {peak:g} GFLOP/s; "

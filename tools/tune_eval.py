@@ -168,7 +168,10 @@ def extend(report: dict, args) -> int:
 
 
 def replay(report: dict, args) -> int:
-    """Re-run the search with the recorded traversal times standing in for the device."""
+    """Re-run the search with the recorded traversal times standing in for the device.
+
+    The search sees only the candidates the traversal timed, so a recording of an older (smaller)
+    space is still a like-for-like comparison."""
     from yolo_cl import tuner as tmod
     from yolo_cl.runtime import Runtime
     rt = Runtime(args.device)
@@ -190,6 +193,11 @@ def replay(report: dict, args) -> int:
                 state["times"][k] = ms
                 return ms
             tuner._measure = measure
+            # Search the space the traversal recorded (a recording made before the space grew
+            # judges the search on that older space, which both then share).
+            full_space = tmod.Tuner.candidates
+            tuner.candidates = lambda n, times=times, full_space=full_space: [
+                c for c in full_space(tuner, n) if repr(sorted(c.items())) in times]
             tmod_bench, tmod.ConvBench = tmod.ConvBench, lambda *a, **k: None
             try:
                 found = tuner.search(node)
