@@ -160,6 +160,13 @@ def runtime(device=None) -> Runtime:
     return _context(device).rt
 
 
+def free_memory(device=None) -> None:
+    """Return the device memory the ops keep pooled for reuse (scratch and output buffers) to the driver."""
+    ctx = _context(device)
+    with ctx.lock:
+        ctx.pool.free_held()
+
+
 def tuned_configs(device=None) -> dict:
     """The configs the timed search has chosen on ``device`` so far, by shape bucket (a copy)."""
     return dict(_context(device).configs)
@@ -632,7 +639,7 @@ def _conv2d_host(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, cfg: dict, x: np.nd
 
 def _conv2d_device(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, cfg: dict, x, max_tile_bytes: Optional[int]):
     import pyopencl.array as cla
-    out = cla.empty(ctx.rt.queue, (p.n, p.f, p.oh, p.ow), np.float32, allocator=x.allocator)
+    out = cla.empty(ctx.rt.queue, (p.n, p.f, p.oh, p.ow), np.float32, allocator=x.allocator or ctx.pool)
     if not p.direct and max(x.size, out.size) >= 2**31:
         raise LimitError("conv2d on device arrays of 2^31 or more elements needs the direct kernel; "
                          "pass NumPy arrays to run it in bands")
@@ -788,7 +795,7 @@ def causal_depthwise_conv1d(w, k, eps: float = 0.0, device=None, *, tune: Option
             import pyopencl.array as cla
             kd = _check_device(k, "k")
             kd = kd if kd.offset == 0 else kd.copy()
-            out = cla.empty(ctx.rt.queue, (b, c, t), np.float32, allocator=kd.allocator)
+            out = cla.empty(ctx.rt.queue, (b, c, t), np.float32, allocator=kd.allocator or ctx.pool)
             runner.launch(cfg, 0, kd.base_data, wbuf, out.base_data, b, c, eps)
         else:
             kh = _host(k, "k")
@@ -835,8 +842,8 @@ def causal_depthwise_conv1d_backward(w, k, grad_out, device=None, *, tune: Optio
             kd, gd = (_check_device(a, name) for a, name in ((kd, "k"), (gd, "grad_out")))
             kd = kd if kd.offset == 0 else kd.copy()
             gd = gd if gd.offset == 0 else gd.copy()
-            grad_k = cla.empty(q, (b, c, t), np.float32, allocator=kd.allocator)
-            grad_w = cla.empty(q, (c, t), np.float32, allocator=kd.allocator)
+            grad_k = cla.empty(q, (b, c, t), np.float32, allocator=kd.allocator or ctx.pool)
+            grad_w = cla.empty(q, (c, t), np.float32, allocator=kd.allocator or ctx.pool)
             runner.launch(cfg_k, 1, gd.base_data, wbuf, grad_k.base_data, b, c)
             runner.grad_w(cfg_w, kd.base_data, gd.base_data, grad_w.base_data, b, c)
         else:
