@@ -124,7 +124,7 @@ def read_db(path: Path) -> list:
     if not path.is_file():
         return []
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml: 10x
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         _warn_once(f"corrupt:{path}", f"tuning database {path} is unreadable ({str(e).splitlines()[0][:120]}); "
                                       f"ignoring it")
