@@ -19,6 +19,9 @@
  *                  VB-wide chunks NDIMC chunks apart, so neighbouring work-items read
  *                  neighbouring words (no bank conflicts, coalesced stores)
  *   PF             prefetch the next tile into registers while computing this one
+ *   SK             split K over SK work-groups per tile (more work-groups for small M x N); each
+ *                  writes raw partial sums to P = (float*)C as [SK][Z][M][N] and yc_gemm_splitk
+ *                  (same program) sums them and applies the epilogue
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only for dimensions the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B is gathered from the NCHW input (trailing args H, W, OW)
  */
@@ -59,6 +62,9 @@
 #endif
 #ifndef PF
 #define PF 0
+#endif
+#ifndef SK
+#define SK 1
 #endif
 #ifndef MPAD
 #define MPAD 128
@@ -115,6 +121,24 @@
 #define LB_PER ((KWG * NWG / VWB) / THREADS)      /* B vectors each work-item loads per tile */
 #endif
 
+/* The fused epilogue of one element: bias, ACT, [+ R, ACT2], store. */
+inline void yc_gemm_store(const float acc, const int m, const int n, const int g, const int M, const int ldc,
+                          __global const float* restrict bias, __global dtype* restrict C, const size_t cb,
+                          __global const dtype* restrict R, const size_t rbase)
+{
+#ifdef NO_BIAS
+    const float bi = 0.0f;
+#else
+    const float bi = bias[g * M + m];
+#endif
+    const size_t row = (size_t)(g * M + m) * ldc;
+    float v = yc_activate(acc + bi, ACT);
+#ifdef RESIDUAL
+    v = yc_activate(v + LD(R, rbase + row + n), ACT2);
+#endif
+    ST(C, cb + row + n, v);
+}
+
 __kernel __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
 void yc_gemm_local(__global const dtype* restrict A, __global const float* restrict bias,
                    __global const dtype* restrict B, const int b_off, const int b_bstride,
@@ -130,7 +154,14 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * NDIMC + tx;
     const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
+#if SK > 1
+    const int z = get_global_id(2) / SK, ks = get_global_id(2) - z * SK;
+    const int kchunk = ROUND_UP((K + SK - 1) / SK, KWG);   /* the host makes every split non-empty */
+    const int kbeg = ks * kchunk, kend = min(K, kbeg + kchunk);
+#else
     const int z = get_global_id(2);
+    const int kbeg = 0, kend = K;
+#endif
     const int b = z / G, g = z - b * G;
     const int Mp = ROUND_UP(M, MPAD), Kp = ROUND_UP(K, KPAD);
     const __global dtype* Ag = A + (size_t)g * Kp * Mp + m0;
@@ -232,10 +263,10 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #endif
 
 #if PF
-    LOAD_A(0)
-    LOAD_B(0)
+    LOAD_A(kbeg)
+    LOAD_B(kbeg)
 #endif
-    for (int k0 = 0; k0 < K; k0 += KWG) {
+    for (int k0 = kbeg; k0 < kend; k0 += KWG) {
 #if SA || SB
 #if !PF
         LOAD_A(k0)
@@ -245,7 +276,7 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
         STORE_B()
         barrier(CLK_LOCAL_MEM_FENCE);
 #if PF
-        if (k0 + KWG < K) {
+        if (k0 + KWG < kend) {
             LOAD_A(k0 + KWG)
             LOAD_B(k0 + KWG)
         }
@@ -300,10 +331,31 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #endif
     }
 
+#if SK > 1
+    /* Raw partial sums of this K split; yc_gemm_splitk adds the splits and runs the epilogue. */
+    __global float* P = (__global float*)C + ((size_t)ks * (get_global_size(2) / SK) + z) * M * N;
+    #pragma unroll
+    for (int i = 0; i < MWI; ++i) {
+        const int m = m0 + ((i / VA) * MDIMC + ty) * VA + i % VA;
+#ifdef CHECK_M
+        if (m >= M) continue;
+#endif
+        #pragma unroll
+        for (int j = 0; j < NWI; ++j) {
+            const int n = n0 + ((j / VB) * NDIMC + tx) * VB + j % VB;
+#ifdef CHECK_N
+            if (n >= N) continue;
+#endif
+            P[(size_t)m * N + n] = acc[i * NWI + j];
+        }
+    }
+#else
     /* Epilogue: bias, activation, optional residual add + ACT2, store. */
     const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
 #ifdef RESIDUAL
     const size_t rbase = (size_t)r_off + (size_t)b * r_bstride;
+#else
+    const size_t rbase = 0;
 #endif
     #pragma unroll
     for (int i = 0; i < MWI; ++i) {
@@ -311,23 +363,32 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #ifdef CHECK_M
         if (m >= M) continue;
 #endif
-#ifdef NO_BIAS
-        const float bi = 0.0f;
-#else
-        const float bi = bias[g * M + m];
-#endif
-        const size_t row = (size_t)(g * M + m) * ldc;
         #pragma unroll
         for (int j = 0; j < NWI; ++j) {
             const int n = n0 + ((j / VB) * NDIMC + tx) * VB + j % VB;
 #ifdef CHECK_N
             if (n >= N) continue;
 #endif
-            float v = yc_activate(acc[i * NWI + j] + bi, ACT);
-#ifdef RESIDUAL
-            v = yc_activate(v + LD(R, rbase + row + n), ACT2);
-#endif
-            ST(C, cb + row + n, v);
+            yc_gemm_store(acc[i * NWI + j], m, n, g, M, ldc, bias, C, cb, R, rbase);
         }
     }
+#endif
 }
+
+#if SK > 1
+/* Sum the SK partial planes of yc_gemm_local and apply the epilogue. P is [SK][Z][M][N]
+ * (Z = batch * groups); global size (N rounded up, M, Z). */
+__kernel void yc_gemm_splitk(__global const float* restrict P, __global const float* restrict bias,
+                             __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
+                             __global const dtype* restrict R, const int r_off, const int r_bstride,
+                             const int M, const int N, const int G)
+{
+    const int n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
+    if (n >= N) return;
+    const int Z = get_global_size(2), b = z / G, g = z - b * G;
+    float acc = 0.0f;
+    for (int s = 0; s < SK; ++s) acc += P[((size_t)(s * Z + z) * M + m) * N + n];
+    yc_gemm_store(acc, m, n, g, M, ldc, bias, C, (size_t)c_off + (size_t)b * c_bstride,
+                  R, (size_t)r_off + (size_t)b * r_bstride);
+}
+#endif

@@ -445,12 +445,12 @@ def _local_cost(node: Node, cfg: dict, batch: int, rt) -> float:
         M, N, K, _ = gemm_cpu.conv_gemm_shape(node)
         work = M * N * K * batch * node.attrs["groups"]
     waste = gemm_local.waste(cfg, M, N)
-    groups = -(-M // cfg["MWG"]) * -(-N // cfg["NWG"]) * batch
+    groups = -(-M // cfg["MWG"]) * -(-N // cfg["NWG"]) * batch * gemm_local.split_k(cfg)
     units = int(rt.device.max_compute_units)
     fill = min(1.0, groups / (2 * units))
     tile = (cfg["MWG"] * cfg["NWG"]) ** 0.5
     reuse = 1.0 + 16.0 / tile + (0.0 if cfg.get("SA", 1) and cfg.get("SB", 1) else 0.3)
-    extra = 1.1 if cfg["algo"] == "im2col" else 1.0
+    extra = (1.1 if cfg["algo"] == "im2col" else 1.0) * (1.05 if gemm_local.split_k(cfg) > 1 else 1.0)
     return work / max(fill, 1e-3) / (1 - waste + 1e-6) * reuse * extra
 
 

@@ -60,13 +60,15 @@ def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c
         defines.update(IMPLICIT=True, **{k: implicit[k] for k in ("KS", "SX", "SY", "PAD", "DIL")})
         b_args = [np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)]
         extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
-    args = [Abuf, biasb, Bbuf] + b_args + [Cbuf, np.int32(before * N), np.int32(c_bstride), np.int32(N),
-                                           Rbuf, np.int32(before * N), np.int32(c_bstride),
-                                           np.int32(M), np.int32(N), np.int32(K), np.int32(G)] + extra
-    k = cl.Kernel(rt.program("gemm_local.cl", defines), "yc_gemm_local")
-    k.set_args(*args)
-    gs, ls = gl.sizes(cfg, M, N, batch * G)
-    cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    partial = rt.upload(np.full(max(gl.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
+    specs = gl.launch_specs(cfg, defines, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
+                            [Cbuf, np.int32(before * N), np.int32(c_bstride), np.int32(N)],
+                            [Rbuf, np.int32(before * N), np.int32(c_bstride)], extra, partial)
+    assert len(specs) == (2 if gl.split_k(cfg) > 1 else 1)
+    for name, d, args, gs, ls, _ in specs:
+        k = cl.Kernel(rt.program("gemm_local.cl", d), name)
+        k.set_args(*args)
+        cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
     out = np.empty_like(poison)
     cl.enqueue_copy(rt.queue, out, Cbuf)
     rt.queue.finish()
@@ -145,6 +147,55 @@ def test_half_storage(rt):
     bias = rng.standard_normal(M).astype(np.float32)
     out = run_gemm(rt, c, A, B, bias, half=True)
     assert rel_err(out, reference(A, B, bias)) < 2e-3
+
+
+@pytest.mark.parametrize("sk", [2, 3, 4])
+def test_split_k(rt, sk):
+    """K split over work-groups, partial planes summed by yc_gemm_splitk with the whole epilogue:
+    odd shapes (last split shorter, CHECK_K), groups, batches, residual, a concat slice."""
+    rng = np.random.default_rng(10 + sk)
+    for (G, M, N, K, batch), cfg in (((1, 33, 50, 95, 1), dict(MWG=32, NWG=32, KWG=8, MDIMC=8, NDIMC=8)),
+                                     ((2, 24, 52, 128, 3), dict(MWG=16, NWG=64, KWG=16, MDIMC=4, NDIMC=16,
+                                                                PF=0))):
+        c = {**gl.complete(cfg, M, N, K), "SK": sk}
+        assert gl.why_illegal(c, M, N, K) is None, gl.why_illegal(c, M, N, K)
+        A = rng.standard_normal((G, M, K)).astype(np.float32)
+        B = rng.standard_normal((batch, G, K, N)).astype(np.float32)
+        bias = rng.standard_normal(G * M).astype(np.float32)
+        R = rng.standard_normal((batch, G, M, N)).astype(np.float32)
+        out = run_gemm(rt, c, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(5, 3))
+        assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < 1e-5, (sk, c)
+
+
+def test_split_k_implicit_and_half(rt):
+    rng = np.random.default_rng(20)
+    batch, C, H, W, F, ks = 2, 8, 9, 7, 12, 3
+    x = rng.standard_normal((batch, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((F, C, ks, ks)).astype(np.float32)
+    bias = rng.standard_normal(F).astype(np.float32)
+    M, N, K = F, H * W, C * ks * ks
+    geo = dict(x=x.shape, KS=ks, SX=1, SY=1, PAD=1, DIL=1, OH=H, OW=W)
+    c = {**gl.complete(dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=16), M, N, K, implicit=True), "SK": 3}
+    assert gl.why_illegal(c, M, N, K, implicit=True) is None
+    out = run_gemm(rt, c, w.reshape(1, M, K), x, bias, implicit=geo)
+    ref = conv_reference(x, w, bias, 1, 1, 1, 1)
+    assert rel_err(out.reshape(ref.shape), ref) < 1e-5
+    A = rng.standard_normal((1, 40, 72)).astype(np.float16).astype(np.float32)
+    B = rng.standard_normal((1, 1, 72, 75)).astype(np.float16).astype(np.float32)
+    b2 = rng.standard_normal(40).astype(np.float32)
+    c2 = {**gl.complete(dict(MWG=32, NWG=32, KWG=16, MDIMC=8, NDIMC=8), 40, 75, 72), "SK": 2}
+    assert rel_err(run_gemm(rt, c2, A, B, b2, half=True), reference(A, B, b2)) < 2e-3
+
+
+def test_split_k_legality_and_space():
+    base = gl.complete(dict(MWG=64, NWG=64, KWG=16, MDIMC=8, NDIMC=8), 64, 64, 64)
+    assert "non-empty" in gl.why_illegal({**base, "SK": 4}, 64, 64, 40)       # 16-row chunks: split 4 is empty
+    assert gl.why_illegal({**base, "SK": 2}, 64, 64, 40) is None
+    assert gl.fit({**base, "SK": 8}, 64, 64, 40)["SK"] == 1                   # a tuned split too long for this K
+    lim = gl.DeviceLimits(max_wg=1024, local_mem=48 * 1024, compute_units=132)
+    few = gl.space(512, 676, 2304, False, lim)                  # 88 64x64 tiles for 132 units
+    assert any(gl.split_k(c) > 1 for c in few)
+    assert not any(gl.split_k(c) > 1 for c in gl.space(32, 173056, 27, True, lim))   # plenty of tiles, short K
 
 
 def conv_reference(x, w, bias, stride, pad, dil, groups):

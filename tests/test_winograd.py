@@ -194,7 +194,7 @@ def test_filter_transform_against_direct_1d():
         np.testing.assert_allclose(Y, direct, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("algo", ["im2col", "barrier-free"])     # implicit: the ``direct`` fixture
+@pytest.mark.parametrize("algo", ["im2col", "barrier-free", "split-k"])     # implicit: the ``direct`` fixture
 def test_local_family_in_network(rt, net, algo):
     graph, blob, ref = net
 
@@ -204,11 +204,16 @@ def test_local_family_in_network(rt, net, algo):
         if algo == "barrier-free":
             c = dict(MWG=32, NWG=32, KWG=8, MDIMC=8, NDIMC=8, SA=0, SB=0, PF=0)
             a = "gemm1x1" if gl.is_pointwise(node) else "im2col"
+        elif algo == "split-k":         # partial sums in the workspace, epilogue (shortcut, concat) in the sum
+            c = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4, SK=2)
+            a = "gemm1x1" if gl.is_pointwise(node) else "implicit"
         else:
             c, a = dict(MWG=32, NWG=16, KWG=16, MDIMC=8, NDIMC=4), algo
         return {"algo": a, "family": "local", **gl.complete(c, M, N, K, implicit=a == "implicit")}
 
-    _, out = run(rt, graph, blob, pick)
+    ex, out = run(rt, graph, blob, pick)
+    if algo == "split-k":
+        assert sum(l.name == "splitk_sum" for l in ex.launches) == 6      # every conv of the net
     assert rel(out, ref) < 2e-4
 
 

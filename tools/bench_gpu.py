@@ -279,22 +279,21 @@ def phase_gemm(rt, res: Results, args) -> None:
         tb = prebuild(rt, items)
         best = None
         timed = 0
+        Pb = rt.alloc(max(gl.partial_bytes({"SK": max(gl.split_k(c) for c in cands)}, M, N, 1), 4), "P")
         for c, (src, d) in zip(cands, items):
             if (src, _options(d)) not in rt._programs:
                 continue
-            k = cl.Kernel(rt._programs[(src, _options(d))], "yc_gemm_local")
-            k.set_args(Ab, biasb, Bb, *[np.int32(v) for v in (0, 0, 0, N)], Cb, np.int32(0), np.int32(0), np.int32(N),
-                       Cb, np.int32(0), np.int32(0), *[np.int32(v) for v in (M, N, K, 1)])
-            gs, ls = gl.sizes(c, M, N, 1)
+            ls_ = gemm_launches(rt, c, d, M, N, K, Ab, biasb, Bb, Cb, Pb)
             cl.enqueue_fill_buffer(rt.queue, Cb, np.float32(np.nan), 0, M * N * 4)
-            cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+            for l in ls_:
+                cl.enqueue_nd_range_kernel(rt.queue, l.kernel, l.gsize, l.lsize)
             out = np.empty((M, N), np.float32)
             cl.enqueue_copy(rt.queue, out, Cb)
             err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.isfinite(out).all() else float("inf")
             if err > 1e-4:
                 log(f"  REJECT {c}: rel err {err:.1e}")
                 continue
-            ms = time_launches(rt, [_L(k, gs, ls)], reps=5, warm=1)
+            ms = time_launches(rt, ls_, reps=5, warm=1)
             timed += 1
             if best is None or ms < best[0]:
                 best = (ms, c, err)
@@ -326,7 +325,7 @@ def phase_gemm(rt, res: Results, args) -> None:
             f"{timed}/{len(cands)} timed, build {tb:.1f}s) clblast {row.get('clblast_tflops')} TF/s "
             f"speedup {row.get('speedup')} cfg {row.get('config')}")
         res.put("gemm", rows)
-        for buf in (Ab, Araw, Bb, Cb, biasb):
+        for buf in (Ab, Araw, Bb, Cb, biasb, Pb):
             buf.release()
         if time.perf_counter() > args.deadline:
             log("gemm: deadline reached")
@@ -371,13 +370,15 @@ def phase_gemmcheck(rt, res: Results, args) -> None:
         ref = A.astype(np.float64) @ B.astype(np.float64)
         Ab, Araw, Bb = rt.upload(gl.pack_weights(A, 1), "A"), rt.upload(A, "A raw"), rt.upload(B, "B")
         Cb, biasb = rt.alloc(M * N * 4, "C"), rt.upload(np.zeros(M, np.float32), "bias")
-        k = cl.Kernel(rt.program("gemm_local.cl", gl.defines({"HALF_STORAGE": False, "ACT": 0}, c, M, N, K)),
-                      "yc_gemm_local")
-        k.set_args(Ab, biasb, Bb, *[np.int32(v) for v in (0, 0, 0, N)], Cb, np.int32(0), np.int32(0), np.int32(N),
-                   Cb, np.int32(0), np.int32(0), *[np.int32(v) for v in (M, N, K, 1)])
-        gs, ls = gl.sizes(c, M, N, 1)
+        Pb = rt.alloc(max(gl.partial_bytes(c, M, N, 1), 4), "P")
+        ours = gemm_launches(rt, c, gl.defines({"HALF_STORAGE": False, "ACT": 0}, c, M, N, K), M, N, K,
+                             Ab, biasb, Bb, Cb, Pb)
+
+        def run_ours():
+            for l in ours:
+                cl.enqueue_nd_range_kernel(rt.queue, l.kernel, l.gsize, l.lsize)
         errs = {}
-        for name, go in (("ours", lambda: cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)),
+        for name, go in (("ours", run_ours),
                          ("clblast", lambda: blast.sgemm(M, N, K, Araw, Bb, Cb))):
             cl.enqueue_fill_buffer(rt.queue, Cb, np.float32(np.nan), 0, M * N * 4)
             go()
@@ -385,8 +386,8 @@ def phase_gemmcheck(rt, res: Results, args) -> None:
             cl.enqueue_copy(rt.queue, out, Cb)
             errs[name] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         flops = 2.0 * M * N * K
-        ev = time_launches(rt, [_L(k, gs, ls)], reps=10, warm=2)
-        ow = wall_ms(rt, lambda: cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls))
+        ev = time_launches(rt, ours, reps=10, warm=2)
+        ow = wall_ms(rt, run_ours)
         bw = wall_ms(rt, lambda: blast.sgemm(M, N, K, Araw, Bb, Cb))
         row = {"M": M, "K": K, "N": N, "ours_event_ms": ev, "ours_wall_ms": ow, "clblast_wall_ms": bw,
                "ours_tflops": flops / ev / 1e9, "ours_wall_tflops": flops / ow / 1e9,
@@ -395,7 +396,7 @@ def phase_gemmcheck(rt, res: Results, args) -> None:
         log(f"GEMM check M={M} K={K} N={N}: ours {row['ours_tflops']:.2f} TF/s (event) {row['ours_wall_tflops']:.2f} "
             f"(wall) | CLBlast {row['clblast_wall_tflops']:.2f} (wall) | speedup {row['speedup_wall']:.2f}x | err {errs}")
         res.put("gemmcheck", rows)
-        for buf in (Ab, Araw, Bb, Cb, biasb):
+        for buf in (Ab, Araw, Bb, Cb, biasb, Pb):
             buf.release()
     sp = [r["speedup_wall"] for r in rows]
     if sp:
@@ -409,6 +410,20 @@ class _L:
 
     def __init__(self, kernel, gsize, lsize) -> None:
         self.kernel, self.gsize, self.lsize = kernel, gsize, lsize
+
+
+def gemm_launches(rt, cfg, defines, M, N, K, A, bias, B, C, P) -> list:
+    """C = A.B + bias under ``cfg`` (with its split-K sum when SK > 1), as bare launches."""
+    cl = rt.cl
+    out = []
+    for name, d, args, gs, ls, _ in gl.launch_specs(cfg, defines, M, N, K, 1, 1, [A, bias],
+                                                    [B] + [np.int32(v) for v in (0, 0, 0, N)],
+                                                    [C, np.int32(0), np.int32(0), np.int32(N)],
+                                                    [C, np.int32(0), np.int32(0)], [], P):
+        k = cl.Kernel(rt.program("gemm_local.cl", d), name)
+        k.set_args(*args)
+        out.append(_L(k, gs, ls))
+    return out
 
 
 # -- phase: per-layer tuning ---------------------------------------------------------------------

@@ -6,7 +6,9 @@ A config is a dict of the kernel's tunables (see the .cl file's header)::
      "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8,
      "SA": 1, "SB": 1, "VWA": 4, "VWB": 1, "VA": 4, "VB": 4, "PF": 1}
 
-``implicit`` gathers the im2col matrix inside the GEMM's B-tile load (no workspace, no
+``SK`` (optional, default 1) splits K over SK work-groups per C tile, for shapes whose M x N
+gives too few work-groups to fill the device; a second kernel sums the partial planes (kept in
+the workspace) and runs the epilogue. ``implicit`` gathers the im2col matrix inside the GEMM's B-tile load (no workspace, no
 extra pass). Weights for this family are stored once, at bind time, transposed and
 zero-padded (``pack_weights``) so A tiles never need bounds checks. ``candidates``
 enumerates only configs that are legal for the device (work-group size, local memory)
@@ -27,6 +29,7 @@ FAMILY = "local"
 MPAD, KPAD = 128, 32            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
 TUNABLES = ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "VWA", "VWB", "VA", "VB", "PF")
 ALGOS = ("gemm1x1", "im2col", "implicit")
+SPLITS = (2, 4)                 # split-K factors the search tries
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ def fit(cfg: dict, M: int, N: int, K: int, implicit: bool = False, lim: DeviceLi
         return cfg
     core = {k: cfg[k] for k in ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "PF") if k in cfg}
     extra = {k: v for k, v in cfg.items() if k not in TUNABLES}
+    sk = split_k(cfg)
+    if sk > 1 and "KWG" in cfg and (sk - 1) * k_chunk(K, sk, int(cfg["KWG"])) >= K:
+        extra["SK"] = 1                 # this K is too short for the split
     return {**extra, **complete(core, M, N, K, implicit)}
 
 
@@ -123,13 +129,27 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, implicit: bool = False,
         return "implicit GEMM needs B staged and a work-group that is a multiple of NWG"
     if not sa and vwa != 1:
         return "VWA only applies to a staged A"
+    sk = int(cfg.get("SK", 1))
+    if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
+        return "every K split must be non-empty (and SK <= 8)"
     return None
+
+
+def k_chunk(K: int, sk: int, kwg: int) -> int:
+    """K rows per split (a multiple of KWG), as the kernel computes it."""
+    return round_up(-(-K // sk), kwg)
+
+
+def split_k(cfg: dict) -> int:
+    return int(cfg.get("SK", 1))
 
 
 def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int) -> dict:
     """Kernel defines for ``cfg`` on this shape: tunables plus only the bounds checks it needs."""
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
+    if split_k(cfg) > 1:
+        d["SK"] = split_k(cfg)
     if M % cfg["MWG"]:
         d["CHECK_M"] = True
     if N % cfg["NWG"]:
@@ -140,9 +160,32 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int) -> dict:
 
 
 def sizes(cfg: dict, M: int, N: int, Z: int) -> tuple:
-    """(global size, local size) of one launch over Z = batch * groups matrices."""
-    gs = (-(-N // cfg["NWG"]) * cfg["NDIMC"], -(-M // cfg["MWG"]) * cfg["MDIMC"], Z)
+    """(global size, local size) of the GEMM launch over Z = batch * groups matrices."""
+    gs = (-(-N // cfg["NWG"]) * cfg["NDIMC"], -(-M // cfg["MWG"]) * cfg["MDIMC"], Z * split_k(cfg))
     return gs, (cfg["NDIMC"], cfg["MDIMC"], 1)
+
+
+def partial_bytes(cfg: dict, M: int, N: int, Z: int) -> int:
+    """Scratch for the split-K partial sums (float32); 0 without a split."""
+    sk = split_k(cfg)
+    return 4 * sk * Z * M * N if sk > 1 else 0
+
+
+def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
+                 b_args: list, c_args: list, r_args: list, extra: list, partial=None) -> list:
+    """(kernel name, defines, args, global, local, label) of the launches that compute C under ``cfg``:
+    the GEMM, and with SK > 1 the split sum (``partial``: a buffer of ``partial_bytes``).
+
+    a_args = [A, bias]; b_args = [B, off, batch stride, group stride, ldb]; c_args = [C, off,
+    batch stride, ldc]; r_args = [R, off, batch stride]; extra = the implicit GEMM's [H, W, OW]."""
+    dims = [np.int32(v) for v in (M, N, K, G)]
+    gs, ls = sizes(cfg, M, N, Z)
+    if split_k(cfg) == 1:
+        return [("yc_gemm_local", defines_, a_args + b_args + c_args + r_args + dims + extra, gs, ls, "gemm_local")]
+    gemm_c = [partial, np.int32(0), np.int32(0), np.int32(N)]
+    return [("yc_gemm_local", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls, "gemm_local"),
+            ("yc_gemm_splitk", defines_, [partial, a_args[1]] + c_args + r_args + [np.int32(v) for v in (M, N, G)],
+             (round_up(N, 64), M, Z), (64, 1, 1), "splitk_sum")]
 
 
 def pack_weights(w: np.ndarray, G: int, dtype=np.float32) -> np.ndarray:
@@ -180,6 +223,14 @@ def space(M: int, N: int, K: int, implicit: bool = False, lim: DeviceLimits = De
                           "SA": sa, "SB": sb, "PF": pf}, M, N, K, implicit)
             if why_illegal(c, M, N, K, implicit, lim) is None:
                 out.append(c)
+                # Split K where the C tiles alone leave compute units idle (e.g. M=512, N=676 in
+                # 64x64 tiles: 88 work-groups for 132 units) and K is long enough to share.
+                tiles = -(-M // mwg) * -(-N // nwg)
+                if sa and sb and pf and tiles < 2 * lim.compute_units:
+                    for sk in SPLITS:
+                        ck = {**c, "SK": sk}
+                        if K >= 128 * sk and why_illegal(ck, M, N, K, implicit, lim) is None:
+                            out.append(ck)
     return out
 
 
@@ -301,15 +352,19 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     else:
         from ..errors import YoloClError
         raise YoloClError(f"algorithm '{algo}' is not one of the local GEMM family's {', '.join(ALGOS)}")
+    Z = ctx.batch * G
+    if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
+                             or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
+        cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
     d = defines(epilogue_defines(ctx, node), cfg, M, N, K)
     extra = []
     if implicit:
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
     yb, yoff, ybs = ctx.view(out)
-    args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(N)] + residual_args(ctx, node) + \
-        i32(M, N, K, G) + extra
-    k = ctx.kernel("gemm_local.cl", "yc_gemm_local", d, args)
-    gs, ls = sizes(cfg, M, N, ctx.batch * G)
-    launches.append(Launch(k, gs, ls, node, "gemm_local", dict(cfg), node.flops * ctx.batch))
+    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
+                         residual_args(ctx, node), extra, ctx.workspace)
+    for i, (name, dd, args, gs, ls, label) in enumerate(specs):
+        k = ctx.kernel("gemm_local.cl", name, dd, args)
+        launches.append(Launch(k, gs, ls, node, label, dict(cfg), node.flops * ctx.batch if i == 0 else 0))
     return launches

@@ -80,7 +80,8 @@ def candidates(node: Node, rt, batch: int = 1, half: bool = False) -> list:
     out = []
     for m in (TILE_SIZES[:1] if half else TILE_SIZES):
         M, N, K, t2 = gemm_shape(node, m)
-        out.extend({"algo": "winograd", "m": m, "family": gl.FAMILY, **c} for c in gl.space(M, N, K, False, lim))
+        out.extend({"algo": "winograd", "m": m, "family": gl.FAMILY, **c} for c in gl.space(M, N, K, False, lim)
+                   if gl.split_k(c) == 1)       # the workspace holds V and Mt: no room for split-K partials
     return out
 
 
@@ -117,7 +118,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     lim = gl.device_limits(ctx.rt)
     if not gl.fits_device(cfg, lim):
         cfg = {**cfg, **gl.heuristic(M, P, C, ctx.batch * t2, False, lim)}
-    cfg = gl.fit(cfg, M, P, C, False, lim)
+    cfg = gl.fit({**cfg, "SK": 1} if gl.split_k(cfg) > 1 else cfg, M, P, C, False, lim)
     reason = gl.why_illegal(cfg, M, P, C, False, gl.device_limits(ctx.rt))
     if reason is not None:
         raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
