@@ -198,6 +198,16 @@ def test_split_k_legality_and_space():
     assert not any(gl.split_k(c) > 1 for c in gl.space(32, 173056, 27, True, lim))   # plenty of tiles, short K
 
 
+def test_heuristic_splits_k_only_when_tiles_leave_units_idle(monkeypatch):
+    lim = gl.DeviceLimits(max_wg=1024, local_mem=48 * 1024, compute_units=132)
+    h = gl.heuristic(256, 169, 4608, 1, False, lim)          # a handful of tiles, K = 4608
+    assert gl.split_k(h) > 1 and gl.why_illegal(h, 256, 169, 4608, False, lim) is None
+    assert gl.split_k(gl.heuristic(32, 173056, 27, 1, True, lim)) == 1     # thousands of tiles
+    assert gl.split_k(gl.heuristic(256, 169, 512, 1, False, lim)) == 1     # K too short to share
+    monkeypatch.setattr(gl, "HEURISTIC_SPLIT", False)
+    assert gl.split_k(gl.heuristic(256, 169, 4608, 1, False, lim)) == 1
+
+
 def conv_reference(x, w, bias, stride, pad, dil, groups):
     """Direct NCHW convolution in float64."""
     n, C, H, W = x.shape

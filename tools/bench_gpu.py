@@ -716,8 +716,9 @@ def phase_warm(rt, res: Results, args) -> None:
     """Fresh processes: the first with an empty binary cache (cold), then two warm ones."""
     dog = str(ROOT / "models" / "images" / "dog.jpg")
     cases = [("yolov3-tiny", "yolov3-tiny", "-", "0.25")]
-    cfg, wts = model_files("yolov3", 416, Path(args.tmp))
-    cases.append(("yolov3 (random weights)", str(cfg), str(wts), "0.999"))
+    if not args.warm_tiny_only:
+        cfg, wts = model_files("yolov3", 416, Path(args.tmp))
+        cases.append(("yolov3 (random weights)", str(cfg), str(wts), "0.999"))
     out = {}
     for name, c, w, thresh in cases:
         cache = Path(tempfile.mkdtemp(prefix="yccache"))
@@ -800,6 +801,7 @@ def main() -> None:
     ap.add_argument("--tune-frac", type=float, default=0.75, help="tuning stops at this share of the budget")
     ap.add_argument("--e2e", default="yolov3:416:1:opencv:heur", help="MODEL:SIZE:BATCH[:opencv][:heur],...")
     ap.add_argument("--fast", action="store_true", help="skip algorithms that never won in earlier runs")
+    ap.add_argument("--warm-tiny-only", action="store_true", help="warm phase: yolov3-tiny only")
     ap.add_argument("--gemm-from", type=int, default=0, help="first of YOLOv2's shapes to sweep")
     ap.add_argument("--max-cands", type=int, default=100000, help="cap per shape (smoke tests on a CPU)")
     ap.add_argument("--yaml", nargs="*", default=[], help="tuning-gpu.yaml files of earlier runs to start from")

@@ -30,6 +30,7 @@ MPAD, KPAD = 128, 32            # A is padded to these: every MWG divides MPAD, 
 TUNABLES = ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "VWA", "VWB", "VA", "VB", "PF")
 ALGOS = ("gemm1x1", "im2col", "implicit")
 SPLITS = (2, 4)                 # split-K factors the search tries
+HEURISTIC_SPLIT = True          # the untuned pick splits K where tiles leave compute units idle
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,13 @@ def heuristic(M: int, N: int, K: int, Z: int = 1, implicit: bool = False,
             best, best_score = c, score
     if best is None:        # tiny device: the smallest legal config
         best = min(space(M, N, K, implicit, lim, staged_only=True), key=lambda c: c["MDIMC"] * c["NDIMC"])
+    groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
+    if HEURISTIC_SPLIT and groups < lim.compute_units and K >= 1024:
+        # Too few tiles to fill the device and a long K: the H200 sweep's winners on YOLOv2's
+        # N = 169..2704 shapes all split K by 4 (1.1-1.9x over the unsplit tile).
+        for sk in sorted(SPLITS, reverse=True):
+            if why_illegal({**best, "SK": sk}, M, N, K, implicit, lim) is None:
+                return {**best, "SK": sk}
     return best
 
 
