@@ -31,9 +31,10 @@ from .weights import ConvParams
 
 COMPARE = (None, "opencv", "opencv-opencl")   # opencv: the device's natural OpenCV target; -opencl: always OpenCL
 
+PEAK_VERSION = 2       # bumped when the probe changes (v1 let NVIDIA drop half the lanes as dead code)
 PEAK_SOURCE = """
-__kernel void yc_fma_peak(__global float* out, const int iters) {
-    VT a0 = (VT)(get_global_id(0) * 1e-9f), m = (VT)(0.999999f), c = (VT)(1e-7f);
+__kernel void yc_fma_peak(__global float* out, const int iters, const float mv, const float cv) {
+    VT a0 = (VT)(get_global_id(0) * 1e-9f), m = (VT)(mv), c = (VT)(cv);
     VT a1 = a0 + 1e-9f, a2 = a0 + 2e-9f, a3 = a0 + 3e-9f, a4 = a0 + 4e-9f, a5 = a0 + 5e-9f;
     VT a6 = a0 + 6e-9f, a7 = a0 + 7e-9f, a8 = a0 + 8e-9f, a9 = a0 + 9e-9f;
     for (int i = 0; i < iters; ++i) {   /* 10 independent chains hide the FMA latency */
@@ -41,7 +42,10 @@ __kernel void yc_fma_peak(__global float* out, const int iters) {
         a5 = a5 * m + c; a6 = a6 * m + c; a7 = a7 * m + c; a8 = a8 * m + c; a9 = a9 * m + c;
     }
     VT s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9;
-    out[get_global_id(0)] = dot(s.lo.lo, (float2)(1.0f));
+    float lanes[LANES], r = 0.0f;      /* every lane reaches the output: none is dead code */
+    *(VT*)lanes = s;
+    for (int i = 0; i < LANES; ++i) r += lanes[i];
+    out[get_global_id(0)] = r;
 }
 """
 
@@ -55,7 +59,7 @@ def measure_peak(rt, seconds: float = 0.2) -> float:
     cl = rt.cl
     lanes = max(4, min(16, int(rt.device.native_vector_width_float or 4)))
     vt = f"float{max(lanes, 4)}"
-    prg = cl.Program(rt.context, PEAK_SOURCE.replace("VT", vt)).build()
+    prg = cl.Program(rt.context, PEAK_SOURCE.replace("VT", vt)).build(options=f"-DLANES={lanes}")
     k = prg.yc_fma_peak
     units = int(rt.device.max_compute_units)
     n = units * (64 if rt.is_cpu else 2048)
@@ -64,7 +68,7 @@ def measure_peak(rt, seconds: float = 0.2) -> float:
         rt.context, rt.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
     iters, best = 256, 0.0
     for _ in range(12):
-        k.set_args(out, np.int32(iters))
+        k.set_args(out, np.int32(iters), np.float32(0.999999), np.float32(1e-7))
         c0 = time.process_time()
         ev = cl.enqueue_nd_range_kernel(queue, k, (n,), None)
         ev.wait()
@@ -82,7 +86,7 @@ def device_peak(rt, refresh: bool = False) -> tuple:
     import yaml
     from .runtime import atomic_write, cache_dir
     path = cache_dir() / "peak.yaml"
-    key = f"{rt.device_name} | {rt.driver}"
+    key = f"{rt.device_name} | {rt.driver} | {PEAK_VERSION}"
     data = {}
     try:
         loaded = yaml.safe_load(path.read_text()) if path.is_file() else {}
