@@ -334,21 +334,7 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #if SK > 1
     /* Raw partial sums of this K split; yc_gemm_splitk adds the splits and runs the epilogue. */
     __global float* P = (__global float*)C + ((size_t)ks * (get_global_size(2) / SK) + z) * M * N;
-    #pragma unroll
-    for (int i = 0; i < MWI; ++i) {
-        const int m = m0 + ((i / VA) * MDIMC + ty) * VA + i % VA;
-#ifdef CHECK_M
-        if (m >= M) continue;
-#endif
-        #pragma unroll
-        for (int j = 0; j < NWI; ++j) {
-            const int n = n0 + ((j / VB) * NDIMC + tx) * VB + j % VB;
-#ifdef CHECK_N
-            if (n >= N) continue;
-#endif
-            P[(size_t)m * N + n] = acc[i * NWI + j];
-        }
-    }
+#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
 #else
     /* Epilogue: bias, activation, optional residual add + ACT2, store. */
     const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
@@ -357,6 +343,8 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #else
     const size_t rbase = 0;
 #endif
+#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), g, M, ldc, bias, C, cb, R, rbase)
+#endif
     #pragma unroll
     for (int i = 0; i < MWI; ++i) {
         const int m = m0 + ((i / VA) * MDIMC + ty) * VA + i % VA;
@@ -369,10 +357,9 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
 #ifdef CHECK_N
             if (n >= N) continue;
 #endif
-            yc_gemm_store(acc[i * NWI + j], m, n, g, M, ldc, bias, C, cb, R, rbase);
+            STORE_C(acc[i * NWI + j], m, n);
         }
     }
-#endif
 }
 
 #if SK > 1

@@ -123,19 +123,23 @@ def test_gemm_configs_odd_shapes(rt, cfg):
         assert rel_err(out, reference(A, B, bias, act=LEAKY)) < 1e-5, (M, N, K, c)
 
 
+def check_full_epilogue(rt, rng, c, G, M, N, K, batch):
+    """Groups, batches, bias, leaky, a fused residual + leaky, written into a concat slice."""
+    assert gl.why_illegal(c, M, N, K) is None, gl.why_illegal(c, M, N, K)
+    A = rng.standard_normal((G, M, K)).astype(np.float32)
+    B = rng.standard_normal((batch, G, K, N)).astype(np.float32)
+    bias = rng.standard_normal(G * M).astype(np.float32)
+    R = rng.standard_normal((batch, G, M, N)).astype(np.float32)
+    out = run_gemm(rt, c, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(5, 3))
+    assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < 1e-5, c
+
+
 def test_vector_b_loads_and_groups_batches_residual_slice(rt):
     rng = np.random.default_rng(1)
     G, M, N, K, batch = 2, 24, 52, 40, 3
     for cfg in (dict(MWG=32, NWG=32, KWG=8, MDIMC=8, NDIMC=8, VWB=4), dict(MWG=16, NWG=64, KWG=16, MDIMC=4,
                                                                            NDIMC=16, VWB=2, VB=4)):
-        c = gl.complete(cfg, M, N, K)
-        assert gl.why_illegal(c, M, N, K) is None, gl.why_illegal(c, M, N, K)
-        A = rng.standard_normal((G, M, K)).astype(np.float32)
-        B = rng.standard_normal((batch, G, K, N)).astype(np.float32)
-        bias = rng.standard_normal(G * M).astype(np.float32)
-        R = rng.standard_normal((batch, G, M, N)).astype(np.float32)
-        out = run_gemm(rt, c, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(5, 3))
-        assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < 1e-5
+        check_full_epilogue(rt, rng, gl.complete(cfg, M, N, K), G, M, N, K, batch)
 
 
 def test_half_storage(rt):
@@ -157,14 +161,7 @@ def test_split_k(rt, sk):
     for (G, M, N, K, batch), cfg in (((1, 33, 50, 95, 1), dict(MWG=32, NWG=32, KWG=8, MDIMC=8, NDIMC=8)),
                                      ((2, 24, 52, 128, 3), dict(MWG=16, NWG=64, KWG=16, MDIMC=4, NDIMC=16,
                                                                 PF=0))):
-        c = {**gl.complete(cfg, M, N, K), "SK": sk}
-        assert gl.why_illegal(c, M, N, K) is None, gl.why_illegal(c, M, N, K)
-        A = rng.standard_normal((G, M, K)).astype(np.float32)
-        B = rng.standard_normal((batch, G, K, N)).astype(np.float32)
-        bias = rng.standard_normal(G * M).astype(np.float32)
-        R = rng.standard_normal((batch, G, M, N)).astype(np.float32)
-        out = run_gemm(rt, c, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(5, 3))
-        assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < 1e-5, (sk, c)
+        check_full_epilogue(rt, rng, {**gl.complete(cfg, M, N, K), "SK": sk}, G, M, N, K, batch)
 
 
 def test_split_k_implicit_and_half(rt):

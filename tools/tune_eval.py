@@ -9,7 +9,7 @@ and reports per shape the candidates, how many the search timed, both winners an
 re-timed ratio search/traversal; then totals weighted by how often each shape occurs.
 Results are rewritten to a JSON file after each shape, so a long run can be stopped and read.
 
-``--phase traverse`` records only the traversals; ``--phase search --traversal FILE`` then runs
+``--summary FILE`` prints the totals of a results file. ``--phase traverse`` records only the traversals; ``--phase search --traversal FILE`` then runs
 the searches against them (re-timing both winners live). ``--replay FILE`` runs the search
 against the recorded times instead of the device: a quick way to study the cost model (its
 numbers are a simulation and are labelled so).
@@ -72,16 +72,20 @@ def main(argv=None) -> int:
                    help="extend: time the candidates a --traversal FILE lacks (the space grew) and merge them")
     p.add_argument("--traversal", help="search phase: JSON of an earlier traverse phase")
     p.add_argument("--replay", help="simulate the search on the recorded times of this JSON (no timing)")
+    p.add_argument("--summary", help="print the totals of a results JSON and exit")
     args = p.parse_args(argv)
+    if args.summary:
+        print(summary(read_json(args.summary)))
+        return 0
     if args.replay:
-        return replay(json.loads(Path(args.replay).read_text()), args)
+        return replay(read_json(args.replay), args)
     recorded = {}
     if args.phase == "extend":
-        return extend(json.loads(Path(args.traversal).read_text()), args)
+        return extend(read_json(args.traversal), args)
     if args.phase == "search":
         if not args.traversal:
             p.error("--phase search needs --traversal FILE")
-        prev = json.loads(Path(args.traversal).read_text())
+        prev = read_json(args.traversal)
         recorded = {(spec, r["key"]): r for spec, rows in prev["models"].items() for r in rows}
     warnings.filterwarnings("ignore", message="Non-empty compiler output")
 
@@ -133,6 +137,13 @@ def main(argv=None) -> int:
     print()
     print(summary(report))
     return 0
+
+
+def read_json(path: str) -> dict:
+    """A results file, plain or gzipped (the recordings in tools/recordings/ are .json.gz)."""
+    import gzip
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
 
 
 def extend(report: dict, args) -> int:
