@@ -2,17 +2,21 @@
 
 Everything that can be decided once is decided in the constructor (memory plan, buffers,
 kernel choice, compiled programs, bound arguments). ``run`` only copies the input in,
-enqueues the launch list and reads the outputs back: no allocation, no compilation.
+enqueues the launch list and reads the outputs back: no allocation, no compilation. Where the
+device offers ``cl_khr_command_buffer`` the launch list is recorded once into a command
+buffer and a frame enqueues that one object (``YOLO_CL_COMMAND_BUFFER=0`` turns it off).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from .errors import YoloClError
+from . import cmdbuf
+from .errors import DeviceError, YoloClError
 from .graph import Graph
 from .kernels import BindContext, bind_node, workspace_elems
 from .limits import check_executor
@@ -35,7 +39,9 @@ class Executor:
     """A graph bound to a runtime for one batch size and storage precision."""
 
     def __init__(self, rt, graph: Graph, batch: int = 1, half: bool = False, tuning=None,
-                 weight_cache: Optional[dict] = None) -> None:
+                 weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None) -> None:
+        """``command_buffer``: None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
+        is not 0), True requires one, False replays the launch list with one enqueue each."""
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
         self.plan = plan_memory(graph, batch)
         item = 2 if half else 4
@@ -60,6 +66,21 @@ class Executor:
         self._out_bstride = [v.tensor.size * item for v in graph.outputs]
         self._in_offset = self.plan.offset(graph.input) * item
         self.events: list = []
+        self.command_buffer = self._record(command_buffer)
+
+    def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
+        device = getattr(self.rt, "device", None)
+        if wanted is False or device is None:
+            return None
+        if wanted is None and (os.environ.get("YOLO_CL_COMMAND_BUFFER", "1").strip() == "0"
+                               or not cmdbuf.supported(device)):
+            return None
+        try:
+            return cmdbuf.CommandBuffer(self.rt.queue, self.launches)
+        except DeviceError:
+            if wanted:
+                raise
+            return None            # listed but not usable: the launch list works everywhere
 
     @property
     def arena_bytes(self) -> int:
@@ -81,12 +102,15 @@ class Executor:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {expect}")
         np.copyto(self._host_in, blob, casting="unsafe")
         cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
-        launches = [l for n in self.graph.nodes for l in bind_node(self.ctx, n)] if eager else self.launches
         events = []
-        for l in launches:
-            ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
-            if profile:
-                events.append(ev)
+        if self.command_buffer is not None and not (profile or eager):
+            self.command_buffer.enqueue()          # per-launch events need the launch list
+        else:
+            launches = [l for n in self.graph.nodes for l in bind_node(self.ctx, n)] if eager else self.launches
+            for l in launches:
+                ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
+                if profile:
+                    events.append(ev)
         outs = []
         # Keep the read events alive until finish(): pyopencl waits for a dropped host-copy
         # event *holding the GIL*, which would stall every other Python thread for the

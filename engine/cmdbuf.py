@@ -1,0 +1,114 @@
+"""Record an execution plan's launches once into a ``cl_khr_command_buffer`` and replay it.
+
+pyopencl has no binding for the extension, so this calls it through ctypes: the entry points
+come from ``clGetExtensionFunctionAddressForPlatform`` of the ICD loader pyopencl itself uses,
+and take pyopencl's raw handles (``int_ptr``). Kernel arguments are captured when a command is
+recorded, which is exactly the plan's contract: arguments are bound once and never change.
+
+A replay is one ``clEnqueueCommandBufferKHR`` instead of one enqueue per launch. A buffer
+recorded without the simultaneous-use flag may not be enqueued again while a previous replay is
+pending; ``Executor.run`` finishes its queue every frame (it reads the heads back), so it never is.
+Written against the provisional extension's revision 0.9.x (PoCL 3.1 and later list it).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+from typing import Optional
+
+from .errors import DeviceError
+
+EXTENSION = "cl_khr_command_buffer"
+
+_vp, _u32, _i32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int32
+_SIZES = ctypes.POINTER(ctypes.c_size_t)
+_SIGNATURES = {   # name -> (return type, argument types), from cl_ext.h
+    "clCreateCommandBufferKHR": (_vp, (_u32, ctypes.POINTER(_vp), _vp, ctypes.POINTER(_i32))),
+    "clCommandNDRangeKernelKHR": (_i32, (_vp, _vp, _vp, _vp, _u32, _SIZES, _SIZES, _SIZES, _u32, _vp, _vp, _vp)),
+    "clFinalizeCommandBufferKHR": (_i32, (_vp,)),
+    "clEnqueueCommandBufferKHR": (_i32, (_u32, _vp, _vp, _u32, _vp, _vp)),
+    "clReleaseCommandBufferKHR": (_i32, (_vp,)),
+}
+
+
+def supported(device) -> bool:
+    """Whether ``device`` (a pyopencl Device) lists the extension."""
+    return EXTENSION in (getattr(device, "extensions", "") or "").split()
+
+
+def _loader():
+    """The OpenCL ICD loader pyopencl is linked with (its wheel bundles one), else the system's."""
+    import pyopencl
+    here = os.path.dirname(pyopencl.__file__)
+    for pattern in (os.path.join(here, ".libs", "libOpenCL*"), os.path.join(here + ".libs", "libOpenCL*")):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return ctypes.CDLL(found[0])
+    name = ctypes.util.find_library("OpenCL")
+    if name is None:
+        raise DeviceError("no OpenCL ICD loader found for command buffers")
+    return ctypes.CDLL(name)
+
+
+def _entry_points(platform) -> dict:
+    lib = _loader()
+    get = lib.clGetExtensionFunctionAddressForPlatform
+    get.restype, get.argtypes = _vp, [_vp, ctypes.c_char_p]
+    out = {}
+    for name, (res, args) in _SIGNATURES.items():
+        addr = get(platform.int_ptr, name.encode())
+        if not addr:
+            raise DeviceError(f"{EXTENSION} is listed but {name} is missing on {platform.name.strip()}")
+        out[name] = ctypes.CFUNCTYPE(res, *args)(addr)
+    return out
+
+
+class CommandBuffer:
+    """The launches of a plan recorded into one command buffer on ``queue``."""
+
+    def __init__(self, queue, launches: list) -> None:
+        device = queue.device
+        if not supported(device):
+            raise DeviceError(f"{device.name.strip()} does not offer {EXTENSION}")
+        self._fn = _entry_points(device.platform)
+        self._queue = queue
+        queues = (_vp * 1)(queue.int_ptr)
+        err = _i32(0)
+        self._handle: Optional[int] = self._fn["clCreateCommandBufferKHR"](1, queues, None, ctypes.byref(err))
+        if err.value or not self._handle:
+            raise DeviceError(f"clCreateCommandBufferKHR failed ({err.value}) on {device.name.strip()}")
+        try:
+            for l in launches:
+                gsize = (ctypes.c_size_t * len(l.gsize))(*l.gsize)
+                lsize = (ctypes.c_size_t * len(l.lsize))(*l.lsize) if l.lsize else None
+                code = self._fn["clCommandNDRangeKernelKHR"](self._handle, None, None, l.kernel.int_ptr,
+                                                             len(l.gsize), None, gsize, lsize, 0, None, None, None)
+                if code:
+                    raise DeviceError(f"recording {l.name} of layer {l.node.label} into a command buffer "
+                                      f"failed ({code})")
+            code = self._fn["clFinalizeCommandBufferKHR"](self._handle)
+            if code:
+                raise DeviceError(f"clFinalizeCommandBufferKHR failed ({code})")
+        except DeviceError:
+            self.release()
+            raise
+        self.commands = len(launches)
+
+    def enqueue(self) -> None:
+        """Replay every recorded launch, in order, on the queue it was recorded for."""
+        code = self._fn["clEnqueueCommandBufferKHR"](0, None, self._handle, 0, None, None)
+        if code:
+            raise DeviceError(f"clEnqueueCommandBufferKHR failed ({code})")
+
+    def release(self) -> None:
+        if self._handle:
+            self._fn["clReleaseCommandBufferKHR"](self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:   # noqa: BLE001 - interpreter shutdown: the driver may be gone already
+            pass

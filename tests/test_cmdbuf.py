@@ -1,0 +1,58 @@
+"""Replaying the plan through cl_khr_command_buffer (engine/cmdbuf.py) against the launch list.
+
+The pip PoCL that CI uses does not list the extension; Debian's PoCL (pocl-opencl-icd, 3.1 and
+later) does, so the replay test runs where such a device is visible and is skipped elsewhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from yolo_cl import cmdbuf
+from yolo_cl.detector import Detector
+from yolo_cl.errors import DeviceError
+from yolo_cl.executor import Executor
+
+
+def _device_with_command_buffers():
+    for p in cl.get_platforms():
+        for d in p.get_devices():
+            if cmdbuf.supported(d):
+                return d
+    return None
+
+
+@pytest.fixture(scope="module")
+def tiny_default():
+    return Detector("yolov3-tiny", input_size=96)
+
+
+def test_command_buffer_replay_equals_the_launch_list(monkeypatch):
+    dev = _device_with_command_buffers()
+    if dev is None:
+        pytest.skip("no OpenCL device here lists cl_khr_command_buffer (Debian's pocl-opencl-icd does)")
+    det = Detector("yolov3-tiny", input_size=96, device=dev)
+    graph = det.graph_for((96, 96))
+    with_cb = Executor(det.runtime, graph, 2, False, det.tuning, command_buffer=True)
+    without = Executor(det.runtime, graph, 2, False, det.tuning, command_buffer=False)
+    assert with_cb.command_buffer is not None and without.command_buffer is None
+    assert with_cb.command_buffer.commands == len(with_cb.launches)
+    rng = np.random.default_rng(0)
+    for _ in range(3):                     # new inputs each frame: the replay reads the arena afresh
+        blob = rng.random((2, 3, 96, 96), dtype=np.float32)
+        for a, b in zip(with_cb.run(blob), without.run(blob)):
+            np.testing.assert_array_equal(a, b)
+    assert Executor(det.runtime, graph, 1, False, det.tuning).command_buffer is not None   # auto: used
+    monkeypatch.setenv("YOLO_CL_COMMAND_BUFFER", "0")
+    assert Executor(det.runtime, graph, 1, False, det.tuning).command_buffer is None
+
+
+def test_a_device_without_the_extension_replays_the_launch_list(tiny_default, monkeypatch):
+    monkeypatch.setattr(cmdbuf, "supported", lambda device: False)
+    graph = tiny_default.graph_for((96, 96))
+    ex = Executor(tiny_default.runtime, graph, 1, False, tiny_default.tuning)
+    assert ex.command_buffer is None
+    ex.run(np.zeros((1, 3, 96, 96), np.float32))
+    with pytest.raises(DeviceError, match="cl_khr_command_buffer"):
+        Executor(tiny_default.runtime, graph, 1, False, tiny_default.tuning, command_buffer=True)
