@@ -11,7 +11,8 @@ Arguments are NumPy arrays (results come back as NumPy) or pyopencl arrays (resu
 device, on the array's queue). Images bigger than one device allocation, or than
 ``max_tile_bytes``, run in row bands with halos, so host memory is the only size limit. Kernel
 configs (tile shape, register block) are chosen by a short timed search once per device and
-shape bucket, and kept for the life of the process; ``set_tuning`` controls when that happens.
+shape bucket and saved to the engine's tuning database (the user cache), so later processes
+read them instead of searching; ``set_tuning`` controls when a search happens.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Tuple, Union
@@ -207,12 +209,39 @@ def _timed(ctx: _Ctx, fn: Callable[[dict], None], cfg: dict, reps: int = 2) -> f
     return best
 
 
+def _db_key(key: tuple) -> str:
+    """The tuning-database key of an op's shape bucket, e.g. ``ops corr2d 14 15 8192 True``."""
+    return "ops " + " ".join(str(v) for v in key)
+
+
+def _remembered(ctx: _Ctx, key: tuple, candidates: list) -> Optional[dict]:
+    """The config chosen for ``key`` before: in this process, else in the tuning database (the
+    engine's: shipped files and the user cache), if it is still one of this device's candidates."""
+    if key in ctx.configs:
+        return ctx.configs[key]
+    from .tuner import TuningDatabase
+    cfg = TuningDatabase(ctx.rt, "fp32").lookup_key(_db_key(key))
+    if cfg is not None and cfg in candidates:
+        ctx.configs[key] = cfg
+        return cfg
+    return None
+
+
+def _store(ctx: _Ctx, key: tuple, cfg: dict) -> None:
+    """Write a searched config to the user tuning database, so later processes skip the search."""
+    from .tuner import TuningDatabase
+    try:
+        TuningDatabase(ctx.rt, "fp32").record({_db_key(key): dict(cfg)})
+    except (OSError, YoloClError) as e:
+        warnings.warn(f"yolo_cl.ops: could not save the tuned config for {_db_key(key)}: {e}", stacklevel=3)
+
+
 def _search(ctx: _Ctx, key: tuple, candidates: list, trial: Callable[[dict], None]) -> dict:
     """Time ``trial`` under each candidate config, remember the fastest for ``key`` and return it.
 
-    Callers use ``ctx.configs[key]`` when present and the heuristic ``candidates[0]`` when not
-    tuning (not remembered, so a later call that tunes still searches). This is the one place to
-    plug in a shared tuning database: look ``key`` up before searching and store the winner after."""
+    Callers use ``_remembered`` first and the heuristic ``candidates[0]`` when not tuning (not
+    remembered, so a later call that tunes still searches). The winner goes to ``ctx.configs``
+    and to the user tuning database, shared with the engine's conv configs."""
     timings = []
     for cand in candidates:
         try:
@@ -223,6 +252,7 @@ def _search(ctx: _Ctx, key: tuple, candidates: list, trial: Callable[[dict], Non
         return candidates[0]
     cfg = min(timings, key=lambda tc: tc[0])[1]
     ctx.configs[key] = cfg
+    _store(ctx, key, cfg)
     return cfg
 
 
@@ -514,8 +544,9 @@ def _conv2d_config(ctx: _Ctx, p: _Conv, runner: _Conv2dRunner, tune: Optional[bo
     else:
         cands = _gemm_candidates(ctx, p.f // p.g, p.oh * p.ow)
         key = ("gemm", p.f // p.g, p.k, min(1 << (p.oh * p.ow - 1).bit_length(), 1 << 20), p.g)
-    if key in ctx.configs:
-        return ctx.configs[key]
+    known = _remembered(ctx, key, cands)
+    if known is not None:
+        return known
     if not _wants_tuning(tune, p.flops) or len(cands) == 1:
         return cands[0]
     ow = min(p.ow, 1024 if ctx.is_cpu else 4096)
@@ -747,8 +778,9 @@ def _causal_config(ctx: _Ctx, mode: int, b: int, c: int, t: int, tune: Optional[
     cands = causal1d_candidates(ctx, mode)
     flops = 2.0 * b * c * t * (t + 1) / 2
     key = ("causal1d", mode, t, b, 1 << max(c - 1, 1).bit_length())
-    if key in ctx.configs:
-        return ctx.configs[key]
+    known = _remembered(ctx, key, cands)
+    if known is not None:
+        return known
     if not _wants_tuning(tune, flops) or len(cands) == 1:
         return cands[0]
     ct = max(1, min(c, int(_TUNE_FLOPS[ctx.is_cpu] / max(b * t * (t + 1), 1))))

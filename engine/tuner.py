@@ -245,6 +245,17 @@ class TuningDatabase:
                     return dict(cfg)
         return None
 
+    def lookup_key(self, key: str, max_level: int = 1) -> Optional[dict]:
+        """A config stored under ``key`` for this device (levels 0..max_level: by default the same
+        device name, any driver), without timing fields; None if absent. For non-conv users
+        (``yolo_cl.ops``), which check the config against their own candidates."""
+        for level in range(max_level + 1):
+            for _, rec in self.records:
+                cfg = rec["configs"].get(key) if self.id.matches(rec, level) else None
+                if isinstance(cfg, dict):
+                    return {k: v for k, v in cfg.items() if k not in ("ms", "gflops")}
+        return None
+
     def conv_config(self, node: Node, batch: int = 1) -> dict:
         """The config the executor binds: tuned if known at some level, else the heuristic."""
         cfg = self.lookup(node, batch)

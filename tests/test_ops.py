@@ -9,6 +9,16 @@ import scipy.signal
 import yolo_cl
 from yolo_cl import ops
 
+
+@pytest.fixture(scope="module", autouse=True)
+def private_tuning_db(tmp_path_factory):
+    """The ops save tuned configs in the user tuning database: keep this module's in a fresh one,
+    so a config remembered by an earlier run cannot stand in for a search a test expects."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("YOLO_CL_CACHE", str(tmp_path_factory.mktemp("ops-cache")))
+    yield
+    mp.undo()
+
 RNG = np.random.default_rng(20240607)
 
 
@@ -213,6 +223,21 @@ def test_device_outputs_come_from_the_pool_and_free_memory_returns_it():
     del again
     ops.free_memory()
     assert pool.held_blocks == 0
+
+
+def test_tuned_config_is_saved_and_read_back_without_a_search(monkeypatch):
+    from yolo_cl.tuner import TuningDatabase
+    rt = ops.runtime()
+    ctx = ops._context(rt)
+    x, w = rand(1, 1, 60, 90), rand(1, 1, 5, 6)
+    ref = ops.conv2d(x, w, tune=True)
+    key = next(k for k in ctx.configs if k[:3] == ("corr2d", 5, 6))
+    saved = TuningDatabase(rt, "fp32").lookup_key(ops._db_key(key))
+    assert saved == ctx.configs[key]                 # in the user database, under this device
+    ctx.configs.clear()                              # as a new process would start
+    monkeypatch.setattr(ops, "_search", lambda *a, **k: pytest.fail("searched again"))
+    np.testing.assert_array_equal(ops.conv2d(x, w, tune=True), ref)
+    assert ctx.configs[key] == saved
 
 
 def test_arrays_from_a_foreign_context():
