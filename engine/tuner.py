@@ -32,7 +32,6 @@ import copy
 import itertools
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ import numpy as np
 
 from .errors import YoloClError
 from .graph import Node, Tensor, View
-from .kernels import BindContext, bind_node
+from .kernels import BindContext, conv_gemm_shape
 from .kernels import conv as convk
 from .kernels import gemm_cpu, gemm_local
 from .resources import resource_dir
@@ -453,7 +452,7 @@ def _local_cost(node: Node, cfg: dict, batch: int, rt) -> float:
         M, N, K, t2 = convk.winograd.gemm_shape(node, m)
         work = t2 * M * N * K * batch
     else:
-        M, N, K, _ = gemm_cpu.conv_gemm_shape(node)
+        M, N, K, _ = conv_gemm_shape(node)
         work = M * N * K * batch * node.attrs["groups"]
     waste = gemm_local.waste(cfg, M, N)
     groups = -(-M // cfg["MWG"]) * -(-N // cfg["NWG"]) * batch * gemm_local.split_k(cfg)

@@ -89,6 +89,19 @@ def residual_args(ctx: BindContext, node: Node) -> list:
     return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
 
 
+def conv_gemm_shape(node: Node) -> tuple:
+    """(M, N, K, G) of a conv as GEMMs: filters per group, output pixels, K per group, groups."""
+    a = node.attrs
+    g = a["groups"]
+    return a["filters"] // g, node.output.h * node.output.w, (a["in_c"] // g) * a["size"] ** 2, g
+
+
+def is_pointwise(node: Node) -> bool:
+    """A 1x1, stride-1, unpadded conv: its input already is the GEMM's B matrix."""
+    a = node.attrs
+    return a["size"] == 1 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["pad"] == 0
+
+
 def bind_node(ctx: BindContext, node: Node) -> list:
     """Launches for ``node`` (in order)."""
     from . import conv, simple

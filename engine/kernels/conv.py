@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from . import BindContext, Launch, epilogue_defines, i32, residual_args
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, residual_args
 from . import gemm_cpu, gemm_local, winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -23,21 +23,13 @@ _WARNED: set = set()   # (device, layer, config) already reported as falling bac
 
 
 def conv_shape(node: Node, batch: int = 1) -> dict:
-    """The GEMM view of a conv: M (filters per group), N (output pixels), K, G, batch."""
-    a = node.attrs
-    g = a["groups"]
-    return dict(M=a["filters"] // g, N=node.output.h * node.output.w, K=(a["in_c"] // g) * a["size"] ** 2, G=g,
-                B=batch)
+    """The GEMM view of a conv by name: M (filters per group), N (output pixels), K, G, batch."""
+    return dict(zip("MNKG", conv_gemm_shape(node)), B=batch)
 
 
 def is_depthwise(node: Node) -> bool:
     a = node.attrs
     return a["groups"] > 1 and a["groups"] == a["in_c"] == a["filters"]
-
-
-def is_pointwise(node: Node) -> bool:
-    a = node.attrs
-    return a["size"] == 1 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["pad"] == 0
 
 
 def algorithms(node: Node) -> list:

@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, epilogue_defines, i32, residual_args
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, residual_args
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -228,18 +228,6 @@ def heuristic(M: int, N: int, K: int, Z: int = 1) -> dict:
 
 
 # -- conv binding -----------------------------------------------------------------------------
-def conv_gemm_shape(node: Node) -> tuple:
-    """(M, N, K, G) of a conv as GEMMs: filters per group, output pixels, K per group, groups."""
-    a = node.attrs
-    g = a["groups"]
-    return a["filters"] // g, node.output.h * node.output.w, (a["in_c"] // g) * a["size"] ** 2, g
-
-
-def is_pointwise(node: Node) -> bool:
-    a = node.attrs
-    return a["size"] == 1 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["pad"] == 0
-
-
 def conv_algos(node: Node) -> list:
     """Algorithms of this family that can run ``node``."""
     if is_pointwise(node):
@@ -402,28 +390,12 @@ def wino_weights(ctx: BindContext, node: Node, m: int, rows: int) -> dict:
 
 def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Input transform, this family's GEMM batched over the T2 points (no bias), output transform + epilogue."""
-    a = node.attrs
     m = int(cfg.get("m", 2))
-    x, out = node.inputs[0], node.output
     M, P, C, t2 = winograd.gemm_shape(node, m)
-    th, tw, _ = winograd.tile_grid(node, m)
-    B = ctx.batch
     wts = wino_weights(ctx, node, m, pack_rows(cfg))
-    v_off, m_off = 0, B * t2 * C * P
-    ws = ctx.workspace
-    k_in = ctx.kernel("winograd.cl", "yc_wino_input", ctx.defines(WINO_M=m),
-                      ctx.view(x) + i32(C, x.h, x.w) + [ws] + i32(v_off, tw, P, a["pad"]))
-    launches = [Launch(k_in, (P, C, B), None, node, "wino_input", {"m": m})]
-    gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
-        [ws, np.int32(0), np.int32(0)] + i32(M, P, C, t2)
     gd = defines(ctx.defines(NO_BIAS=True), cfg, M, P)
-    k_g = ctx.kernel("gemm.cl", kernel_name(cfg), gd, gargs)
-    launches.append(Launch(k_g, grid(cfg, M, P, B * t2), local_size(cfg), node, "wino_gemm", dict(cfg),
-                           node.flops * B))
-    od = epilogue_defines(ctx, node)
-    od["WINO_M"] = m
-    oargs = [ws] + i32(m_off, M, P, tw) + [wts["bias"]] + ctx.view(out) + i32(out.h, out.w) + \
-        residual_args(ctx, node)
-    k_out = ctx.kernel("winograd.cl", "yc_wino_output", od, oargs)
-    launches.append(Launch(k_out, (P, M, B), None, node, "wino_output", {"m": m}))
-    return launches
+
+    def gemm(gargs: list) -> Launch:
+        return Launch(ctx.kernel("gemm.cl", kernel_name(cfg), gd, gargs), grid(cfg, M, P, ctx.batch * t2),
+                      local_size(cfg), node, "wino_gemm", dict(cfg), node.flops * ctx.batch)
+    return winograd.transform_launches(ctx, node, m, wts, gemm)

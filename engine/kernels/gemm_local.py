@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, epilogue_defines, i32, residual_args
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, residual_args
 from ..graph import Node
 
 FAMILY = "local"
@@ -278,17 +278,6 @@ def heuristic(M: int, N: int, K: int, Z: int = 1, implicit: bool = False,
 
 
 # -- conv binding -----------------------------------------------------------------------------
-def _shape(node: Node, batch: int) -> tuple:
-    a = node.attrs
-    g = a["groups"]
-    return a["filters"] // g, node.output.h * node.output.w, (a["in_c"] // g) * a["size"] ** 2, g
-
-
-def is_pointwise(node: Node) -> bool:
-    a = node.attrs
-    return a["size"] == 1 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["pad"] == 0
-
-
 def conv_algos(node: Node) -> list:
     """Algorithms of this family that can run ``node``."""
     return ["gemm1x1", "implicit", "im2col"] if is_pointwise(node) else ["implicit", "im2col"]
@@ -296,7 +285,7 @@ def conv_algos(node: Node) -> list:
 
 def candidates(node: Node, rt, batch: int = 1) -> list:
     """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device."""
-    M, N, K, G = _shape(node, batch)
+    M, N, K, G = conv_gemm_shape(node)
     lim = device_limits(rt)
     out = []
     for algo in conv_algos(node):
@@ -312,7 +301,7 @@ def heuristic_config(node: Node, batch: int = 1, lim: DeviceLimits = DeviceLimit
     from . import winograd
     if winograd.applicable(node) and node.attrs["in_c"] >= 16:
         return winograd.heuristic_config(node, batch, 2, lim)
-    M, N, K, G = _shape(node, batch)
+    M, N, K, G = conv_gemm_shape(node)
     algo = conv_algos(node)[0]
     return {"algo": algo, "family": FAMILY, **heuristic(M, N, K, batch * G, algo == "implicit", lim)}
 
@@ -333,7 +322,7 @@ def packed_weights(ctx: BindContext, node: Node) -> dict:
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Launches for a conv under a local-family config: [im2col,] GEMM."""
     a = node.attrs
-    M, N, K, G = _shape(node, ctx.batch)
+    M, N, K, G = conv_gemm_shape(node)
     x, out = node.inputs[0], node.output
     wts = packed_weights(ctx, node)
     algo = cfg["algo"]

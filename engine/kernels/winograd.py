@@ -112,34 +112,40 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     m = int(cfg.get("m", 2))
     if not applicable(node) or m not in TILE_SIZES:
         raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
-    a = node.attrs
-    x, out = node.inputs[0], node.output
     M, P, C, t2 = gemm_shape(node, m)
-    th, tw, _ = tile_grid(node, m)
     lim = gl.device_limits(ctx.rt)
     if not gl.fits_device(cfg, lim):
         cfg = {**cfg, **gl.heuristic(M, P, C, ctx.batch * t2, False, lim)}
     cfg = gl.fit({**cfg, "SK": 1} if gl.split_k(cfg) > 1 else cfg, M, P, C, False, lim)
-    reason = gl.why_illegal(cfg, M, P, C, False, gl.device_limits(ctx.rt))
+    reason = gl.why_illegal(cfg, M, P, C, False, lim)
     if reason is not None:
         raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
-    B = ctx.batch
     wts = transformed_weights(ctx, node, m)
-    v_off, m_off = 0, B * t2 * C * P
-    ws = ctx.workspace
-    wd = ctx.defines(WINO_M=m)
+    gd = gl.defines(ctx.defines(NO_BIAS=True), cfg, M, P, C)
 
-    k_in = ctx.kernel("winograd.cl", "yc_wino_input", wd,
+    def gemm(gargs: list) -> Launch:
+        gs, ls = gl.sizes(cfg, M, P, ctx.batch * t2)
+        return Launch(ctx.kernel("gemm_local.cl", "yc_gemm_local", gd, gargs), gs, ls, node, "wino_gemm",
+                      dict(cfg), node.flops * ctx.batch)
+    return transform_launches(ctx, node, m, wts, gemm)
+
+
+def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm) -> list:
+    """Input transform, the GEMMs over the T2 points, output transform + epilogue: the launches
+    of either GEMM family's Winograd conv. ``gemm(args)`` makes the family's GEMM launch from the
+    shared argument list (A = ``wts["A"]`` in that family's layout, B = V, C = Mt, no bias)."""
+    a = node.attrs
+    x, out = node.inputs[0], node.output
+    M, P, C, t2 = gemm_shape(node, m)
+    tw = tile_grid(node, m)[1]
+    B, ws = ctx.batch, ctx.workspace
+    v_off, m_off = 0, B * t2 * C * P
+    k_in = ctx.kernel("winograd.cl", "yc_wino_input", ctx.defines(WINO_M=m),
                       ctx.view(x) + i32(C, x.h, x.w) + [ws] + i32(v_off, tw, P, a["pad"]))
     launches = [Launch(k_in, (P, C, B), None, node, "wino_input", {"m": m})]
-
-    gd = gl.defines(ctx.defines(NO_BIAS=True), cfg, M, P, C)
     gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
         [ws, np.int32(0), np.int32(0)] + i32(M, P, C, t2)
-    k_g = ctx.kernel("gemm_local.cl", "yc_gemm_local", gd, gargs)
-    gs, ls = gl.sizes(cfg, M, P, B * t2)
-    launches.append(Launch(k_g, gs, ls, node, "wino_gemm", dict(cfg), node.flops * B))
-
+    launches.append(gemm(gargs))
     od = epilogue_defines(ctx, node)
     od["WINO_M"] = m
     oargs = [ws] + i32(m_off, M, P, tw) + [wts["bias"]] + ctx.view(out) + i32(out.h, out.w) + \
