@@ -12,27 +12,14 @@ import itertools
 import numpy as np
 import pytest
 
+from gemm_ref import LEAKY, MISH, SlicedC, reference, rel_err
 from yolo_cl.kernels import gemm_cpu as gc
-from yolo_cl.layers import ACT_ID
 from yolo_cl.runtime import Runtime
-
-LEAKY, MISH = ACT_ID["leaky"], ACT_ID["mish"]
 
 
 @pytest.fixture(scope="module")
 def rt():
     return Runtime()
-
-
-def leaky(x):
-    return np.where(x > 0, x, 0.1 * x)
-
-
-def mish(x):
-    return x * np.tanh(np.log1p(np.exp(np.minimum(x, 20.0))))
-
-
-ACTS = {0: lambda x: x, LEAKY: leaky, MISH: mish}
 
 
 def full(cfg: dict) -> dict:
@@ -54,51 +41,23 @@ def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c
     dt = np.float16 if half else np.float32
     G, M, K = A.shape
     batch, N = B.shape[0], B.shape[-1]
-    before, after = c_pad
-    rows = G * M + before + after
-    c_bstride = rows * N
-    poison = np.full(batch * c_bstride, np.nan, dt)
+    c = SlicedC(rt, batch, G, M, N, c_pad, dt, residual)
     w = A.reshape(G * M, K)
     Ah = gc.pack_weights(w, G, gc.pack_rows(cfg), dt) if packed else w.astype(dt)
     bufs = [rt.upload(np.ascontiguousarray(Ah), "A"), rt.upload(bias.astype(np.float32), "bias"),
-            rt.upload(B.astype(dt).ravel(), "B"), rt.upload(poison, "C")]
-    if residual is not None:
-        Rfull = np.zeros((batch, rows, N), np.float32)
-        Rfull[:, before:before + G * M] = residual.reshape(batch, G * M, N)
-        Rbuf = rt.upload(Rfull.astype(dt).ravel(), "R")
-    else:
-        Rbuf = bufs[3]
+            rt.upload(B.astype(dt).ravel(), "B")]
     d = gc.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N)
     if not packed:
         del d["PACK_A"]
     if residual is not None:
         d.update(RESIDUAL=True, ACT2=act2)
     i = np.int32
-    args = bufs[:3] + [i(0), i(G * K * N), i(K * N), i(N), bufs[3], i(before * N), i(c_bstride), i(N),
-                       Rbuf, i(before * N), i(c_bstride), i(M), i(N), i(K), i(G)]
+    args = bufs + [i(0), i(G * K * N), i(K * N), i(N), c.buf, i(c.off), i(c.bstride), i(N),
+                   c.rbuf, i(c.off), i(c.bstride), i(M), i(N), i(K), i(G)]
     k = cl.Kernel(rt.program("gemm.cl", d), gc.kernel_name(cfg))
     k.set_args(*args)
     cl.enqueue_nd_range_kernel(rt.queue, k, gc.grid(cfg, M, N, batch * G), gc.local_size(cfg))
-    out = np.empty_like(poison)
-    cl.enqueue_copy(rt.queue, out, bufs[3])
-    rt.queue.finish()
-    out = out.astype(np.float32).reshape(batch, rows, N)
-    assert np.isnan(out[:, :before]).all() and np.isnan(out[:, before + G * M:]).all(), "wrote outside its slice"
-    return out[:, before:before + G * M].reshape(batch, G, M, N)
-
-
-def reference(A, B, bias, residual=None, act=0, act2=0):
-    G, M, K = A.shape
-    C = np.einsum("gmk,bgkn->bgmn", A.astype(np.float64), B.astype(np.float64))
-    C = ACTS[act](C + bias.reshape(1, G, M, 1))
-    if residual is not None:
-        C = ACTS[act2](C + residual.reshape(C.shape))
-    return C
-
-
-def rel_err(x, ref):
-    assert np.isfinite(x).all(), "non-finite (unwritten) output"
-    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+    return c.read()
 
 
 def case(rt, cfg, M, N, K, *, G=1, batch=1, seed=0, tol=1e-5, **kw):

@@ -8,20 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gemm_ref import LEAKY, SlicedC, reference, rel_err
 from yolo_cl.kernels import gemm_local as gl
-from yolo_cl.layers import ACT_ID
 from yolo_cl.runtime import Runtime
-
-LEAKY = ACT_ID["leaky"]
 
 
 @pytest.fixture(scope="module")
 def rt():
     return Runtime()
-
-
-def leaky(x):
-    return np.where(x > 0, x, 0.1 * x)
 
 
 def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c_pad=(0, 0), implicit=None):
@@ -35,20 +29,10 @@ def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c
     G, M, K = A.shape
     batch = B.shape[0]
     N = B.shape[-1] if implicit is None else implicit["OH"] * implicit["OW"]
-    before, after = c_pad
-    rows = G * M + before + after
-    c_bstride = rows * N
-    poison = np.full(batch * c_bstride, np.nan, dt)
+    c = SlicedC(rt, batch, G, M, N, c_pad, dt, residual)
     Abuf = rt.upload(gl.pack_weights(A.reshape(G * M, K), G, dt), "A")
     biasb = rt.upload(bias.astype(np.float32), "bias")
     Bbuf = rt.upload(B.astype(dt).ravel(), "B")
-    Cbuf = rt.upload(poison, "C")
-    if residual is not None:
-        Rfull = np.zeros((batch, rows, N), np.float32)
-        Rfull[:, before:before + G * M] = residual.reshape(batch, G * M, N)
-        Rbuf = rt.upload(Rfull.astype(dt).ravel(), "R")
-    else:
-        Rbuf = Cbuf
     defines = gl.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K)
     if residual is not None:
         defines.update(RESIDUAL=True, ACT2=act2)
@@ -62,37 +46,14 @@ def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c
         extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
     partial = rt.upload(np.full(max(gl.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
     specs = gl.launch_specs(cfg, defines, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
-                            [Cbuf, np.int32(before * N), np.int32(c_bstride), np.int32(N)],
-                            [Rbuf, np.int32(before * N), np.int32(c_bstride)], extra, partial)
+                            [c.buf, np.int32(c.off), np.int32(c.bstride), np.int32(N)],
+                            [c.rbuf, np.int32(c.off), np.int32(c.bstride)], extra, partial)
     assert len(specs) == (2 if gl.split_k(cfg) > 1 else 1)
     for name, d, args, gs, ls, _ in specs:
         k = cl.Kernel(rt.program("gemm_local.cl", d), name)
         k.set_args(*args)
         cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
-    out = np.empty_like(poison)
-    cl.enqueue_copy(rt.queue, out, Cbuf)
-    rt.queue.finish()
-    out = out.astype(np.float32).reshape(batch, rows, N)
-    assert np.isnan(out[:, :before]).all() and np.isnan(out[:, before + G * M:]).all(), "wrote outside its slice"
-    return out[:, before:before + G * M].reshape(batch, G, M, N)
-
-
-def reference(A, B, bias, residual=None, act=0, act2=0):
-    G, M, K = A.shape
-    C = np.einsum("gmk,bgkn->bgmn", A.astype(np.float64), B.astype(np.float64))
-    C = C + bias.reshape(1, G, M, 1)
-    if act == LEAKY:
-        C = leaky(C)
-    if residual is not None:
-        C = C + residual.reshape(C.shape)
-        if act2 == LEAKY:
-            C = leaky(C)
-    return C
-
-
-def rel_err(x, ref):
-    assert np.isfinite(x).all(), "non-finite (unwritten) output"
-    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+    return c.read()
 
 
 ODD_SHAPES = [(1, 1, 1), (5, 7, 3), (17, 33, 27), (75, 130, 41), (33, 169, 95)]

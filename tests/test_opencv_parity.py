@@ -25,6 +25,7 @@ import yolo_cl
 
 sys.path.insert(0, os.path.dirname(__file__))
 import darknet_io  # noqa: E402
+from boxes import iou  # noqa: E402
 import opencv_ref  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,14 +35,6 @@ TINY_WEIGHTS = ROOT / "models" / "yolov3-tiny.weights"
 IMAGES = sorted((SHARED / "images").glob("*.jpg"))
 ZOO = sorted((ROOT / "models" / "cfg").glob("*.cfg"))
 SMALL = {"yolov4x-mish": 96, "yolov7": 96}   # the deepest nets run at 96 px to keep CI short; others at 128
-
-
-def iou(a, b):
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 def clip(box, w, h):

@@ -6,17 +6,10 @@ import numpy as np
 import pytest
 
 import yolo_cl
+from boxes import iou
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 IMAGES = sorted((SHARED / "images").glob("*.jpg"))
-
-
-def iou(a, b):
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 def matched(ref, got, min_iou, min_conf=0.0):
