@@ -64,6 +64,7 @@ class _Ctx:
         self.rt, self.cl = rt, rt.cl
         self.pool = clt.MemoryPool(clt.ImmediateAllocator(rt.queue))
         self.configs: dict = {}
+        self.not_in_db: set = set()          # shape buckets the tuning database had no config for
         self.events: deque = deque(maxlen=4096)   # launch events, kept on a profiling runtime (benchmarks)
         self._kernels: dict = {}
         self.lock = threading.RLock()
@@ -219,11 +220,14 @@ def _remembered(ctx: _Ctx, key: tuple, candidates: list) -> Optional[dict]:
     engine's: shipped files and the user cache), if it is still one of this device's candidates."""
     if key in ctx.configs:
         return ctx.configs[key]
+    if key in ctx.not_in_db:             # read the files once per bucket, not on every untuned call
+        return None
     from .tuner import TuningDatabase
     cfg = TuningDatabase(ctx.rt, "fp32").lookup_key(_db_key(key))
     if cfg is not None and cfg in candidates:
         ctx.configs[key] = cfg
         return cfg
+    ctx.not_in_db.add(key)
     return None
 
 
@@ -252,6 +256,7 @@ def _search(ctx: _Ctx, key: tuple, candidates: list, trial: Callable[[dict], Non
         return candidates[0]
     cfg = min(timings, key=lambda tc: tc[0])[1]
     ctx.configs[key] = cfg
+    ctx.not_in_db.discard(key)
     _store(ctx, key, cfg)
     return cfg
 
