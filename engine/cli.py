@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="events: OpenCL profiling (default); cpu: process CPU time per compute unit, for a CPU "
                         "device on a machine busy with other work")
     t.add_argument("--exhaustive", action="store_true", help="time every legal candidate (slow; the baseline)")
+    t.add_argument("--jobs", type=_positive, help="compile this many candidates at once (default: CPUs, at most 16)")
     t.set_defaults(func=cmd_tune)
 
     b = sub.add_parser("bench", help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
@@ -552,7 +553,7 @@ def cmd_tune(args) -> int:
     """Tune a model's conv shapes on one device; configs go to the tuning database."""
     from .tuner import tune_model
     tune_model(args.model, args.size, args.batch, args.precision, args.device, args.budget, args.db, args.clock,
-               args.exhaustive)
+               args.exhaustive, jobs=args.jobs)
     return 0
 
 

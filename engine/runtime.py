@@ -126,6 +126,7 @@ class Runtime:
         self.binary_cache = binary_cache and os.environ.get("YOLO_CL_NO_BINARY_CACHE") != "1"
         self._programs: dict = {}
         self._lock = threading.Lock()
+        self._building: dict = {}     # (source, options) -> the lock its builder holds
         self.fp16 = "cl_khr_fp16" in self.device.extensions
         self.is_cpu = bool(self.device.type & cl.device_type.CPU)
         self.builds = 0          # programs compiled from source (not from cache) in this process
@@ -172,10 +173,18 @@ class Runtime:
 
     # -- programs ----------------------------------------------------------------------------
     def program(self, source: str, defines: Optional[dict] = None):
-        """Build (or fetch from cache) ``cl/<source>`` specialised with ``defines``."""
+        """Build (or fetch from cache) ``cl/<source>`` specialised with ``defines``.
+
+        Thread-safe, and threads building different programs do not wait for each other (the
+        tuner compiles its candidates in parallel: compiling, not timing, dominates a search)."""
         opts = _options(defines or {})
         key = (source, opts)
-        with self._lock:
+        prg = self._programs.get(key)
+        if prg is not None:
+            return prg
+        with self._lock:            # one lock per program: other threads build other programs meanwhile
+            lock = self._building.setdefault(key, threading.Lock())
+        with lock:
             prg = self._programs.get(key)
             if prg is None:
                 prg = self._build(source, opts)
@@ -210,7 +219,8 @@ class Runtime:
             detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
             raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}") \
                 from None
-        self.builds += 1
+        with self._lock:
+            self.builds += 1
         if self.binary_cache:
             try:
                 atomic_write(path, seal_binary(prg.get_info(cl.program_info.BINARIES)[0]))

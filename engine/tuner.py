@@ -32,7 +32,9 @@ import copy
 import itertools
 import logging
 import math
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -53,6 +55,8 @@ DB_VERSION = 1
 LEVELS = ("device+driver", "device", "vendor", "type")
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
 TIMED_FRACTION = 0.25
+BUILDS = ("processes", "threads")
+TRAVERSE_CHUNK = 256        # candidates a traversal binds (compiles) in parallel before timing them
 CLOCKS = ("events", "cpu")
 _WARNED: set = set()
 
@@ -346,7 +350,7 @@ class ConvBench:
     random ones.
     """
 
-    def __init__(self, rt, node: Node, batch: int, half: bool, queue, seed: int = 0) -> None:
+    def __init__(self, rt, node: Node, batch: int, half: bool, queue, seed: int = 0, reference: bool = True) -> None:
         self.rt, self.batch, self.half, self.queue = rt, batch, half, queue
         rng = np.random.default_rng(seed)
         a = dict(node.attrs)
@@ -381,7 +385,7 @@ class ConvBench:
         r = rng.standard_normal((batch, o0.c, o0.h, o0.w)).astype(np.float32) if res is not None else None
         self.x, self.r = x.astype(self.dtype).astype(np.float32), None if r is None else \
             r.astype(self.dtype).astype(np.float32)
-        self.ref = reference_conv(self.x, self.node, self.r)
+        self.ref = reference_conv(self.x, self.node, self.r) if reference else None
         self._host = np.empty(total, self.dtype)
 
     def _upload(self) -> None:
@@ -530,16 +534,24 @@ class Tuner:
     """Finds fast, correct conv configs on one device and writes them to a TuningDatabase."""
 
     def __init__(self, rt, precision: str = "fp32", batch: int = 1, fraction: float = TIMED_FRACTION,
-                 reps: int = 2, progress: Optional[Callable] = None, seed: int = 0, clock: str = "events") -> None:
+                 reps: int = 2, progress: Optional[Callable] = None, seed: int = 0, clock: str = "events",
+                 jobs: Optional[int] = None, build: str = "processes") -> None:
         if clock not in CLOCKS:
             raise YoloClError(f"clock '{clock}' is not one of {', '.join(CLOCKS)}")
         if clock == "cpu" and not rt.is_cpu:
             raise YoloClError("the cpu clock only measures CPU devices")
+        if build not in BUILDS:
+            raise YoloClError(f"build '{build}' is not one of {', '.join(BUILDS)}")
         self.rt, self.precision, self.batch, self.clock = rt, precision, batch, clock
         self.half = precision == "fp16"
         self.fraction, self.reps, self.seed = fraction, reps, seed
         self.progress = progress
         self.tol = TOLERANCE[precision]
+        self.jobs = max(1, jobs if jobs is not None else min(16, os.cpu_count() or 1))
+        # Worker processes compile into the on-disk binary cache, which this process then loads
+        # from: without that cache they would compile for nothing.
+        self.build = build if rt.binary_cache else "threads"
+        self._pool = None
         cl = rt.cl
         self.queue = rt.queue if rt.profiling else cl.CommandQueue(
             rt.context, rt.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
@@ -554,19 +566,75 @@ class Tuner:
                 if not (self.half and c.get("algo") == "winograd" and c.get("m", 2) != 2)]
 
     # -- measuring ------------------------------------------------------------------------
+    @staticmethod
+    def _bind(bench: ConvBench, cfg: dict):
+        """The candidate's launches, or why it cannot be built or bound (a one-line string)."""
+        try:
+            return bench.bind(cfg)
+        except Exception as e:       # noqa: BLE001 - any failing candidate is just not a candidate
+            return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+
+    def _bind_many(self, bench: ConvBench, cfgs: list, state: dict) -> None:
+        """Bind -- and so compile -- the candidates not bound yet, ``jobs`` at a time.
+
+        Compiling dominates tuning (NVIDIA's compiler takes 0.1-3 s per program, PoCL's about
+        0.3 s, timing a candidate milliseconds), and builds of different programs run in parallel
+        (``Runtime.program``). Nothing is timed meanwhile: checks and timings stay serial.
+        """
+        todo = list({_ckey(c): c for c in cfgs if _ckey(c) not in state["launches"]
+                     and _ckey(c) not in state["bound"]}.values())
+        if self.jobs <= 1 or len(todo) <= 1:
+            return
+        if self.build == "processes":
+            self._compile_in_workers(bench, todo)
+            for c in todo:          # now a load from the binary cache
+                state["bound"][_ckey(c)] = self._bind(bench, c)
+            return
+        with ThreadPoolExecutor(self.jobs) as pool:
+            for c, bound in zip(todo, pool.map(lambda c: self._bind(bench, c), todo)):
+                state["bound"][_ckey(c)] = bound
+
+    def _compile_in_workers(self, bench: ConvBench, cfgs: list) -> None:
+        """Bind ``cfgs`` in ``jobs`` worker processes (spawned once, kept for the tuner's life), each
+        with its own context on this device: their builds land in the on-disk binary cache.
+        (Some drivers, PoCL among them, serialise compiles within a process.)"""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        spec = device_spec(self.rt.device)
+        parts = [cfgs[i::self.jobs] for i in range(self.jobs)]
+        try:
+            list(self._pool.map(_worker_bind, *zip(*[(spec, bench.node, self.batch, self.half, p)
+                                                      for p in parts if p])))
+        except Exception as e:      # noqa: BLE001 - e.g. a worker the driver killed: bind here instead
+            log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__,
+                        (str(e).splitlines() or [""])[0][:200])
+            self.close()
+            self.build = "threads"
+
+    def close(self) -> None:
+        """Stop the compile workers (if any)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
     def _measure(self, bench: ConvBench, cfg: dict, reps: int, state: dict) -> float:
         """Check then time one candidate; inf if it fails to build, bind or match the reference."""
-        key = repr(sorted(cfg.items()))
+        key = _ckey(cfg)
         if key in state["launches"]:
             launches = state["launches"][key]
             if launches is None:
                 return math.inf
         else:
-            try:
-                launches = bench.bind(cfg)
-                err = bench.check(launches)
-            except Exception as e:       # noqa: BLE001 - any failing candidate is just not a candidate
-                launches, err = None, str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            launches = state["bound"].pop(key) if key in state["bound"] else self._bind(bench, cfg)
+            if isinstance(launches, str):
+                launches, err = None, launches
+            else:
+                try:
+                    err = bench.check(launches)
+                except Exception as e:       # noqa: BLE001 - e.g. a launch the device refuses
+                    launches, err = None, str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             if launches is None or err > self.tol:
                 log.debug("config %s rejected: %s", cfg, err if launches is None else f"relative error {err:.3g}")
                 state["rejected"] += 1
@@ -586,7 +654,7 @@ class Tuner:
         t0 = time.perf_counter()
         cands = self.candidates(node)
         bench = ConvBench(self.rt, node, self.batch, self.half, self.queue, self.seed)
-        state = {"launches": {}, "timed": set(), "times": {}, "rejected": 0}
+        state = new_state()
         n = len(cands)
         budget = max(1, int(self.fraction * n)) if n > 1 else 1
         cost = _cost_fn(node, self.batch, self.rt)
@@ -594,7 +662,7 @@ class Tuner:
         timed: dict = {}
 
         def try_(c: dict, reps: int) -> None:
-            k = repr(sorted(c.items()))
+            k = _ckey(c)
             if k in timed or len(state["timed"]) >= budget and k not in state["timed"]:
                 return
             timed[k] = (self._measure(bench, c, reps, state), c)
@@ -604,8 +672,9 @@ class Tuner:
         for c in ranked:
             groups.setdefault(_group(c), []).append(c)
         groups = {g: _diverse(cs) for g, cs in groups.items()}
-        seeds = max(1, int(SEED_SHARE * budget))
-        for c in itertools.islice(_round_robin(list(groups.values())), seeds):
+        seeds = list(itertools.islice(_round_robin(list(groups.values())), max(1, int(SEED_SHARE * budget))))
+        self._bind_many(bench, seeds, state)
+        for c in seeds:
             try_(c, self.reps)
         # 2. around the fastest two so far: their schedule siblings, then one-tunable neighbours,
         #    cheapest (by cost) first, until the budget is spent.
@@ -614,13 +683,16 @@ class Tuner:
                 break
             best = sorted((v for v in timed.values() if v[0] < math.inf), key=lambda v: v[0])[:2]
             around = [_neighbours(b[1], cands) for b in best]
-            fresh = lambda cs: [c for c in cs if repr(sorted(c.items())) not in timed]   # noqa: E731
+            fresh = lambda cs: [c for c in cs if _ckey(c) not in timed]   # noqa: E731
             nb = fresh(c for sib, _ in around for c in sib) or fresh(c for _, near in around for c in near)
             if not nb:
-                nb = [c for c in ranked if repr(sorted(c.items())) not in timed]
+                nb = [c for c in ranked if _ckey(c) not in timed]
                 if not nb:
                     break
-            try_(min(nb, key=cost), self.reps)
+            nb = sorted(nb, key=cost)
+            if _ckey(nb[0]) not in state["bound"]:     # compile the next few ahead, in parallel
+                self._bind_many(bench, nb[:min(self.jobs, budget - len(state["timed"]))], state)
+            try_(nb[0], self.reps)
         result = self._finish(node, bench, timed, state, n, t0)
         return result
 
@@ -629,10 +701,13 @@ class Tuner:
         t0 = time.perf_counter()
         cands = self.candidates(node)
         bench = ConvBench(self.rt, node, self.batch, self.half, self.queue, self.seed)
-        state = {"launches": {}, "timed": set(), "times": {}, "rejected": 0}
+        state = new_state()
         timed = {}
-        for c in cands:
-            timed[repr(sorted(c.items()))] = (self._measure(bench, c, self.reps, state), c)
+        for i in range(0, len(cands), TRAVERSE_CHUNK):
+            chunk = cands[i:i + TRAVERSE_CHUNK]
+            self._bind_many(bench, chunk, state)
+            for c in chunk:
+                timed[_ckey(c)] = (self._measure(bench, c, self.reps, state), c)
         return self._finish(node, bench, timed, state, len(cands), t0)
 
     def _finish(self, node: Node, bench: ConvBench, timed: dict, state: dict, n: int, t0: float) -> TuneResult:
@@ -648,7 +723,7 @@ class Tuner:
             scored = [(self._measure(bench, c, reps, state), c) for c in finalists]
             finalists = [c for _, c in sorted(scored, key=lambda v: v[0])]
         best = finalists[0]
-        ms = state["times"][repr(sorted(best.items()))]
+        ms = state["times"][_ckey(best)]
         return TuneResult(shape_key(node, self.batch), best, ms, node.flops * self.batch, n, len(state["timed"]),
                           state["rejected"], time.perf_counter() - t0, dict(state["times"]))
 
@@ -677,6 +752,45 @@ class Tuner:
                 break
             results.append(self.traverse(node) if exhaustive else self.search(node))
         return results
+
+
+_WORKER: dict = {}      # in a compile worker: its runtime, and the bench of the shape it last bound
+
+
+def _worker_bind(device: str, node: Node, batch: int, half: bool, cfgs: list) -> int:
+    """In a compile worker process: bind (and so build into the binary cache) each config."""
+    from .runtime import Runtime
+    if "rt" not in _WORKER:
+        _WORKER["rt"] = Runtime(device)
+    rt = _WORKER["rt"]
+    key = (shape_key(node, batch), repr(node.attrs.get("activation")), node.attrs.get("residual") is not None, half)
+    if _WORKER.get("key") != key:
+        _WORKER["bench"] = None         # free the last shape's buffers first
+        _WORKER["bench"] = ConvBench(rt, node, batch, half, rt.queue, reference=False)
+        _WORKER["key"] = key
+    for c in cfgs:
+        Tuner._bind(_WORKER["bench"], c)
+    return len(cfgs)
+
+
+def device_spec(device) -> str:
+    """The "P:D" index of ``device`` (for another process to open the same one)."""
+    from .runtime import list_devices
+    for pi, di, _, d in list_devices():
+        if d == device:
+            return f"{pi}:{di}"
+    return device.name
+
+
+def _ckey(cfg: dict) -> str:
+    """A config's identity in the tuner's tables (and in tools/tune_eval.py's recordings)."""
+    return repr(sorted(cfg.items()))
+
+
+def new_state() -> dict:
+    """A search's bookkeeping: launches checked (None: rejected), bound ahead (launches or why
+    not), keys timed, best times, rejections."""
+    return {"launches": {}, "bound": {}, "timed": set(), "times": {}, "rejected": 0}
 
 
 def _round_robin(lists: list) -> Iterable:
@@ -735,7 +849,7 @@ class ProgressBar:
 
 def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", device=None,
                budget_s: Optional[float] = None, db_path: Optional[str] = None, clock: str = "events",
-               exhaustive: bool = False, progress: bool = True, out=None) -> list:
+               exhaustive: bool = False, progress: bool = True, out=None, jobs: Optional[int] = None) -> list:
     """Tune every conv shape of a model on one device and store the results (``yolo-cl tune``).
 
     Shapes already tuned for this device, driver and precision are kept unless they were found
@@ -757,7 +871,7 @@ def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", d
     graph = build_graph(net, build_layers(sections, net), None)
     rt = Runtime(device, profiling=True)
     db = TuningDatabase(rt, precision, user_path=Path(db_path) if db_path else None)
-    tuner = Tuner(rt, precision, batch, clock=clock)
+    tuner = Tuner(rt, precision, batch, clock=clock, jobs=jobs)
     nodes = sorted(tuner.unique_convs(graph), key=lambda n: -n.flops)
     todo = []
     for node in nodes:
@@ -777,16 +891,19 @@ def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", d
     bar = ProgressBar(total, "", sys.stderr) if progress else None
     tuner.progress = bar
     results, t0 = [], time.perf_counter()
-    for node in todo:
-        if budget_s is not None and time.perf_counter() - t0 > budget_s:
-            log.warning("tuning budget of %.0f s spent: %d shapes left on the heuristic", budget_s,
-                        len(todo) - len(results))
-            break
-        if bar:
-            bar(0, f"layer {node.label} {node.describe()}")
-        r = tuner.traverse(node) if exhaustive else tuner.search(node)
-        results.append(r)
-        db.record(entries([r]))          # saved shape by shape: an interrupted run keeps its work
+    try:
+        for node in todo:
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                log.warning("tuning budget of %.0f s spent: %d shapes left on the heuristic", budget_s,
+                            len(todo) - len(results))
+                break
+            if bar:
+                bar(0, f"layer {node.label} {node.describe()}")
+            r = tuner.traverse(node) if exhaustive else tuner.search(node)
+            results.append(r)
+            db.record(entries([r]))          # saved shape by shape: an interrupted run keeps its work
+    finally:
+        tuner.close()
     if bar:
         bar.close()
     for r in results:

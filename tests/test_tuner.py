@@ -239,6 +239,51 @@ def test_reference_gate_rejects_wrong_kernels(rt, tmp_path, monkeypatch):
         assert repr(sorted(wrong.items())) not in r.times
 
 
+@pytest.mark.parametrize("build", ["processes", "threads"])
+def test_parallel_compile_matches_serial(tmp_path, monkeypatch, build):
+    """Candidates compiled ahead in worker processes (into the binary cache, which this process
+    then loads: it builds nothing itself) or in threads are checked, rejected and timed exactly
+    as when each is built on first use."""
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    node = convs(tmp_path, 12, 10)[0]
+    cands = [CFG_A, CFG_D, dict(CFG_A, TM=3), dict(CFG_A, injected=1)]   # the last one cannot be bound
+
+    def run(jobs):
+        rt = Runtime(profiling=True)
+        tuner = tmod.Tuner(rt, "fp32", fraction=1.0, reps=1, jobs=jobs, build=build)
+        monkeypatch.setattr(tuner, "candidates", lambda n: cands)
+        real = tmod.ConvBench.bind
+        monkeypatch.setattr(tmod.ConvBench, "bind", lambda self, c: (_ for _ in ()).throw(ValueError("injected"))
+                            if c.get("injected") else real(self, c))
+        try:
+            return tuner.traverse(node), rt.builds
+        finally:
+            tuner.close()
+            monkeypatch.undo()
+            monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache" / str(jobs)))
+
+    serial, _ = run(1)
+    parallel, builds = run(2)
+    assert parallel.rejected == serial.rejected == 1
+    assert sorted(parallel.times) == sorted(serial.times) and len(serial.times) == 3
+    assert parallel.config in cands[:3]
+    if build == "processes":
+        assert builds == 0, "the main process compiled what the workers had built"
+
+
+def test_broken_compile_workers_fall_back(rt, tmp_path, monkeypatch, caplog):
+    """Workers that cannot start (here: they are sent to a device that does not exist) cost a
+    warning; the candidates are then compiled in this process."""
+    monkeypatch.setattr(tmod, "device_spec", lambda device: "no such device")
+    node = convs(tmp_path, 12, 10)[0]
+    tuner = tmod.Tuner(rt, "fp32", fraction=1.0, reps=1, jobs=2, build="processes")
+    monkeypatch.setattr(tuner, "candidates", lambda n: [CFG_A, CFG_D])
+    with caplog.at_level(logging.WARNING, logger="yolo_cl.tuner"):
+        r = tuner.traverse(node)
+    assert "parallel compile failed" in caplog.text and tuner.build == "threads"
+    assert r.config in (CFG_A, CFG_D) and len(r.times) == 2
+
+
 def test_fp16_gate(rt, tmp_path):
     """Half storage: no F(4x4) candidates, and real kernels land between the fp32 and fp16 gates."""
     nodes = convs(tmp_path, 12, 12)

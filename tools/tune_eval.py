@@ -67,6 +67,14 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=2, help="timed runs per candidate (best of)")
     p.add_argument("--verify", type=int, default=7, help="interleaved re-timing rounds of the two winners")
     p.add_argument("--max-shapes", type=int, default=0, help="stop after this many shapes per model (0: all)")
+    p.add_argument("--shapes", help="only these shape indices (in graph order) per model, e.g. 0,3,7")
+    p.add_argument("--jobs", type=int, help="parallel builds (default: the tuner's, min(16, CPUs))")
+    p.add_argument("--build", choices=("processes", "threads"), default="processes",
+                   help="compile in worker processes (default) or threads of this one")
+    p.add_argument("--first", choices=("search", "traverse"), default="search",
+                   help="which runs first and so pays the cold compiles (traverse: the search then finds "
+                        "its programs built, and its time measures timing alone)")
+    p.add_argument("--deadline", type=float, default=0, help="stop starting new shapes after this many seconds")
     p.add_argument("--out", default="tune_eval.json", help="JSON results file (rewritten after each shape)")
     p.add_argument("--phase", choices=("both", "traverse", "search", "extend"), default="both",
                    help="extend: time the candidates a --traversal FILE lacks (the space grew) and merge them")
@@ -92,23 +100,37 @@ def main(argv=None) -> int:
     from yolo_cl.runtime import Runtime
     from yolo_cl.tuner import Tuner, shape_key
     rt = Runtime(args.device, profiling=True)
-    tuner = Tuner(rt, args.precision, args.batch, reps=args.reps, clock=args.clock)
+    tuner = Tuner(rt, args.precision, args.batch, reps=args.reps, clock=args.clock, jobs=args.jobs,
+                  build=args.build)
     report = {"device": rt.device_name, "driver": rt.driver, "precision": args.precision, "batch": args.batch,
-              "clock": args.clock, "reps": args.reps, "models": {}}
+              "clock": args.clock, "reps": args.reps, "is_cpu": rt.is_cpu, "limits": device_limits(rt),
+              "jobs": tuner.jobs, "build": tuner.build, "models": {}}
+    start = time.perf_counter()
     for spec in args.model:
         name, _, size = spec.partition(":")
         graph = graph_of(name, int(size or 416))
         counts = Counter(shape_key(n, args.batch) for n in graph.nodes if n.op == "conv")
         nodes = tuner.unique_convs(graph)
+        if args.shapes:
+            nodes = [nodes[int(i)] for i in args.shapes.split(",")]
         if args.max_shapes:
             nodes = nodes[:args.max_shapes]
         rows = report["models"].setdefault(spec, [])
         for i, node in enumerate(nodes):
+            if args.deadline and time.perf_counter() - start > args.deadline:
+                print(f"deadline of {args.deadline:.0f} s reached: {len(nodes) - i} shapes of {spec} not run")
+                break
             key = shape_key(node, args.batch)
             t0 = time.perf_counter()
+            early = tuner.traverse(node) if args.phase == "both" and args.first == "traverse" else None
+            t_early = time.perf_counter()
             found = tuner.search(node) if args.phase != "traverse" else None   # first: it pays cold compiles
             t1 = time.perf_counter()
-            if args.phase == "search":
+            if early is not None:
+                full_cfg, cands, full_s, times, rejected = (early.config, early.candidates, t_early - t0,
+                                                             early.times, early.rejected)
+                t0 = t_early
+            elif args.phase == "search":
                 if (spec, key) not in recorded:
                     print(f"[{spec}] {key}: not in {args.traversal}, skipped", flush=True)
                     continue
@@ -134,9 +156,29 @@ def main(argv=None) -> int:
                   f"traversal {f_ms:.3f} ms vs search {s_ms:.3f} ms -> ratio {row['ratio']:.3f} "
                   f"(search {row['search_s']:.0f} s, traversal {row['full_s']:.0f} s)", flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
+    tuner.close()
     print()
     print(summary(report))
     return 0
+
+
+def device_limits(rt) -> dict:
+    """What the GPU family's space and cost model read from a device (kept so a recording made on
+    another machine replays with that machine's space)."""
+    d = rt.device
+    return {"max_work_group_size": int(d.max_work_group_size), "local_mem_size": int(d.local_mem_size),
+            "max_compute_units": int(d.max_compute_units)}
+
+
+class RecordedDevice:
+    """The device of a recording, as far as candidate enumeration and the cost model ask."""
+
+    def __init__(self, report: dict, rt) -> None:
+        self.rt, self.is_cpu = rt, report["is_cpu"]
+        self.device = type("Device", (), dict(report["limits"]))()
+
+    def __getattr__(self, name: str):
+        return getattr(self.rt, name)
 
 
 def read_json(path: str) -> dict:
@@ -150,7 +192,7 @@ def extend(report: dict, args) -> int:
     """Complete a recorded traversal: check and time the candidates it has no time for."""
     import ast
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import ConvBench, Tuner, shape_key
+    from yolo_cl.tuner import ConvBench, Tuner, _ckey, new_state, shape_key
     rt = Runtime(args.device, profiling=True)
     tuner = Tuner(rt, report["precision"], report["batch"], reps=report.get("reps", args.reps),
                   clock=report["clock"])
@@ -160,11 +202,11 @@ def extend(report: dict, args) -> int:
         for r in rows:
             node = nodes[r["key"]]
             cands = tuner.candidates(node)
-            missing = [c for c in cands if repr(sorted(c.items())) not in r["all_times"]]
+            missing = [c for c in cands if _ckey(c) not in r["all_times"]]
             t0 = time.perf_counter()
             if missing:
                 bench = ConvBench(rt, node, report["batch"], tuner.half, tuner.queue, tuner.seed)
-                state = {"launches": {}, "timed": set(), "times": {}, "rejected": 0}
+                state = new_state()
                 for c in missing:
                     tuner._measure(bench, c, tuner.reps, state)
                 r["all_times"].update(state["times"])
@@ -186,7 +228,9 @@ def replay(report: dict, args) -> int:
     from yolo_cl import tuner as tmod
     from yolo_cl.runtime import Runtime
     rt = Runtime(args.device)
-    tuner = tmod.Tuner(rt, report["precision"], report["batch"], clock=report["clock"])
+    tuner = tmod.Tuner(rt, report["precision"], report["batch"], clock=report["clock"], jobs=1)
+    if "limits" in report and (report["device"] != rt.device_name or report["is_cpu"] != rt.is_cpu):
+        tuner.rt = RecordedDevice(report, rt)     # e.g. a GPU recording replayed on a CPU
     out = dict(report, clock=report["clock"] + " (replayed)", models={})
     for spec, rows in report["models"].items():
         name, _, size = spec.partition(":")
@@ -197,7 +241,7 @@ def replay(report: dict, args) -> int:
             node = nodes[r["key"]]
 
             def measure(bench, cfg, reps, state, times=times):
-                k = repr(sorted(cfg.items()))
+                k = tmod._ckey(cfg)
                 if k not in state["timed"]:
                     state["timed"].add(k)
                 ms = times.get(k, math.inf)
@@ -208,14 +252,14 @@ def replay(report: dict, args) -> int:
             # judges the search on that older space, which both then share).
             full_space = tmod.Tuner.candidates
             tuner.candidates = lambda n, times=times, full_space=full_space: [
-                c for c in full_space(tuner, n) if repr(sorted(c.items())) in times]
+                c for c in full_space(tuner, n) if tmod._ckey(c) in times]
             tmod_bench, tmod.ConvBench = tmod.ConvBench, lambda *a, **k: None
             try:
                 found = tuner.search(node)
             finally:
                 tmod.ConvBench = tmod_bench
             best = min(v for v in times.values())
-            got = times[repr(sorted(found.config.items()))]
+            got = times[tmod._ckey(found.config)]
             out["models"].setdefault(spec, []).append(dict(r, search_timed=found.timed, search_best=found.config,
                                                            full_ms=best, search_ms=got, ratio=got / best))
     print(summary(out))

@@ -6,8 +6,9 @@ enqueue one kernel per frame with no Python work beyond the call itself.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -40,6 +41,7 @@ class BindContext:
     workspace: object = None
     tuning: object = None          # tuning database lookups (None: heuristics)
     weight_cache: dict = field(default_factory=dict)   # device weights, shared by every batch size
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def itemsize(self) -> int:
@@ -59,11 +61,29 @@ class BindContext:
         d.update(extra)
         return d
 
+    def cached(self, key: tuple, make: Callable[[], dict]) -> dict:
+        """``weight_cache[key]``, made by ``make()`` on first use. Thread-safe: the tuner binds
+        candidates from several threads, and a kernel bound to a buffer that a racing thread's
+        duplicate replaced in the cache would point at freed memory."""
+        with self._lock:
+            if key not in self.weight_cache:
+                self.weight_cache[key] = make()
+            return self.weight_cache[key]
+
     def kernel(self, source: str, name: str, defines: dict, args: list):
         """Build (cached) and return a kernel with ``args`` bound."""
         k = self.rt.cl.Kernel(self.rt.program(source, defines), name)
         k.set_args(*args)
         return k
+
+
+def packed_upload(ctx: BindContext, node: Node, key: tuple, pack: Callable[[], np.ndarray],
+                  what: str = "weights") -> dict:
+    """{"A": the weights in a family's layout (``pack()``), "bias": float bias} on the device,
+    uploaded once per ``key`` (a layer, precision and layout)."""
+    return ctx.cached(key, lambda: {
+        "A": ctx.rt.upload(pack(), f"{what} of layer {node.label}"),
+        "bias": ctx.rt.upload(node.attrs["bias"].astype(np.float32), f"bias of layer {node.label}")})
 
 
 def act_id(name: str) -> int:

@@ -150,15 +150,12 @@ def _check_basic_config(node: Node, config) -> None:
 def upload_weights(ctx: BindContext, node: Node) -> dict:
     """Device copies of the folded weights (storage precision) and bias (float), uploaded once per node."""
     a = node.attrs
-    key = (node.layers[0], ctx.half)   # same weights at every input size and batch
-    if key not in ctx.weight_cache:
-        w = a["weights"].reshape(a["filters"], -1)
-        ctx.weight_cache[key] = {
-            "A": ctx.rt.upload(w.astype(ctx.dtype), f"weights of layer {node.label}"),
-            "Af": ctx.rt.upload(w.astype(np.float32), f"weights of layer {node.label}") if is_depthwise(node) else None,
-            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
-        }
-    return ctx.weight_cache[key]
+    w = a["weights"].reshape(a["filters"], -1)
+    return ctx.cached((node.layers[0], ctx.half), lambda: {   # same weights at every input size and batch
+        "A": ctx.rt.upload(w.astype(ctx.dtype), f"weights of layer {node.label}"),
+        "Af": ctx.rt.upload(w.astype(np.float32), f"weights of layer {node.label}") if is_depthwise(node) else None,
+        "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
+    })
 
 
 def _bind_gemm(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> list:

@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, residual_args
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -312,14 +312,8 @@ def conv_cost(node: Node, cfg: dict, batch: int = 1) -> float:
 def packed_weights(ctx: BindContext, node: Node, rows: int) -> dict:
     """Weights packed in ``rows``-row panels and the bias, uploaded once per node, precision and layout."""
     a = node.attrs
-    key = (node.layers[0], ctx.half, FAMILY, rows)
-    if key not in ctx.weight_cache:
-        w = pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], rows, ctx.dtype)
-        ctx.weight_cache[key] = {
-            "A": ctx.rt.upload(w, f"weights of layer {node.label}"),
-            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
-        }
-    return ctx.weight_cache[key]
+    return packed_upload(ctx, node, (node.layers[0], ctx.half, FAMILY, rows),
+                         lambda: pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], rows, ctx.dtype))
 
 
 def workspace_elems(node: Node, batch: int) -> int:
@@ -375,17 +369,11 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
 
 def wino_weights(ctx: BindContext, node: Node, m: int, rows: int) -> dict:
     """U = G g G^T (T2, F, C) packed as this family's A with T2 groups, and the bias; uploaded once."""
-    a = node.attrs
-    key = (node.layers[0], ctx.half, FAMILY, "winograd", m, rows)
-    if key not in ctx.weight_cache:
-        U = winograd.filter_transform(a["weights"], m)
+    def pack() -> np.ndarray:
+        U = winograd.filter_transform(node.attrs["weights"], m)
         t2, F, C = U.shape
-        ctx.weight_cache[key] = {
-            "A": ctx.rt.upload(pack_weights(U.reshape(t2 * F, C).astype(np.float32), t2, rows, ctx.dtype),
-                               f"Winograd weights of layer {node.label}"),
-            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
-        }
-    return ctx.weight_cache[key]
+        return pack_weights(U.reshape(t2 * F, C).astype(np.float32), t2, rows, ctx.dtype)
+    return packed_upload(ctx, node, (node.layers[0], ctx.half, FAMILY, "winograd", m, rows), pack, "Winograd weights")
 
 
 def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:

@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, residual_args
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
 from ..graph import Node
 
 FAMILY = "local"
@@ -309,14 +309,8 @@ def heuristic_config(node: Node, batch: int = 1, lim: DeviceLimits = DeviceLimit
 def packed_weights(ctx: BindContext, node: Node) -> dict:
     """This family's weight layout and the bias, uploaded once per node and precision."""
     a = node.attrs
-    key = (node.layers[0], ctx.half, FAMILY)   # by layer: shared by every input size
-    if key not in ctx.weight_cache:
-        w = pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], ctx.dtype)
-        ctx.weight_cache[key] = {
-            "A": ctx.rt.upload(w, f"weights of layer {node.label}"),
-            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
-        }
-    return ctx.weight_cache[key]
+    return packed_upload(ctx, node, (node.layers[0], ctx.half, FAMILY),    # by layer: shared by every input size
+                         lambda: pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], ctx.dtype))
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BindContext, Launch, epilogue_defines, i32, residual_args
+from . import BindContext, Launch, epilogue_defines, i32, packed_upload, residual_args
 from . import gemm_local as gl
 from ..graph import Node
 
@@ -93,17 +93,11 @@ def heuristic_config(node: Node, batch: int = 1, m: int = 2, lim: gl.DeviceLimit
 
 def transformed_weights(ctx: BindContext, node: Node, m: int) -> dict:
     """U in the GEMM family's packed layout, and the bias; uploaded once per node, precision, m."""
-    key = (id(node), ctx.half, "winograd", m)
-    if key not in ctx.weight_cache:
-        a = node.attrs
-        U = filter_transform(a["weights"], m)            # (T2, F, C)
+    def pack() -> np.ndarray:
+        U = filter_transform(node.attrs["weights"], m)            # (T2, F, C)
         t2, F, C = U.shape
-        packed = gl.pack_weights(U.reshape(t2 * F, C), t2, ctx.dtype)
-        ctx.weight_cache[key] = {
-            "A": ctx.rt.upload(packed, f"Winograd weights of layer {node.label}"),
-            "bias": ctx.rt.upload(a["bias"].astype(np.float32), f"bias of layer {node.label}"),
-        }
-    return ctx.weight_cache[key]
+        return gl.pack_weights(U.reshape(t2 * F, C), t2, ctx.dtype)
+    return packed_upload(ctx, node, (id(node), ctx.half, "winograd", m), pack, "Winograd weights")
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
