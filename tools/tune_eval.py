@@ -130,15 +130,18 @@ def main(argv=None) -> int:
                 full_cfg, cands, full_s, times, rejected = (early.config, early.candidates, t_early - t0,
                                                              early.times, early.rejected)
                 t0 = t_early
+                full_phases = early.phases
             elif args.phase == "search":
                 if (spec, key) not in recorded:
                     print(f"[{spec}] {key}: not in {args.traversal}, skipped", flush=True)
                     continue
                 old = recorded[(spec, key)]
+                full_phases = old.get("full_phases", {})
                 full_cfg, cands, full_s, times, rejected = (old["full_best"], old["candidates"], old["full_s"],
                                                              old["all_times"], old["rejected"])
             else:
                 full = tuner.traverse(node)
+                full_phases = full.phases
                 full_cfg, cands, full_s, times, rejected = (full.config, full.candidates,
                                                              time.perf_counter() - t1, full.times, full.rejected)
             if found is None:
@@ -149,17 +152,25 @@ def main(argv=None) -> int:
             row = {"key": key, "count": counts[key], "gflop": node.flops * args.batch / 1e9,
                    "candidates": cands, "search_timed": timed, "rejected": rejected,
                    "full_best": full_cfg, "full_ms": f_ms, "search_best": found_cfg, "search_ms": s_ms,
-                   "ratio": s_ms / f_ms, "search_s": t1 - t0, "full_s": full_s, "all_times": times}
+                   "ratio": s_ms / f_ms, "search_s": t1 - t0, "full_s": full_s, "all_times": times,
+                   "search_phases": found.phases if found is not None else {},
+                   "full_phases": full_phases}
             rows.append(row)
             print(f"[{spec} {i + 1}/{len(nodes)}] {row['key']}: {row['candidates']} candidates, search timed "
                   f"{row['search_timed']} ({100 * row['search_timed'] / max(row['candidates'], 1):.0f}%), "
                   f"traversal {f_ms:.3f} ms vs search {s_ms:.3f} ms -> ratio {row['ratio']:.3f} "
-                  f"(search {row['search_s']:.0f} s, traversal {row['full_s']:.0f} s)", flush=True)
+                  f"(search {row['search_s']:.0f} s, traversal {row['full_s']:.0f} s; seconds compiling/checking/"
+                  f"timing: traversal {_phases(row['full_phases'])}, search {_phases(row['search_phases'])})",
+                  flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
     tuner.close()
     print()
     print(summary(report))
     return 0
+
+
+def _phases(p: dict) -> str:
+    return "/".join(f"{p.get(k, 0):.0f}" for k in ("compile", "check", "time")) if p else "-"
 
 
 def device_limits(rt) -> dict:
