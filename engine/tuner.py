@@ -458,14 +458,12 @@ def _cost_fn(node: Node, batch: int, rt) -> Callable:
 def _local_cost(node: Node, cfg: dict, batch: int, rt) -> float:
     """A coarse prior for the GPU family: padding waste, occupancy, tile size, one pass saved by no im2col."""
     if cfg["algo"] == "winograd":
-        m = cfg.get("m", 2)
-        M, N, K, t2 = convk.winograd.gemm_shape(node, m)
-        work = t2 * M * N * K * batch
+        M, N, K, Z = convk.winograd.gemm_shape(node, cfg.get("m", 2))     # Z = T2 GEMMs in one launch
     else:
-        M, N, K, _ = conv_gemm_shape(node)
-        work = M * N * K * batch * node.attrs["groups"]
+        M, N, K, Z = conv_gemm_shape(node)                                # Z = conv groups
+    work = Z * M * N * K * batch
     waste = gemm_local.waste(cfg, M, N)
-    groups = -(-M // cfg["MWG"]) * -(-N // cfg["NWG"]) * batch * gemm_local.split_k(cfg)
+    groups = -(-M // cfg["MWG"]) * -(-N // cfg["NWG"]) * Z * batch * gemm_local.split_k(cfg)
     units = int(rt.device.max_compute_units)
     fill = min(1.0, groups / (2 * units))
     tile = (cfg["MWG"] * cfg["NWG"]) ** 0.5
@@ -475,7 +473,10 @@ def _local_cost(node: Node, cfg: dict, batch: int, rt) -> float:
 
 
 def _tunables(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in ("family",)}
+    """The knobs a neighbour step may turn: not the family, nor what the GPU family derives from
+    the tile and work-group (its vector widths), or a step from one work-group shape to the next
+    would change three keys and never count as a neighbour."""
+    return {k: v for k, v in cfg.items() if k not in ("family",) + gemm_local.DERIVED}
 
 
 SEED_SHARE = 0.5            # share of the search budget spent on per-group seeds, the rest near the best
@@ -677,12 +678,22 @@ class Tuner:
         state = new_state()
         n = len(cands)
         budget = max(1, int(self.fraction * n)) if n > 1 else 1
-        cost = _cost_fn(node, self.batch, self.rt)
+        # Keys, costs and neighbourhoods computed once: GPU spaces have ~4500 configs per shape,
+        # and recomputing them per step cost more than the timings themselves.
+        keys = {id(c): _ckey(c) for c in cands}
+        costs = {id(c): v for c, v in zip(cands, map(_cost_fn(node, self.batch, self.rt), cands))}
+        cost = lambda c: costs[id(c)]         # noqa: E731
         ranked = sorted(cands, key=cost)
         timed: dict = {}
+        hoods: dict = {}
+
+        def around(c: dict) -> tuple:
+            if keys[id(c)] not in hoods:
+                hoods[keys[id(c)]] = _neighbours(c, cands)
+            return hoods[keys[id(c)]]
 
         def try_(c: dict, reps: int) -> None:
-            k = _ckey(c)
+            k = keys[id(c)]
             if k in timed or len(state["timed"]) >= budget and k not in state["timed"]:
                 return
             timed[k] = (self._measure(bench, c, reps, state), c)
@@ -702,15 +713,15 @@ class Tuner:
             if len(state["timed"]) >= budget:
                 break
             best = sorted((v for v in timed.values() if v[0] < math.inf), key=lambda v: v[0])[:2]
-            around = [_neighbours(b[1], cands) for b in best]
-            fresh = lambda cs: [c for c in cs if _ckey(c) not in timed]   # noqa: E731
-            nb = fresh(c for sib, _ in around for c in sib) or fresh(c for _, near in around for c in near)
+            hood = [around(b[1]) for b in best]
+            fresh = lambda cs: [c for c in cs if keys[id(c)] not in timed]   # noqa: E731
+            nb = fresh(c for sib, _ in hood for c in sib) or fresh(c for _, near in hood for c in near)
             if not nb:
-                nb = [c for c in ranked if _ckey(c) not in timed]
+                nb = fresh(ranked)
                 if not nb:
                     break
             nb = sorted(nb, key=cost)
-            if _ckey(nb[0]) not in state["bound"]:     # compile the next few ahead, in parallel
+            if keys[id(nb[0])] not in state["bound"]:     # compile the next few ahead, in parallel
                 self._bind_many(bench, nb[:min(self.jobs, budget - len(state["timed"]))], state)
             try_(nb[0], self.reps)
         result = self._finish(node, bench, timed, state, n, t0)

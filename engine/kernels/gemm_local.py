@@ -28,6 +28,7 @@ from ..graph import Node
 FAMILY = "local"
 MPAD, KPAD = 128, 32            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
 TUNABLES = ("MWG", "NWG", "KWG", "MDIMC", "NDIMC", "SA", "SB", "VWA", "VWB", "VA", "VB", "PF")
+DERIVED = ("VWA", "VWB", "VA", "VB")      # set by ``complete`` from the tile, work-group and shape
 ALGOS = ("gemm1x1", "im2col", "implicit")
 SPLITS = (2, 4)                 # split-K factors the search tries
 HEURISTIC_SPLIT = True          # the untuned pick splits K where tiles leave compute units idle
