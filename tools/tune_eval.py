@@ -41,18 +41,47 @@ def graph_of(model: str, size: int):
     return build_graph(net, build_layers(sections, net), None)
 
 
-def retime(tuner, node, cfgs: list, rounds: int) -> list:
-    """Best ms of each config over ``rounds`` interleaved passes, on one fresh bench."""
+def retime(tuner, node, cfgs: list, rounds: int, inner: int = 1) -> list:
+    """Best ms of each config over ``rounds`` interleaved passes, on one fresh bench; with
+    ``inner`` > 1 (events clock) a pass enqueues the launches ``inner`` times back to back and
+    counts the device time from the first start to the last end, divided by ``inner``."""
     from yolo_cl.tuner import ConvBench
     bench = ConvBench(tuner.rt, node, tuner.batch, tuner.half, tuner.queue, seed=1)
     launches = [bench.bind(c) for c in cfgs]
     for l in launches:
         assert bench.check(l) <= tuner.tol
+    cl, q = tuner.rt.cl, tuner.queue
     best = [math.inf] * len(cfgs)
     for _ in range(rounds):
-        for i, l in enumerate(launches):
-            best[i] = min(best[i], bench.time(l, 1, tuner.clock))
+        for i, ls in enumerate(launches):
+            if inner <= 1 or tuner.clock != "events":
+                ms = bench.time(ls, 1, tuner.clock)
+            else:
+                evs = [cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize) for _ in range(inner) for l in ls]
+                q.finish()
+                ms = (evs[-1].profile.end - evs[0].profile.start) * 1e-6 / inner
+            best[i] = min(best[i], ms)
     return best
+
+
+def verify(report: dict, args) -> int:
+    """Re-time each shape's two recorded winners (traversal, search) live, interleaved."""
+    from yolo_cl.runtime import Runtime
+    from yolo_cl.tuner import Tuner, shape_key
+    rt = Runtime(args.device, profiling=True)
+    tuner = Tuner(rt, report["precision"], report["batch"], clock=report["clock"].split()[0], jobs=1)
+    out = dict(report, clock=f"{tuner.clock}, winners re-timed ({args.verify} rounds x {args.inner})", models={})
+    for spec, rows in report["models"].items():
+        name, _, size = spec.partition(":")
+        nodes = {shape_key(n, report["batch"]): n for n in tuner.unique_convs(graph_of(name, int(size or 416)))}
+        for r in rows:
+            f_ms, s_ms = retime(tuner, nodes[r["key"]], [r["full_best"], r["search_best"]], args.verify, args.inner)
+            out["models"].setdefault(spec, []).append(dict(r, full_ms=f_ms, search_ms=s_ms, ratio=s_ms / f_ms))
+            print(f"[{spec}] {r['key']}: traversal {f_ms:.4f} ms vs search {s_ms:.4f} ms -> {s_ms / f_ms:.3f}",
+                  flush=True)
+            Path(args.out).write_text(json.dumps(out, indent=1))
+    print(summary(out))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -75,9 +104,15 @@ def main(argv=None) -> int:
                    help="which runs first and so pays the cold compiles (traverse: the search then finds "
                         "its programs built, and its time measures timing alone)")
     p.add_argument("--deadline", type=float, default=0, help="stop starting new shapes after this many seconds")
-    p.add_argument("--out", default="tune_eval.json", help="JSON results file (rewritten after each shape)")
-    p.add_argument("--phase", choices=("both", "traverse", "search", "extend"), default="both",
-                   help="extend: time the candidates a --traversal FILE lacks (the space grew) and merge them")
+    p.add_argument("--out", help="JSON results file (rewritten after each shape; default tune_eval.json, "
+                                 "none for --replay)")
+    p.add_argument("--phase", choices=("both", "traverse", "search", "extend", "verify"), default="both",
+                   help="extend: time the candidates a --traversal FILE lacks (the space grew) and merge them; "
+                        "verify: re-time the two winners of each shape of --traversal FILE (e.g. a --replay "
+                        "--out file) on this device, interleaved")
+    p.add_argument("--inner", type=int, default=1,
+                   help="launches per timed round when re-timing winners (device time from the first "
+                        "start to the last end, divided): for kernels near the event timer's resolution")
     p.add_argument("--traversal", help="search phase: JSON of an earlier traverse phase")
     p.add_argument("--replay", help="simulate the search on the recorded times of this JSON (no timing)")
     p.add_argument("--summary", help="print the totals of a results JSON and exit")
@@ -87,9 +122,12 @@ def main(argv=None) -> int:
         return 0
     if args.replay:
         return replay(read_json(args.replay), args)
+    args.out = args.out or "tune_eval.json"
     recorded = {}
     if args.phase == "extend":
         return extend(read_json(args.traversal), args)
+    if args.phase == "verify":
+        return verify(read_json(args.traversal), args)
     if args.phase == "search":
         if not args.traversal:
             p.error("--phase search needs --traversal FILE")
@@ -148,7 +186,7 @@ def main(argv=None) -> int:
                 found_cfg, timed = full_cfg, 0
             else:
                 found_cfg, timed = found.config, found.timed
-            f_ms, s_ms = retime(tuner, node, [full_cfg, found_cfg], args.verify)
+            f_ms, s_ms = retime(tuner, node, [full_cfg, found_cfg], args.verify, args.inner)
             row = {"key": key, "count": counts[key], "gflop": node.flops * args.batch / 1e9,
                    "candidates": cands, "search_timed": timed, "rejected": rejected,
                    "full_best": full_cfg, "full_ms": f_ms, "search_best": found_cfg, "search_ms": s_ms,
@@ -274,6 +312,8 @@ def replay(report: dict, args) -> int:
             out["models"].setdefault(spec, []).append(dict(r, search_timed=found.timed, search_best=found.config,
                                                            full_ms=best, search_ms=got, ratio=got / best))
     print(summary(out))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
     return 0
 
 
