@@ -20,7 +20,6 @@ from .errors import ImageError, YoloClError
 from .executor import Executor
 from .graph import BN_EPS, build_graph
 from .layers import build_layers, head_layers, parse_net
-from .postprocess import Detection
 from .preprocess import FITS, Placement, check_image, placement, to_blob
 from .runtime import Runtime
 from .weights import load_weights

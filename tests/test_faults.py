@@ -15,7 +15,7 @@ import pyopencl as cl
 import pytest
 
 from yolo_cl import Detector
-from yolo_cl.errors import DeviceError, LimitError, YoloClError
+from yolo_cl.errors import DeviceError, LimitError
 from yolo_cl.kernels.conv import heuristic_config
 from yolo_cl.runtime import Runtime
 

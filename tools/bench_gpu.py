@@ -682,7 +682,7 @@ def opencv_compare(cfg, wts, blob, outs, args) -> dict:
         for _ in range(8):
             t1 = time.perf_counter()
             net.setInput(blob[:1])
-            o = net.forward(names)
+            net.forward(names)
             ts.append((time.perf_counter() - t1) * 1e3)
         # OpenCV decodes its yolo layers; the raw heads are the outputs just before each permute_k
         all_names = list(net.getLayerNames())
