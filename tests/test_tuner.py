@@ -284,6 +284,25 @@ def test_broken_compile_workers_fall_back(rt, tmp_path, monkeypatch, caplog):
     assert r.config in (CFG_A, CFG_D) and len(r.times) == 2
 
 
+def test_gpu_cost_model_counts_winograd_batch(tmp_path):
+    """The GPU family's cost model sees the T2 GEMMs of a Winograd launch as work-groups: on a
+    52x52 3x3 layer (64 -> 128 channels) an F(4x4) 64x64 tile does 4x fewer multiplies than the
+    implicit GEMM with the same tile and keeps 132 compute units as busy, so it must rank first.
+    (Counting one GEMM's 6 tiles instead of 6 x 36, the model ranked it 4557th of 4862 on an H100,
+    where it was the fastest.)"""
+    path = tmp_path / "w.cfg"
+    path.write_text("[net]\nwidth=52\nheight=52\nchannels=64\n\n[convolutional]\nfilters=128\nsize=3\n"
+                    "stride=1\npad=1\nactivation=leaky\n")
+    sections = parse_cfg(path)
+    net = parse_net(sections[0], None)
+    node = next(n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv")
+    rt = types.SimpleNamespace(device=types.SimpleNamespace(max_compute_units=132), is_cpu=False)
+    tile = {"family": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 32, "SA": 1, "SB": 1, "PF": 1}
+    wino = tmod._local_cost(node, dict(tile, algo="winograd", m=4), 1, rt)
+    implicit = tmod._local_cost(node, dict(tile, algo="implicit"), 1, rt)
+    assert wino < implicit / 2, (wino, implicit)
+
+
 def test_fp16_gate(rt, tmp_path):
     """Half storage: no F(4x4) candidates, and real kernels land between the fp32 and fp16 gates."""
     nodes = convs(tmp_path, 12, 12)
