@@ -6,6 +6,12 @@ CLI can print it as-is instead of a traceback.
 from __future__ import annotations
 
 
+def reason(e: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type's name if it has none), for one-line reports."""
+    text = str(e)
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 class YoloClError(Exception):
     """Base class: a clear, one-line, user-facing error."""
 

@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from .errors import YoloClError
+from .errors import YoloClError, reason
 from .graph import Node, Tensor, View
 from .kernels import BindContext, conv_gemm_shape
 from .kernels import conv as convk
@@ -410,8 +410,7 @@ class ConvBench:
         self._upload()
         for l in launches:
             self.rt.cl.enqueue_nd_range_kernel(self.queue, l.kernel, l.gsize, l.lsize)
-        item = 2 if self.half else 4
-        self.rt.cl.enqueue_copy(self.queue, self._out, self.arena, src_offset=self.offsets[1] * item)
+        self.rt.cl.enqueue_copy(self.queue, self._out, self.arena, src_offset=self.offsets[1] * self.ctx.itemsize)
         self.queue.finish()
         t = self.tensors[1]
         out = self._out.astype(np.float32, copy=False).reshape(self.batch, t.c, t.h, t.w)
@@ -581,32 +580,36 @@ class Tuner:
         try:
             return bench.bind(cfg)
         except Exception as e:       # noqa: BLE001 - any failing candidate is just not a candidate
-            return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            return reason(e)
 
     def _bind_many(self, bench: ConvBench, cfgs: list, state: dict) -> None:
         """Bind -- and so compile -- the candidates not bound yet, ``jobs`` at a time.
 
-        Compiling dominates tuning (NVIDIA's compiler takes 0.1-3 s per program, PoCL's about
-        0.3 s, timing a candidate milliseconds), and builds of different programs run in parallel
-        (``Runtime.program``). Nothing is timed meanwhile: checks and timings stay serial.
+        Compiling dominates tuning (NVIDIA's compiler takes about 0.44 s per GEMM program on an
+        H100, PoCL's up to 3.6 s, timing a candidate milliseconds), and builds of different programs
+        run in parallel (worker processes, or ``Runtime.program`` in threads). Nothing is timed
+        meanwhile: checks and timings stay serial.
         """
-        todo = list({_ckey(c): c for c in cfgs if _ckey(c) not in state["launches"]
-                     and _ckey(c) not in state["bound"]}.values())
+        todo = {}
+        for c in cfgs:
+            k = config_key(c)
+            if k not in state["launches"] and k not in state["bound"]:
+                todo[k] = c
         if self.jobs <= 1 or len(todo) <= 1:
             return
         t0 = time.perf_counter()
         pk = _program_key(bench.node, self.batch, self.half)
         if self.build == "processes":
-            new = [c for c in todo if (pk, _ckey(c)) not in self._built]     # e.g. a search after a traversal
+            new = [c for k, c in todo.items() if (pk, k) not in self._built]     # e.g. a search after a traversal
             if len(new) > 1:
                 self._compile_in_workers(bench, new)
-            for c in todo:          # now a load from the binary cache
-                state["bound"][_ckey(c)] = self._bind(bench, c)
+            for k, c in todo.items():          # now a load from the binary cache
+                state["bound"][k] = self._bind(bench, c)
         else:
             with ThreadPoolExecutor(self.jobs) as pool:
-                for c, bound in zip(todo, pool.map(lambda c: self._bind(bench, c), todo)):
-                    state["bound"][_ckey(c)] = bound
-        self._built.update((pk, _ckey(c)) for c in todo)
+                for k, bound in zip(todo, pool.map(lambda c: self._bind(bench, c), todo.values())):
+                    state["bound"][k] = bound
+        self._built.update((pk, k) for k in todo)
         state["seconds"]["compile"] += time.perf_counter() - t0
 
     def _compile_in_workers(self, bench: ConvBench, cfgs: list) -> None:
@@ -636,7 +639,7 @@ class Tuner:
 
     def _measure(self, bench: ConvBench, cfg: dict, reps: int, state: dict) -> float:
         """Check then time one candidate; inf if it fails to build, bind or match the reference."""
-        key = _ckey(cfg)
+        key = config_key(cfg)
         if key in state["launches"]:
             launches = state["launches"][key]
             if launches is None:
@@ -651,7 +654,7 @@ class Tuner:
                 try:
                     err = bench.check(launches)
                 except Exception as e:       # noqa: BLE001 - e.g. a launch the device refuses
-                    launches, err = None, str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                    launches, err = None, reason(e)
             state["seconds"]["compile"] += t1 - t0
             state["seconds"]["check"] += time.perf_counter() - t1
             if launches is None or err > self.tol:
@@ -680,7 +683,7 @@ class Tuner:
         budget = max(1, int(self.fraction * n)) if n > 1 else 1
         # Keys, costs and neighbourhoods computed once: GPU spaces have ~4500 configs per shape,
         # and recomputing them per step cost more than the timings themselves.
-        keys = {id(c): _ckey(c) for c in cands}
+        keys = {id(c): config_key(c) for c in cands}
         costs = {id(c): v for c, v in zip(cands, map(_cost_fn(node, self.batch, self.rt), cands))}
         cost = lambda c: costs[id(c)]         # noqa: E731
         ranked = sorted(cands, key=cost)
@@ -738,7 +741,7 @@ class Tuner:
             chunk = cands[i:i + TRAVERSE_CHUNK]
             self._bind_many(bench, chunk, state)
             for c in chunk:
-                timed[_ckey(c)] = (self._measure(bench, c, self.reps, state), c)
+                timed[config_key(c)] = (self._measure(bench, c, self.reps, state), c)
         return self._finish(node, bench, timed, state, len(cands), t0)
 
     def _finish(self, node: Node, bench: ConvBench, timed: dict, state: dict, n: int, t0: float) -> TuneResult:
@@ -754,7 +757,7 @@ class Tuner:
             scored = [(self._measure(bench, c, reps, state), c) for c in finalists]
             finalists = [c for _, c in sorted(scored, key=lambda v: v[0])]
         best = finalists[0]
-        ms = state["times"][_ckey(best)]
+        ms = state["times"][config_key(best)]
         return TuneResult(shape_key(node, self.batch), best, ms, node.flops * self.batch, n, len(state["timed"]),
                           state["rejected"], time.perf_counter() - t0, dict(state["times"]), dict(state["seconds"]))
 
@@ -828,7 +831,7 @@ def device_spec(device) -> str:
     return device.name
 
 
-def _ckey(cfg: dict) -> str:
+def config_key(cfg: dict) -> str:
     """A config's identity in the tuner's tables (and in tools/tune_eval.py's recordings)."""
     return repr(sorted(cfg.items()))
 

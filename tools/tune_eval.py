@@ -41,6 +41,12 @@ def graph_of(model: str, size: int):
     return build_graph(net, build_layers(sections, net), None)
 
 
+def timed_traverse(tuner, node) -> tuple:
+    """The tuner's full traversal of ``node`` and the seconds it took."""
+    t = time.perf_counter()
+    return tuner.traverse(node), time.perf_counter() - t
+
+
 def retime(tuner, node, cfgs: list, rounds: int, inner: int = 1) -> list:
     """Best ms of each config over ``rounds`` interleaved passes, on one fresh bench; with
     ``inner`` > 1 (events clock) a pass enqueues the launches ``inner`` times back to back and
@@ -159,29 +165,22 @@ def main(argv=None) -> int:
                 print(f"deadline of {args.deadline:.0f} s reached: {len(nodes) - i} shapes of {spec} not run")
                 break
             key = shape_key(node, args.batch)
+            full = timed_traverse(tuner, node) if args.phase == "both" and args.first == "traverse" else None
             t0 = time.perf_counter()
-            early = tuner.traverse(node) if args.phase == "both" and args.first == "traverse" else None
-            t_early = time.perf_counter()
-            found = tuner.search(node) if args.phase != "traverse" else None   # first: it pays cold compiles
+            found = tuner.search(node) if args.phase != "traverse" else None   # run first, it pays the cold compiles
             t1 = time.perf_counter()
-            if early is not None:
-                full_cfg, cands, full_s, times, rejected = (early.config, early.candidates, t_early - t0,
-                                                             early.times, early.rejected)
-                t0 = t_early
-                full_phases = early.phases
-            elif args.phase == "search":
+            if args.phase == "search":
                 if (spec, key) not in recorded:
                     print(f"[{spec}] {key}: not in {args.traversal}, skipped", flush=True)
                     continue
                 old = recorded[(spec, key)]
-                full_phases = old.get("full_phases", {})
-                full_cfg, cands, full_s, times, rejected = (old["full_best"], old["candidates"], old["full_s"],
-                                                             old["all_times"], old["rejected"])
+                full_cfg, cands, full_s, times, rejected, full_phases = (
+                    old["full_best"], old["candidates"], old["full_s"], old["all_times"], old["rejected"],
+                    old.get("full_phases", {}))
             else:
-                full = tuner.traverse(node)
-                full_phases = full.phases
-                full_cfg, cands, full_s, times, rejected = (full.config, full.candidates,
-                                                             time.perf_counter() - t1, full.times, full.rejected)
+                res, full_s = full or timed_traverse(tuner, node)
+                full_cfg, cands, times, rejected, full_phases = (res.config, res.candidates, res.times,
+                                                                 res.rejected, res.phases)
             if found is None:
                 found_cfg, timed = full_cfg, 0
             else:
@@ -241,7 +240,7 @@ def extend(report: dict, args) -> int:
     """Complete a recorded traversal: check and time the candidates it has no time for."""
     import ast
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import ConvBench, Tuner, _ckey, new_state, shape_key
+    from yolo_cl.tuner import ConvBench, Tuner, config_key, new_state, shape_key
     rt = Runtime(args.device, profiling=True)
     tuner = Tuner(rt, report["precision"], report["batch"], reps=report.get("reps", args.reps),
                   clock=report["clock"])
@@ -251,7 +250,7 @@ def extend(report: dict, args) -> int:
         for r in rows:
             node = nodes[r["key"]]
             cands = tuner.candidates(node)
-            missing = [c for c in cands if _ckey(c) not in r["all_times"]]
+            missing = [c for c in cands if config_key(c) not in r["all_times"]]
             t0 = time.perf_counter()
             if missing:
                 bench = ConvBench(rt, node, report["batch"], tuner.half, tuner.queue, tuner.seed)
@@ -290,7 +289,7 @@ def replay(report: dict, args) -> int:
             node = nodes[r["key"]]
 
             def measure(bench, cfg, reps, state, times=times):
-                k = tmod._ckey(cfg)
+                k = tmod.config_key(cfg)
                 if k not in state["timed"]:
                     state["timed"].add(k)
                 ms = times.get(k, math.inf)
@@ -301,14 +300,14 @@ def replay(report: dict, args) -> int:
             # judges the search on that older space, which both then share).
             full_space = tmod.Tuner.candidates
             tuner.candidates = lambda n, times=times, full_space=full_space: [
-                c for c in full_space(tuner, n) if tmod._ckey(c) in times]
+                c for c in full_space(tuner, n) if tmod.config_key(c) in times]
             tmod_bench, tmod.ConvBench = tmod.ConvBench, lambda *a, **k: None
             try:
                 found = tuner.search(node)
             finally:
                 tmod.ConvBench = tmod_bench
             best = min(v for v in times.values())
-            got = times[tmod._ckey(found.config)]
+            got = times[tmod.config_key(found.config)]
             out["models"].setdefault(spec, []).append(dict(r, search_timed=found.timed, search_best=found.config,
                                                            full_ms=best, search_ms=got, ratio=got / best))
     print(summary(out))

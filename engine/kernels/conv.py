@@ -15,7 +15,7 @@ import numpy as np
 
 from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, residual_args
 from . import gemm_cpu, gemm_local, winograd
-from ..errors import YoloClError
+from ..errors import YoloClError, reason
 from ..graph import Node
 
 log = logging.getLogger("yolo_cl.kernels")
@@ -126,9 +126,8 @@ def _bind_chosen(ctx: BindContext, node: Node) -> list:
         key = (ctx.rt.device_name, node.label, repr(config))
         if key not in _WARNED:
             _WARNED.add(key)
-            reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             log.warning("layer %s (%s): tuned config %s failed on %s (%s); using the heuristic config %s",
-                        node.label, node.describe(), config, ctx.rt.device_name, reason, fallback)
+                        node.label, node.describe(), config, ctx.rt.device_name, reason(e), fallback)
     return bind(ctx, node, fallback)
 
 
