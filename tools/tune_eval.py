@@ -148,7 +148,7 @@ def main(argv=None) -> int:
                   build=args.build)
     report = {"device": rt.device_name, "driver": rt.driver, "precision": args.precision, "batch": args.batch,
               "clock": args.clock, "reps": args.reps, "is_cpu": rt.is_cpu, "limits": device_limits(rt),
-              "jobs": tuner.jobs, "build": tuner.build, "models": {}}
+              "jobs": tuner.jobs, "build": tuner.build, "first": args.first, "models": {}}
     start = time.perf_counter()
     for spec in args.model:
         name, _, size = spec.partition(":")
@@ -329,12 +329,14 @@ def summary(report: dict) -> str:
         net_full = sum(r["full_ms"] * r["count"] for r in rows)
         net_search = sum(r["search_ms"] * r["count"] for r in rows)
         within = sum(r["ratio"] <= 1.05 for r in rows)
+        cold, warm = ("search", "traversal") if report.get("first", "search") == "search" else ("traversal", "search")
+        secs = {"search": sum(r["search_s"] for r in rows), "traversal": sum(r["full_s"] for r in rows)}
         lines.append(f"{spec}: {len(rows)} shapes, search timed {timed}/{cands} candidates "
                      f"({100 * timed / cands:.1f}%, max {100 * max(r['search_timed'] / r['candidates'] for r in rows):.0f}% "
                      f"per shape); search/traversal time: network {net_search / net_full:.3f}, geomean "
                      f"{geo:.3f}, worst {worst['ratio']:.3f} ({worst['key']}); {within}/{len(rows)} shapes within 5%; "
-                     f"tuning time: search {sum(r['search_s'] for r in rows):.0f} s (cold compiles), traversal "
-                     f"{sum(r['full_s'] for r in rows):.0f} s (compiles cached by the search)")
+                     f"tuning time: {cold} {secs[cold]:.0f} s (cold compiles), {warm} {secs[warm]:.0f} s "
+                     f"(compiles cached by the {cold})")
     return "\n".join(lines)
 
 
