@@ -301,6 +301,10 @@ def replay(report: dict, args) -> int:
             full_space = tmod.Tuner.candidates
             tuner.candidates = lambda n, times=times, full_space=full_space: [
                 c for c in full_space(tuner, n) if tmod.config_key(c) in times]
+            if not tuner.candidates(node):
+                print(f"[{spec}] {r['key']}: none of its recorded configs is in today's space "
+                      f"(recorded before the space changed); skipped")
+                continue
             tmod_bench, tmod.ConvBench = tmod.ConvBench, lambda *a, **k: None
             try:
                 found = tuner.search(node)
