@@ -99,48 +99,74 @@ def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
 
 
 def _iou_terms(a: np.ndarray, b: np.ndarray):
-    """IoU of box a (xywh) with boxes b, plus DIoU's centre-distance term (d^2 / c^2)."""
-    ax1, ay1, ax2, ay2 = a[0] - a[2] / 2, a[1] - a[3] / 2, a[0] + a[2] / 2, a[1] + a[3] / 2
-    bx1, by1, bx2, by2 = b[:, 0] - b[:, 2] / 2, b[:, 1] - b[:, 3] / 2, b[:, 0] + b[:, 2] / 2, b[:, 1] + b[:, 3] / 2
+    """IoU of each box of ``a`` (xywh rows) with each of ``b``, plus DIoU's centre-distance term
+    (d^2 / c^2): two (len(a), len(b)) arrays."""
+    a, b = a[:, None, :], b[None, :, :]
+    ax1, ay1, ax2, ay2 = (a[..., 0] - a[..., 2] / 2, a[..., 1] - a[..., 3] / 2,
+                          a[..., 0] + a[..., 2] / 2, a[..., 1] + a[..., 3] / 2)
+    bx1, by1, bx2, by2 = (b[..., 0] - b[..., 2] / 2, b[..., 1] - b[..., 3] / 2,
+                          b[..., 0] + b[..., 2] / 2, b[..., 1] + b[..., 3] / 2)
     iw = np.minimum(ax2, bx2) - np.maximum(ax1, bx1)
     ih = np.minimum(ay2, by2) - np.maximum(ay1, by1)
     inter = np.where((iw > 0) & (ih > 0), iw * ih, 0.0)
-    union = a[2] * a[3] + b[:, 2] * b[:, 3] - inter
+    union = a[..., 2] * a[..., 3] + b[..., 2] * b[..., 3] - inter
     iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
     cw = np.maximum(ax2, bx2) - np.minimum(ax1, bx1)
     ch = np.maximum(ay2, by2) - np.minimum(ay1, by1)
     c2 = cw * cw + ch * ch
-    d2 = (a[0] - b[:, 0]) ** 2 + (a[1] - b[:, 1]) ** 2
+    d2 = (a[..., 0] - b[..., 0]) ** 2 + (a[..., 1] - b[..., 1]) ** 2
     dterm = np.where(c2 > 0, d2 / np.where(c2 > 0, c2, 1), 0.0)
     return iou, dterm
 
 
+NMS_BLOCK = 128     # boxes whose overlaps with the later ones are computed in one NumPy pass
+NMS_PAIRWISE = 1024  # up to this many candidate boxes, all their overlaps are computed once
+
+
+def _suppresses(a: np.ndarray, b: np.ndarray, thresh: float, kind: str, beta: float) -> np.ndarray:
+    """(len(a), len(b)) bool: would box a of ``a`` suppress box b of ``b``."""
+    iou, dterm = _iou_terms(a, b)
+    if kind == "greedynms":
+        return (iou - dterm ** 0.6) > thresh     # box_diou
+    if kind == "diounms":
+        return (iou - dterm ** beta) > thresh    # box_diounms
+    return iou > thresh
+
+
+def _greedy(boxes: np.ndarray, pairs: Optional[np.ndarray], thresh: float, kind: str, beta: float) -> np.ndarray:
+    """Survivors of boxes sorted by falling probability: a box still alive suppresses every later
+    one it overlaps. ``pairs`` is their suppression matrix, or None to compute it a block of
+    ``NMS_BLOCK`` rows at a time; either way the Python loop per survivor only ANDs a mask."""
+    alive = np.ones(len(boxes), bool)
+    for s in range(0, len(boxes), NMS_BLOCK):
+        rows = np.flatnonzero(alive[s:s + NMS_BLOCK]) + s
+        if len(rows) == 0:
+            continue
+        over = pairs[rows, s:] if pairs is not None else _suppresses(boxes[rows], boxes[s:], thresh, kind, beta)
+        for r, i in enumerate(rows):
+            if alive[i]:
+                alive[i + 1:] &= ~over[r, i + 1 - s:]
+    return alive
+
+
 def nms(boxes: np.ndarray, probs: np.ndarray, thresh: float, kind: str = "default", beta: float = 0.6) -> np.ndarray:
-    """Darknet's per-class NMS (do_nms_sort / diounms_sort): zeroes suppressed entries of ``probs``."""
+    """Darknet's per-class NMS (do_nms_sort / diounms_sort): zeroes suppressed entries of ``probs``.
+
+    Overlaps depend on the boxes, not the class: for up to ``NMS_PAIRWISE`` candidate boxes
+    they are computed once for all classes, beyond that per class in blocks (thousands of boxes
+    a class, as a low ``--thresh`` for mAP evaluation gives, take milliseconds, not seconds).
+    """
     probs = probs.copy()
     if thresh <= 0 or len(boxes) == 0:
         return probs
-    for k in range(probs.shape[1]):
-        col = probs[:, k]
-        order = np.argsort(-col, kind="stable")
-        order = order[col[order] > 0]
-        alive = np.ones(len(order), bool)
-        for ii in range(len(order)):
-            if not alive[ii]:
-                continue
-            i = order[ii]
-            rest = order[ii + 1:]
-            if len(rest) == 0:
-                break
-            iou, dterm = _iou_terms(boxes[i], boxes[rest])
-            if kind == "greedynms":
-                over = (iou - dterm ** 0.6) > thresh     # box_diou
-            elif kind == "diounms":
-                over = (iou - dterm ** beta) > thresh    # box_diounms
-            else:
-                over = iou > thresh
-            alive[ii + 1:] &= ~over
-        col[order[~alive]] = 0
+    live = np.flatnonzero((probs > 0).any(axis=1))
+    pairs = _suppresses(boxes[live], boxes[live], thresh, kind, beta) if len(live) <= NMS_PAIRWISE else None
+    for k in np.flatnonzero((probs[live] > 0).any(axis=0)):
+        col = probs[live, k]
+        o = np.argsort(-col, kind="stable")
+        o = o[col[o] > 0]
+        alive = _greedy(boxes[live[o]], None if pairs is None else pairs[np.ix_(o, o)], thresh, kind, beta)
+        probs[live[o[~alive]], k] = 0
     return probs
 
 
