@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     done = {r["key"] for f in args.skip for rows in read_json(f)["models"].values() for r in rows}
     sizes = {i: len(tuner.candidates(n)) for i, n in enumerate(nodes) if shape_key(n, 1) not in done}
     jobs = max(1, (os.cpu_count() or 1) // args.gpus)
-    procs, outs = [], []
+    procs, outs, logs = [], [], []
     out = Path(args.out)
     for gpu, shapes in enumerate(deal(sizes, args.gpus)):
         if not shapes:
@@ -75,11 +75,13 @@ def main(argv=None) -> int:
                "--device", str(gpu), "--shapes", ",".join(map(str, shapes)), "--jobs", str(jobs),
                "--out", str(part), *rest]
         print(f"gpu {gpu}: shapes {shapes} ({sum(sizes[i] for i in shapes)} candidates)", flush=True)
-        log = open(out.with_suffix(f".gpu{gpu}.log"), "w")
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        logs.append(open(out.with_suffix(f".gpu{gpu}.log"), "w"))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
         outs.append(part)
     t0 = time.perf_counter()
     codes = [pr.wait() for pr in procs]
+    for f in logs:
+        f.close()
     print(f"all done in {time.perf_counter() - t0:.0f} s, exit codes {codes}", flush=True)
     present = [o for o in outs if o.exists()]
     if present:
