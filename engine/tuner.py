@@ -426,10 +426,12 @@ class ConvBench:
         run starts on a GPU left idle by a host round trip (a bind, a check). Kernels of 15-30 us
         timed once per round trip varied by up to 20% between two timings on an H200, enough to
         rank a config above one that is faster; in live searches re-timed against the traversal
-        (BENCHMARKS.md) the winners' spread fell from 0.954-1.047 to 0.983-1.016. ``cpu``: the process's CPU time over the run divided by the device's
-        compute units -- for a CPU device in this process (PoCL) on a machine shared with other
-        work, where wall-clock device time mostly measures the other work; it does not see idle
-        threads, so it flatters launches with too few work-groups.
+        (BENCHMARKS.md) the winners' spread fell from 0.954-1.047 to 0.983-1.016.
+
+        ``cpu``: the process's CPU time over the run divided by the device's compute units -- for
+        a CPU device in this process (PoCL) on a machine shared with other work, where wall-clock
+        device time mostly measures the other work; it does not see idle threads, so it flatters
+        launches with too few work-groups.
         """
         cl = self.rt.cl
         if clock == "events":
@@ -540,7 +542,7 @@ class TuneResult:
     timed: int
     rejected: int = 0
     seconds: float = 0.0
-    times: dict = field(default_factory=dict)      # repr(config) -> best ms seen
+    times: dict = field(default_factory=dict)      # config_key(config) -> best ms seen
     phases: dict = field(default_factory=dict)     # seconds spent compiling, checking, timing
 
     @property
@@ -637,8 +639,7 @@ class Tuner:
             list(self._pool.map(_worker_bind, *zip(*[(spec, bench.node, self.batch, self.half, p)
                                                       for p in parts if p])))
         except Exception as e:      # noqa: BLE001 - e.g. a worker the driver killed: bind here instead
-            log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__,
-                        (str(e).splitlines() or [""])[0][:200])
+            log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__, reason(e))
             self.close()
             self.build = "threads"
 

@@ -31,7 +31,7 @@ def programs(count: int) -> list:
     from yolo_cl.kernels import conv as convk
     from yolo_cl.runtime import Runtime, _options
     rt = Runtime()
-    node = [n for n in graph_of("yolov3-tiny", 416).nodes if n.op == "conv"][4]
+    node = [n for n in graph_of("yolov3-tiny:416").nodes if n.op == "conv"][4]
     ctx = BindContext(rt, None, None, 1, False)
     out = []
     for c in convk.gpu_candidates(node, rt, 1):

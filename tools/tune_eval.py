@@ -29,16 +29,24 @@ from collections import Counter
 from pathlib import Path
 
 
-def graph_of(model: str, size: int):
+def graph_of(spec: str):
+    """The graph of a ``NAME[:SIZE]`` model spec (a zoo name or cfg path; size 416 if none)."""
     from yolo_cl.cfg import parse_cfg
     from yolo_cl.graph import build_graph
     from yolo_cl.layers import build_layers, parse_net
     from yolo_cl.zoo import resolve
+    model, _, size = spec.partition(":")
     z = resolve(model)
     cfg = Path(model) if z is None else z[0]
     sections = parse_cfg(cfg)
-    net = parse_net(sections[0], size)
+    net = parse_net(sections[0], int(size or 416))
     return build_graph(net, build_layers(sections, net), None)
+
+
+def shape_nodes(tuner, spec: str, batch: int) -> dict:
+    """{shape key: conv node} of a model spec's unique conv shapes."""
+    from yolo_cl.tuner import shape_key
+    return {shape_key(n, batch): n for n in tuner.unique_convs(graph_of(spec))}
 
 
 def timed_traverse(tuner, node) -> tuple:
@@ -73,13 +81,12 @@ def retime(tuner, node, cfgs: list, rounds: int, inner: int = 1) -> list:
 def verify(report: dict, args) -> int:
     """Re-time each shape's two recorded winners (traversal, search) live, interleaved."""
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import Tuner, shape_key
+    from yolo_cl.tuner import Tuner
     rt = Runtime(args.device, profiling=True)
     tuner = Tuner(rt, report["precision"], report["batch"], clock=report["clock"].split()[0], jobs=1)
     out = dict(report, clock=f"{tuner.clock}, winners re-timed ({args.verify} rounds x {args.inner})", models={})
     for spec, rows in report["models"].items():
-        name, _, size = spec.partition(":")
-        nodes = {shape_key(n, report["batch"]): n for n in tuner.unique_convs(graph_of(name, int(size or 416)))}
+        nodes = shape_nodes(tuner, spec, report["batch"])
         for r in rows:
             f_ms, s_ms = retime(tuner, nodes[r["key"]], [r["full_best"], r["search_best"]], args.verify, args.inner)
             out["models"].setdefault(spec, []).append(dict(r, full_ms=f_ms, search_ms=s_ms, ratio=s_ms / f_ms))
@@ -151,8 +158,7 @@ def main(argv=None) -> int:
               "jobs": tuner.jobs, "build": tuner.build, "first": args.first, "models": {}}
     start = time.perf_counter()
     for spec in args.model:
-        name, _, size = spec.partition(":")
-        graph = graph_of(name, int(size or 416))
+        graph = graph_of(spec)
         counts = Counter(shape_key(n, args.batch) for n in graph.nodes if n.op == "conv")
         nodes = tuner.unique_convs(graph)
         if args.shapes:
@@ -167,7 +173,7 @@ def main(argv=None) -> int:
             key = shape_key(node, args.batch)
             full = timed_traverse(tuner, node) if args.phase == "both" and args.first == "traverse" else None
             t0 = time.perf_counter()
-            found = tuner.search(node) if args.phase != "traverse" else None   # run first, it pays the cold compiles
+            found = tuner.search(node) if args.phase != "traverse" else None   # first unless --first traverse
             t1 = time.perf_counter()
             if args.phase == "search":
                 if (spec, key) not in recorded:
@@ -240,13 +246,12 @@ def extend(report: dict, args) -> int:
     """Complete a recorded traversal: check and time the candidates it has no time for."""
     import ast
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import ConvBench, Tuner, config_key, new_state, shape_key
+    from yolo_cl.tuner import ConvBench, Tuner, config_key, new_state
     rt = Runtime(args.device, profiling=True)
     tuner = Tuner(rt, report["precision"], report["batch"], reps=report.get("reps", args.reps),
                   clock=report["clock"])
     for spec, rows in report["models"].items():
-        name, _, size = spec.partition(":")
-        nodes = {shape_key(n, report["batch"]): n for n in tuner.unique_convs(graph_of(name, int(size or 416)))}
+        nodes = shape_nodes(tuner, spec, report["batch"])
         for r in rows:
             node = nodes[r["key"]]
             cands = tuner.candidates(node)
@@ -281,9 +286,7 @@ def replay(report: dict, args) -> int:
         tuner.rt = RecordedDevice(report, rt)     # e.g. a GPU recording replayed on a CPU
     out = dict(report, clock=report["clock"] + " (replayed)", models={})
     for spec, rows in report["models"].items():
-        name, _, size = spec.partition(":")
-        graph = graph_of(name, int(size or 416))
-        nodes = {tmod.shape_key(n, report["batch"]): n for n in tuner.unique_convs(graph)}
+        nodes = shape_nodes(tuner, spec, report["batch"])
         for r in rows:
             times = r["all_times"]
             node = nodes[r["key"]]

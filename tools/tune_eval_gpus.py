@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_eval import graph_of, read_json  # noqa: E402
+from tune_eval import graph_of, read_json, summary  # noqa: E402
 
 
 def deal(sizes: dict, bins: int) -> list:
@@ -58,8 +58,7 @@ def main(argv=None) -> int:
     from yolo_cl.runtime import Runtime
     from yolo_cl.tuner import Tuner, shape_key
     tuner = Tuner(Runtime(0), jobs=1, build="threads")
-    name, _, size = args.model.partition(":")
-    nodes = tuner.unique_convs(graph_of(name, int(size or 416)))
+    nodes = tuner.unique_convs(graph_of(args.model))
     done = {r["key"] for f in args.skip for rows in read_json(f)["models"].values() for r in rows}
     sizes = {i: len(tuner.candidates(n)) for i, n in enumerate(nodes) if shape_key(n, 1) not in done}
     jobs = max(1, (os.cpu_count() or 1) // args.gpus)
@@ -87,7 +86,6 @@ def main(argv=None) -> int:
     if present:
         report = merge(present)
         out.write_text(json.dumps(report, indent=1))
-        from tune_eval import summary
         print(summary(report))
     return max(codes, default=0)
 
