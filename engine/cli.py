@@ -1,4 +1,4 @@
-"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune`` and ``bench``.
+"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune``, ``bench``, ``map`` and ``valid``.
 
 ``detect`` prints what Darknet's ``detector test -ext_output`` prints (or, with ``--json``,
 one document in the layout of Darknet's ``-out`` file) and can save annotated copies;
@@ -158,7 +158,44 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=_positive, default=20, help="timed runs (default 20)")
     b.add_argument("--peak", type=float, metavar="GFLOPS", help="device peak (default: measured once and cached)")
     b.set_defaults(func=cmd_bench)
+
+    m = sub.add_parser("map", help="mAP of a model on a labelled image set, as 'darknet detector map'",
+                       description="Detect on every image of a Darknet .data file's valid= list and print per-class "
+                                   "AP, precision/recall/F1, TP/FP/FN, average IoU, mAP@IoU and mAP@0.50:0.95.")
+    _eval_options(m)
+    m.add_argument("--iou-thresh", type=_fraction, default=0.5, help="IoU a detection needs to match (default 0.5)")
+    m.add_argument("--points", type=int, choices=(0, 11, 101), default=0,
+                   help="0: area under the PR curve (Darknet's default), 11: VOC2007, 101: COCO's interpolation")
+    m.add_argument("--thresh", type=_fraction, default=0.25,
+                   help="confidence for the precision/recall/F1 and TP/FP/FN lines (default 0.25)")
+    m.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    m.add_argument("--plot", metavar="DIR", help="write a precision-recall curve per class (PNG) into DIR")
+    m.add_argument("--coco", metavar="INSTANCES", help="also run COCO's evaluator (pycocotools) against this "
+                   "instances JSON file and print its twelve numbers")
+    m.set_defaults(func=cmd_map)
+
+    va = sub.add_parser("valid", help="COCO results JSON for a labelled image set, as 'darknet detector valid'",
+                        description="Detect on every image of a .data file's valid= list at Darknet's evaluation "
+                                    "threshold and write COCO's results format (for pycocotools or the COCO server).")
+    _eval_options(va)
+    va.add_argument("--out", metavar="FILE", required=True, help="results JSON file to write")
+    va.set_defaults(func=cmd_valid)
     return parser
+
+
+def _eval_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``map`` and ``valid``: the data set and the model."""
+    p.add_argument("data", metavar="DATA", help="Darknet .data file (classes=, valid=, names=)")
+    p.add_argument("--model", help=f"zoo model name or cfg path (default: {DEFAULT_MODEL}, bundled)")
+    p.add_argument("--cfg", help="Darknet .cfg file (instead of --model)")
+    p.add_argument("--weights", help="Darknet .weights file")
+    p.add_argument("--names", help="class names file (default: the .data file's names=)")
+    p.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
+    p.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
+    p.add_argument("--letterbox", action="store_true", help="short for --fit letterbox")
+    p.add_argument("--fit", choices=FITS, help="resize mode (default: the cfg's letter_box)")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
+    p.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -564,6 +601,140 @@ def cmd_bench(args) -> int:
                        args.weights, args.peak)
     print(report.render())
     return 0
+
+
+# -- map / valid -------------------------------------------------------------------------------
+def _run_eval(args, spec, collect) -> tuple:
+    """Detect on every image of ``spec``'s list at Darknet's evaluation thresholds; ``collect(path, image,
+    detections)`` takes each result. Returns (images done, interrupted); a progress bar goes to stderr."""
+    from tqdm import tqdm
+    from .evaluate import DARKNET_NMS, DARKNET_THRESH, image_paths
+    paths = image_paths(spec)
+    if args.names is None and spec.names is not None:
+        args.names = str(spec.names)
+    detector = _make_detector(args)
+    if detector.classes != spec.classes:
+        raise YoloClError(f"{spec.path}: classes = {spec.classes}, but the model has {detector.classes}")
+    done = 0
+    bar = tqdm(total=len(paths), desc="evaluating", unit="img", file=sys.stderr, disable=None, leave=False)
+    try:
+        for start in range(0, len(paths), args.batch):
+            chunk = paths[start:start + args.batch]
+            images = [read_image(p) for p in chunk]
+            results = detector.detect_batch(images, DARKNET_THRESH, DARKNET_NMS, nms_kind="default")
+            for path, img, dets in zip(chunk, images, results):
+                collect(path, img, dets)
+            done += len(chunk)
+            bar.update(len(chunk))
+    except KeyboardInterrupt:
+        return done, True
+    finally:
+        bar.close()
+    return done, False
+
+
+def cmd_map(args) -> int:
+    """Darknet's ``detector map`` (plus mAP@0.50:0.95 and, with --coco, COCO's own numbers)."""
+    from .evaluate import (ImageRecord, coco_detections, coco_eval, detection_rows, evaluate_all, format_report,
+                           label_path, read_data, read_labels)
+    from .zoo import read_names
+    _fit(args)
+    spec = read_data(args.data)
+    records, coco, missing = [], [], []
+
+    def collect(path, img, dets) -> None:
+        h, w = img.shape[:2]
+        truths = read_labels(label_path(path), spec.classes)
+        if truths is None:
+            missing.append(path)
+            truths = np.zeros((0, 5))
+        records.append(ImageRecord(path, detection_rows(dets, w, h), truths))
+        if args.coco:
+            coco.extend(coco_detections(path, dets, w, h, spec.classes))
+
+    if args.plot:
+        _plot_dir(args.plot)
+    _, interrupted = _run_eval(args, spec, collect)
+    if missing:
+        print(f"yolo-cl: warning: {len(missing)} of {len(records)} images have no label file and count as having "
+              f"no objects (e.g. {label_path(missing[0])})", file=sys.stderr)
+    names = read_names(args.names) if args.names else None
+    result = evaluate_all(records, spec.classes, names, args.iou_thresh, args.points, args.thresh)
+    result.partial = interrupted
+    if args.coco and records:
+        from .evaluate import coco_image_id
+        result.coco = coco_eval(args.coco, coco, [coco_image_id(r.path) for r in records])
+    if args.plot:
+        _plot_pr(result, Path(args.plot))
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1, allow_nan=False))
+    else:
+        print(format_report(result))
+    return 130 if interrupted else 0
+
+
+def cmd_valid(args) -> int:
+    """Darknet's ``detector valid`` with ``eval=coco``: one COCO results JSON file."""
+    from .evaluate import coco_detections, read_data
+    _fit(args)
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise YoloClError(f"{out}: cannot write the results here ({'a folder' if out.is_dir() else 'no such folder'})")
+    spec = read_data(args.data)
+    entries: list = []
+    done, interrupted = _run_eval(args, spec, lambda path, img, dets: entries.extend(
+        coco_detections(path, dets, img.shape[1], img.shape[0], spec.classes)))
+    if interrupted:
+        print(f"yolo-cl: interrupted after {done} images; {out} not written", file=sys.stderr)
+        return 130
+    _write_atomic(out, json.dumps(entries, allow_nan=False).encode())
+    print(f"{out}: {len(entries)} detections in {done} images", file=sys.stderr)
+    return 0
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file beside ``path`` and rename it into place; nothing half-written remains."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise YoloClError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+def _plot_dir(folder: str) -> None:
+    """Check that --plot can work before any image is read: matplotlib present, folder creatable."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise YoloClError("--plot needs matplotlib: pip install 'yolo-cl[plot]'") from None
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise YoloClError(f"{folder}: cannot create the plot folder ({e.strerror or e})") from None
+
+
+def _plot_pr(result, folder: Path) -> None:
+    """One precision-recall PNG per class with labelled objects or detections, written atomically."""
+    import io
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for c in result.classes:
+        if c.objects == 0 and len(c.recall) == 0:
+            continue
+        fig, ax = plt.subplots(figsize=(5, 4), dpi=100)
+        ax.plot(c.recall, c.precision, drawstyle="steps-post")
+        ax.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="recall", ylabel="precision",
+               title=f"{c.name}: AP {c.ap * 100:.2f}% (IoU {result.iou_thresh:.2f}, {c.objects} objects)")
+        ax.grid(alpha=0.3)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", c.name)[:60] or "class"
+        _write_atomic(folder / f"pr_{c.class_id:03d}_{safe}.png", buf.getvalue())
 
 
 def cmd_devices(args) -> int:

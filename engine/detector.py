@@ -150,8 +150,10 @@ class Detector:
         """Detections in one BGR image, boxes in its pixels."""
         return self.detect_batch([image_bgr], thresh, nms)[0]
 
-    def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45) -> list:
-        """Detections for several images, batched into one forward pass per network size; NMS per image."""
+    def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45,
+                     nms_kind: Optional[str] = None) -> list:
+        """Detections for several images, batched into one forward pass per network size; NMS per image
+        (``nms_kind``: the last head's ``nms_kind`` by default; ``"default"`` is Darknet's do_nms_sort)."""
         imgs = [_checked(im, i) for i, im in enumerate(images)]
         places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
@@ -163,11 +165,12 @@ class Detector:
             outs = self.forward(blob)
             for j, i in enumerate(idx):
                 im = imgs[i]
-                results[i] = self.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], thresh, nms, places[i])
+                results[i] = self.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], thresh, nms, places[i],
+                                              nms_kind)
         return results
 
     def postprocess(self, heads: list, img_w: int, img_h: int, thresh: float = 0.25, nms: float = 0.45,
-                    place: Optional[Placement] = None) -> list:
+                    place: Optional[Placement] = None, nms_kind: Optional[str] = None) -> list:
         """Decode one image's raw heads, map boxes to its pixels through ``place``
         (default: the Detector's layout for that image size), apply NMS."""
         if not self.heads:
@@ -186,7 +189,7 @@ class Detector:
         probs = np.concatenate(all_probs) if all_probs else np.zeros((0, self.classes))
         boxes = post.correct_boxes(boxes, place)
         p = self.heads[-1].p
-        probs = post.nms(boxes, probs, nms, p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
+        probs = post.nms(boxes, probs, nms, nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
 
     # -- reporting ---------------------------------------------------------------------------
