@@ -1,4 +1,4 @@
-"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune``, ``bench``, ``map`` and ``valid``.
+"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune``, ``bench``, ``map``, ``valid`` and ``download``.
 
 ``detect`` prints what Darknet's ``detector test -ext_output`` prints (or, with ``--json``,
 one document in the layout of Darknet's ``-out`` file) and can save annotated copies;
@@ -180,6 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_options(va)
     va.add_argument("--out", metavar="FILE", required=True, help="results JSON file to write")
     va.set_defaults(func=cmd_valid)
+
+    dl = sub.add_parser("download", help="download a zoo model's published weights into the user cache",
+                        description="Fetch MODEL's weights from the URL in models/zoo.yaml (resuming an interrupted "
+                                    "download), verify the checksum and store them in ~/.cache/yolo-cl/weights.")
+    dl.add_argument("model", metavar="MODEL", help="zoo model name (e.g. yolov4)")
+    dl.add_argument("--url", help="download from this URL instead (a mirror)")
+    dl.add_argument("--checksum", metavar="ALG:HEX", help="expected sha256:HEX or sha1:HEX (default: the zoo's)")
+    dl.add_argument("--out", metavar="FILE", help="write here instead of the user cache")
+    dl.set_defaults(func=cmd_download)
     return parser
 
 
@@ -341,9 +350,16 @@ def _fit(args) -> Optional[str]:
 
 def _make_detector(args):
     from .detector import Detector
+    from .zoo import resolve
     if args.cfg and args.model:
         raise YoloClError("give either --model or --cfg, not both")
     model = args.cfg or args.model or DEFAULT_MODEL
+    zoo = resolve(model) if not args.cfg and args.weights is None else None
+    if zoo is not None and zoo[1] is None:       # a zoo model whose weights are not here yet: fetch them
+        from .download import download
+        print(f"yolo-cl: {model}: downloading its published weights (once; 'yolo-cl download' does only this)",
+              file=sys.stderr)
+        args.weights = str(download(model))
     return Detector(model, args.weights, names=args.names, input_size=args.size, precision=args.precision,
                     device=args.device, fit=_fit(args))
 
@@ -735,6 +751,14 @@ def _plot_pr(result, folder: Path) -> None:
         plt.close(fig)
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", c.name)[:60] or "class"
         _write_atomic(folder / f"pr_{c.class_id:03d}_{safe}.png", buf.getvalue())
+
+
+def cmd_download(args) -> int:
+    """Download a zoo model's weights (resumable, verified, atomic) and print where they are."""
+    from .download import download
+    path = download(args.model, args.url, args.checksum, Path(args.out) if args.out else None)
+    print(path)
+    return 0
 
 
 def cmd_devices(args) -> int:

@@ -23,13 +23,17 @@ def zoo_cfgs() -> dict:
 
 
 def resolve(name: str) -> Optional[tuple]:
-    """(cfg, weights or None) for a zoo name, or None if ``name`` is not in the zoo."""
+    """(cfg, weights or None) for a zoo name, or None if ``name`` is not in the zoo. Weights are the
+    bundled file, else a download in the user cache (``<cache>/weights/NAME.weights``)."""
     cfg = zoo_cfgs().get(name)
     if cfg is None:
         return None
     weights = cfg.with_suffix(".weights")
     if not weights.is_file():
         weights = resource_dir("models") / f"{name}.weights"
+    if not weights.is_file():                      # fetched earlier by `yolo-cl download NAME`
+        from .runtime import cache_dir
+        weights = cache_dir() / "weights" / f"{name}.weights"
     return cfg, (weights if weights.is_file() else None)
 
 
