@@ -37,12 +37,15 @@ def _label(d, names: Optional[Sequence[str]]) -> str:
     return names[d.class_id] if names is not None and 0 <= d.class_id < len(names) else d.label
 
 
-def draw(image_bgr: np.ndarray, detections: Iterable, names: Optional[Sequence[str]] = None) -> np.ndarray:
+def draw(image_bgr: np.ndarray, detections: Iterable, names: Optional[Sequence[str]] = None,
+         trails: Optional[dict] = None) -> np.ndarray:
     """An annotated copy of ``image_bgr``; the input is left untouched.
 
     ``detections`` are :class:`yolo_cl.Detection` objects (or anything with ``class_id``,
     ``label``, ``confidence`` and ``box`` = (x1, y1, x2, y2) in pixels). ``names``, if
-    given, overrides each detection's label by class id.
+    given, overrides each detection's label by class id. A tracked detection's id leads its
+    label (``#7 person 91%``); ``trails`` (``Tracker.trails()``) draws each track's recent
+    centres as a line in its class's colour.
     """
     out = check_image(image_bgr).copy()
     h, w = out.shape[:2]
@@ -57,9 +60,17 @@ def draw(image_bgr: np.ndarray, detections: Iterable, names: Optional[Sequence[s
     best_first = sorted((sorted(g, key=lambda d: -d.confidence) for g in groups.values()),
                         key=lambda g: -g[0].confidence)
     pad = max(1, thick)
+    if trails:
+        classes = {getattr(d, "track_id", None): d.class_id for g in best_first for d in g}
+        for tid, points in trails.items():
+            if tid in classes and len(points) > 1:
+                pts = np.round(np.asarray(points, np.float64)).astype(np.int32).reshape(-1, 1, 2)
+                cv2.polylines(out, [pts], False, class_color(classes[tid]), thick, cv2.LINE_AA)
     tags, taken = [], []
     for group in best_first:          # the best detections choose their tag's place first
         text = ", ".join(f"{_label(e, names)} {e.confidence * 100:.0f}%" for e in group)
+        if getattr(group[0], "track_id", None) is not None:
+            text = f"#{group[0].track_id} {text}"
         (tw, th), base = cv2.getTextSize(text, FONT, scale, text_thick)
         x1, y1, x2, y2 = (int(np.clip(round(v), 0, lim - 1)) for v, lim in zip(group[0].box, (w, h, w, h)))
         rect = _place_tag(x1, y1, x2, y2, tw + 2 * pad, th + base + 2 * pad, w, h, taken)

@@ -23,10 +23,14 @@ class Detection:
     confidence: float
     box: tuple                        # clipped to the image
     unclipped: Optional[tuple] = None  # the same box before clipping, as Darknet prints it
+    track_id: Optional[int] = None     # a stable id across frames, when a Tracker assigned one
 
     def to_dict(self) -> dict:
-        return {"class_id": self.class_id, "label": self.label, "confidence": round(float(self.confidence), 6),
-                "box": [round(float(v), 2) for v in self.box]}
+        out = {"class_id": self.class_id, "label": self.label, "confidence": round(float(self.confidence), 6),
+               "box": [round(float(v), 2) for v in self.box]}
+        if self.track_id is not None:
+            out["track_id"] = self.track_id
+        return out
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
