@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import DeviceError, ImageError, YoloClError
+from .errors import DeviceError, ImageError, LimitError, YoloClError
 from .preprocess import FITS
 from .userfiles import MAX_IMAGE_FILE_BYTES, display, escape, read_bytes
 from .writers import check_output_dir, check_output_file, write_file
@@ -41,6 +41,14 @@ MIB = 2.0 ** 20
 
 
 # -- argument types ---------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors escaped: they quote the user's arguments, which may hold
+    terminal escapes or bytes that are not UTF-8."""
+
+    def error(self, message: str):
+        super().error(escape(message))
+
+
 def parse_size(text: str):
     """``416`` -> 416, ``608x416`` -> (608, 416): the network input size (width x height)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*", text)
@@ -86,10 +94,10 @@ def _count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
     from . import __version__
-    parser = argparse.ArgumentParser(prog="yolo-cl", description="Darknet-compatible YOLO inference on OpenCL.")
+    parser = _Parser(prog="yolo-cl", description="Darknet-compatible YOLO inference on OpenCL.")
     parser.add_argument("--version", action="version", version=f"yolo-cl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--verbose", action="store_true",
                         help="also show third-party warnings (OpenCV, libpng, FFmpeg, NumPy) on stderr")
 
@@ -431,7 +439,7 @@ def _detect(args, out_file: Optional[Path], frames: list) -> int:
                 try:
                     images.append(read_image(path))
                     paths.append(path)
-                except ImageError as e:
+                except (ImageError, LimitError) as e:
                     _error(str(e))
                     failures += 1
             if not images:

@@ -34,19 +34,22 @@ def display(path: PathLike, limit: int = DISPLAY_CHARS) -> str:
 
 
 def escape(text: str, limit: int = 0) -> str:
-    """Escape C0/C1 control characters, DEL and surrogates (non-UTF-8 bytes kept by Python as
-    ``\\udcXX``); cut to ``limit`` characters (0: no cut) keeping both ends."""
+    """Escape every character that is not printable: C0/C1 controls and DEL, bidi and other format
+    characters, unassigned code points, surrogates (a non-UTF-8 byte, kept by Python as ``\\udcXX``,
+    is shown as ``\\xXX``); cut to ``limit`` characters (0: no cut) keeping both ends."""
     out = []
     for ch in text:
         o = ord(ch)
-        if 0xDC80 <= o <= 0xDCFF:                 # os.fsdecode's stand-in for a raw byte
+        if ch.isprintable():
+            out.append(ch)
+        elif 0xDC80 <= o <= 0xDCFF:               # os.fsdecode's stand-in for a raw byte
             out.append(f"\\x{o - 0xDC00:02x}")
-        elif o < 0x20 or 0x7F <= o <= 0x9F:
+        elif o <= 0xFF:
             out.append(f"\\x{o:02x}")
-        elif 0xD800 <= o <= 0xDFFF:
+        elif o <= 0xFFFF:
             out.append(f"\\u{o:04x}")
         else:
-            out.append(ch)
+            out.append(f"\\U{o:08x}")
     s = "".join(out)
     if limit and len(s) > limit:
         keep = (limit - 1) // 2
