@@ -122,7 +122,7 @@ def check_executor(graph, arena_elems: int, workspace_elems: int, batch: int, it
 
 
 # -- image files ------------------------------------------------------------------------------
-MAX_IMAGE_PIXELS = 1 << 28      # 16384 x 16384; decoding costs ~3 bytes a pixel plus the file itself
+MAX_IMAGE_PIXELS = 1 << 28      # 16384 x 16384: ~1.8 GiB peak for the whole CLI process (README) itself
 
 
 def image_header_size(data: bytes) -> Optional[tuple]:
