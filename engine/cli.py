@@ -5,7 +5,9 @@ one document in the layout of Darknet's ``-out`` file) and can save annotated co
 video files, cameras and stream URLs are handed to :mod:`yolo_cl.video`. ``info`` shows
 the fused graph and its memory plan without touching a device; ``devices`` lists the
 OpenCL devices. Every yolo-cl error ends the command with one ``yolo-cl: error:`` line
-and exit status 2; a partly failed ``detect`` (some images unreadable) exits with 1.
+and exit status 2; a partly failed ``detect`` (some images unreadable) exits with 1; Ctrl-C
+ends the whole run with 130, its finished outputs in place. Output paths are checked before
+any input is read; third-party warnings reach stderr only with ``--verbose``.
 """
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import DeviceError, ImageError, YoloClError
+from .errors import DeviceError, ImageError, LimitError, YoloClError
 from .preprocess import FITS
+from .userfiles import MAX_IMAGE_FILE_BYTES, display, escape, read_bytes
+from .writers import check_output_dir, check_output_file, write_file
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".dib", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm",
               ".pnm", ".jp2", ".sr", ".ras", ".exr", ".hdr", ".pic"}
@@ -37,6 +41,14 @@ MIB = 2.0 ** 20
 
 
 # -- argument types ---------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors escaped: they quote the user's arguments, which may hold
+    terminal escapes or bytes that are not UTF-8."""
+
+    def error(self, message: str):
+        super().error(escape(message))
+
+
 def parse_size(text: str):
     """``416`` -> 416, ``608x416`` -> (608, 416): the network input size (width x height)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*", text)
@@ -82,11 +94,14 @@ def _count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
     from . import __version__
-    parser = argparse.ArgumentParser(prog="yolo-cl", description="Darknet-compatible YOLO inference on OpenCL.")
+    parser = _Parser(prog="yolo-cl", description="Darknet-compatible YOLO inference on OpenCL.")
     parser.add_argument("--version", action="version", version=f"yolo-cl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _Parser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="also show third-party warnings (OpenCV, libpng, FFmpeg, NumPy) on stderr")
 
-    d = sub.add_parser("detect", help="detect objects in images, folders, globs, videos, cameras or streams",
+    d = sub.add_parser("detect", parents=[common], help="detect objects in images, folders, globs, videos, cameras or streams",
                        description="Detect objects. Image sources print Darknet's -ext_output lines; video files, "
                                    "camera indices (0) and rtsp/http(s) URLs are streamed.")
     d.add_argument("sources", nargs="+", metavar="SOURCE",
@@ -117,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="streams: reconnect up to N times after a live source drops")
     d.set_defaults(func=cmd_detect)
 
-    i = sub.add_parser("info", help="show a model's fused graph and memory plan (no device needed)")
+    i = sub.add_parser("info", parents=[common], help="show a model's fused graph and memory plan (no device needed)")
     i.add_argument("model", nargs="?", metavar="MODEL", help="zoo model name or cfg path")
     i.add_argument("--cfg", help="Darknet .cfg file (instead of MODEL)")
     i.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
@@ -125,10 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
     i.set_defaults(func=cmd_info)
 
-    v = sub.add_parser("devices", help="list OpenCL platforms and devices")
+    v = sub.add_parser("devices", parents=[common], help="list OpenCL platforms and devices")
     v.set_defaults(func=cmd_devices)
 
-    t = sub.add_parser("tune", help="tune the conv kernels of a model for a device (saved to the tuning database)",
+    t = sub.add_parser("tune", parents=[common], help="tune the conv kernels of a model for a device (saved to the tuning database)",
                        description="Find fast, checked kernel configs for every conv shape of MODEL and store them "
                                    "in the user tuning database (inference only reads it).")
     t.add_argument("model", metavar="MODEL", help="zoo model name or cfg path")
@@ -145,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--jobs", type=_positive, help="compile this many candidates at once (default: CPUs, at most 16)")
     t.set_defaults(func=cmd_tune)
 
-    b = sub.add_parser("bench", help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
+    b = sub.add_parser("bench", parents=[common], help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
     b.add_argument("model", metavar="MODEL", help="zoo model name or cfg path (no weights: random ones)")
     b.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     b.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
@@ -214,8 +229,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:          # --help, --version, usage errors: argparse has printed them
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    for stream in (sys.stdout, sys.stderr):       # a non-UTF-8 file name never crashes a print
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
+    from .noise import routed
     try:
-        with warnings.catch_warnings():
+        with routed(getattr(args, "verbose", False)), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Non-empty compiler output")
             return args.func(args)
     except YoloClError as e:
@@ -232,7 +253,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _error(message: str) -> None:
-    print(f"yolo-cl: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    """One ``yolo-cl: error:`` line: control characters (newlines too) and raw bytes escaped."""
+    print(f"yolo-cl: error: {escape(message.strip())}", file=sys.stderr, flush=True)
 
 
 # -- detect -----------------------------------------------------------------------------------
@@ -247,6 +269,13 @@ def is_stream(source: str) -> bool:
 
 def expand_source(source: str) -> list:
     """One SOURCE -> [(kind, path)] with kind 'image' or 'stream'; folders and globs expand, sorted."""
+    try:
+        return _expand(source)
+    except OSError as e:             # a name too long for the file system, a loop of links …
+        raise ImageError(f"{display(source)}: cannot read ({e.strerror or e})") from None
+
+
+def _expand(source: str) -> list:
     if is_stream(source):
         return [("stream", source)]
     p = Path(source)
@@ -274,19 +303,17 @@ def expand_source(source: str) -> list:
 def read_image(path: str) -> np.ndarray:
     """Decode an image file as BGR (OpenCV, so EXIF orientation applies as in Darknet's OpenCV build)."""
     import cv2
-    if os.path.exists(path) and not os.path.isfile(path):   # a FIFO or device could block forever
-        raise ImageError(f"{path}: not a regular file")
-    try:
-        data = np.fromfile(path, np.uint8)
-    except OSError as e:
-        raise ImageError(f"{path}: cannot read ({e.strerror or e})") from None
+    from .limits import check_image_pixels
+    raw = read_bytes(path, "image", MAX_IMAGE_FILE_BYTES, ImageError)
+    check_image_pixels(raw, display(path))
+    data = np.frombuffer(raw, np.uint8)
     try:
         img = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
     except cv2.error as e:           # e.g. a header claiming more pixels than OpenCV's limit
-        raise ImageError(f"{path}: not an image OpenCV can decode ({getattr(e, 'err', '') or 'decoder error'})") \
-            from None
+        raise ImageError(f"{display(path)}: not an image OpenCV can decode "
+                         f"({getattr(e, 'err', '') or 'decoder error'})") from None
     if img is None:
-        raise ImageError(f"{path}: not an image OpenCV can decode")
+        raise ImageError(f"{display(path)}: not an image OpenCV can decode")
     return img
 
 
@@ -379,12 +406,18 @@ class _OutputNames:
         elif URL_RE.match(source):
             stem = "stream"
         else:
-            stem = src.stem or "image"
+            stem = _short(src.stem) or "image"
         name, k = f"{stem}{ext}", 1
         while name in self.used or _same_file(self.dir / name, src):
             name, k = f"{stem}_{k}{ext}", k + 1
         self.used.add(name)
         return self.dir / name
+
+
+def _short(stem: str, limit: int = 200) -> str:
+    """A file stem cut to ``limit`` bytes, so the output name (stem, ``_N``, extension) stays legal."""
+    raw = stem.encode(errors="surrogateescape")
+    return stem if len(raw) <= limit else raw[:limit].decode(errors="surrogateescape")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -395,22 +428,42 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def write_image(path: Path, image: np.ndarray) -> None:
-    """Encode and write atomically (a reader never sees half a file)."""
+    """Encode and write atomically (a reader never sees half a file); a failed write raises OutputError."""
     import cv2
-    from .runtime import atomic_write
     ok, buf = cv2.imencode(path.suffix, image)
     if not ok:
-        raise ImageError(f"{path}: OpenCV cannot encode this image format")
-    try:
-        atomic_write(path, buf.tobytes())
-    except OSError as e:
-        raise ImageError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise ImageError(f"{display(path)}: OpenCV cannot encode this image format")
+    write_file(path, buf.tobytes(), "annotated image")
+
+
+def check_detect_outputs(args) -> Optional[Path]:
+    """Check --out and --jsonl before any input is read; returns the video file --out names, if it does."""
+    out_file = None
+    if args.out:
+        if Path(args.out).suffix.lower() in VIDEO_EXTS:
+            out_file = check_output_file(args.out, "output video")
+        else:
+            check_output_dir(args.out)
+    if args.jsonl:
+        check_output_file(args.jsonl, "JSON lines")
+    return out_file
 
 
 def cmd_detect(args) -> int:
     """Detect in every source; images print Darknet-style lines (or JSON), streams go to yolo_cl.video."""
-    from .draw import draw
     _fit(args)
+    out_file = check_detect_outputs(args)
+    frames: list = []
+    try:
+        return _detect(args, out_file, frames)
+    except KeyboardInterrupt:        # Ctrl-C between frames or images: what is done stays done
+        if args.json:
+            print(json.dumps(frames, indent=1, allow_nan=False))
+        return 130
+
+
+def _detect(args, out_file: Optional[Path], frames: list) -> int:
+    from .draw import draw
     failures = 0
     items = []
     for src in args.sources:
@@ -421,22 +474,13 @@ def cmd_detect(args) -> int:
             failures += 1
     if not items:
         return 1
-    detector = _make_detector(args)
-    out_names = None
-    out_file = Path(args.out) if args.out and Path(args.out).suffix.lower() in VIDEO_EXTS else None
     if out_file is not None and (len(items) != 1 or items[0][0] == "image"):
-        raise YoloClError(f"--out {out_file}: a video file name needs exactly one video, camera or stream source; "
-                          "give a folder for images or several sources")
-    if args.out and out_file is None:
-        out_dir = Path(args.out)
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise YoloClError(f"{out_dir}: cannot create output folder ({e.strerror or e})") from None
-        out_names = _OutputNames(out_dir)
+        raise YoloClError(f"--out {display(out_file)}: a video file name needs exactly one video, camera or stream "
+                          "source; give a folder for images or several sources")
+    out_names = _OutputNames(Path(args.out)) if args.out and out_file is None else None
+    detector = _make_detector(args)
     if args.show and any(kind == "image" for kind, _ in items):
         print("yolo-cl: note: --show applies to video and camera sources only", file=sys.stderr)
-    frames: list = []
     pending: list = []            # consecutive image paths, run args.batch at a time
 
     def flush_images() -> None:
@@ -448,7 +492,7 @@ def cmd_detect(args) -> int:
                 try:
                     images.append(read_image(path))
                     paths.append(path)
-                except ImageError as e:
+                except (ImageError, LimitError) as e:
                     _error(str(e))
                     failures += 1
             if not images:
@@ -461,14 +505,14 @@ def cmd_detect(args) -> int:
                 if args.json:
                     frames.append(json_frame(len(frames) + 1, path, dets, w, h, detector.fit))
                 else:
-                    print(f"{path}: Predicted in {ms:f} milli-seconds.")
+                    print(f"{display(path)}: Predicted in {ms:f} milli-seconds.")
                     for line in format_detections(dets):
                         print(line)
                     sys.stdout.flush()
                 if out_names is not None:
                     try:
                         write_image(out_names.path_for(path), draw(img, dets))
-                    except ImageError as e:
+                    except ImageError as e:   # cannot encode; a failed write (OutputError) ends the run
                         _error(str(e))
                         failures += 1
 
@@ -478,15 +522,19 @@ def cmd_detect(args) -> int:
             continue
         flush_images()
         video = out_names.path_for(src, VIDEO_OUT_EXTS, ".mp4") if out_names is not None else out_file
-        failures += _run_stream(detector, src, argparse.Namespace(**{**vars(args), "out": video}))
+        rc = _run_stream(detector, src, argparse.Namespace(**{**vars(args), "out": video}))
+        if rc == 130:                # Ctrl-C ends the whole run, not only this source
+            raise KeyboardInterrupt
+        failures += rc
     flush_images()
     if args.json:
-        print(json.dumps(frames, indent=1))
+        print(json.dumps(frames, indent=1, allow_nan=False))
     return 1 if failures else 0
 
 
 def _run_stream(detector, source: str, args) -> int:
-    """Hand a video/camera/URL source to yolo_cl.video; returns the number of failures (0 or 1).
+    """Hand a video/camera/URL source to yolo_cl.video; returns the number of failures (0 or 1), or 130
+    after Ctrl-C.
 
     There ``args.out`` is the annotated video's file (in the --out folder), not the folder.
     """
@@ -501,6 +549,8 @@ def _run_stream(detector, source: str, args) -> int:
     except ImageError as e:          # this source cannot be opened: report it, go on with the others
         _error(str(e))
         return 1
+    if rc == 130:
+        return 130
     return 1 if isinstance(rc, int) and not isinstance(rc, bool) and rc != 0 else 0
 
 
@@ -604,7 +654,9 @@ def cmd_info(args) -> int:
 # -- devices ----------------------------------------------------------------------------------
 def cmd_tune(args) -> int:
     """Tune a model's conv shapes on one device; configs go to the tuning database."""
-    from .tuner import tune_model
+    from .tuner import check_db_writable, tune_model, user_db_path
+    db = check_output_file(args.db, "tuning database") if args.db else user_db_path()   # before tuning
+    check_db_writable(db)
     tune_model(args.model, args.size, args.batch, args.precision, args.device, args.budget, args.db, args.clock,
                args.exhaustive, jobs=args.jobs)
     return 0

@@ -7,7 +7,9 @@ are serialised by a lock, so it is safe to share between threads.
 """
 from __future__ import annotations
 
+import logging
 import threading
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Optional, Union
@@ -26,6 +28,14 @@ from .weights import load_weights
 from .zoo import default_names, read_names, resolve
 
 PRECISIONS = ("fp32", "fp16")
+MAX_EXECUTORS = 8     # (batch, size) executors kept, least recently used dropped first
+log = logging.getLogger("yolo_cl.detector")
+
+
+def batch_bucket(n: int) -> int:
+    """The batch an n-image ``detect_batch`` runs at: n rounded up to a power of two, so that
+    any mix of batch lengths builds at most log2(longest) + 1 executors."""
+    return 1 << max(0, int(n - 1).bit_length())
 
 
 class Detector:
@@ -74,7 +84,8 @@ class Detector:
             from .tuner import TuningDatabase
             tuning = TuningDatabase.for_runtime(self.runtime, precision)
         self.tuning = tuning
-        self._executors: dict = {}
+        self._executors: OrderedDict = OrderedDict()
+        self._warned_nonfinite = False
         self._weights: dict = {}
         self._lock = threading.RLock()
         self.executor(1)   # build and compile everything now, not on the first frame
@@ -97,14 +108,19 @@ class Detector:
             return g
 
     def executor(self, batch: int, size: Optional[tuple] = None) -> Executor:
-        """The executor for ``batch`` images at input ``size`` (built once, then reused)."""
+        """The executor for ``batch`` images at input ``size`` (built once, then reused; at most
+        MAX_EXECUTORS are kept, the least recently used is released first)."""
         size = tuple(size) if size is not None else self.input_size
         with self._lock:
             ex = self._executors.get((batch, size))
             if ex is None:
+                while len(self._executors) >= MAX_EXECUTORS:
+                    self._executors.popitem(last=False)
                 ex = Executor(self.runtime, self.graph_for(size), batch, self.precision == "fp16", self.tuning,
                               self._weights)
                 self._executors[(batch, size)] = ex
+            else:
+                self._executors.move_to_end((batch, size))
             return ex
 
     def placement(self, img_w: int, img_h: int) -> Placement:
@@ -153,13 +169,15 @@ class Detector:
     def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45,
                      nms_kind: Optional[str] = None) -> list:
         """Detections for several images, batched into one forward pass per network size; NMS per image
-        (``nms_kind``: the last head's ``nms_kind`` by default; ``"default"`` is Darknet's do_nms_sort)."""
+        (``nms_kind``: the last head's ``nms_kind`` by default; ``"default"`` is Darknet's do_nms_sort).
+
+        A pass runs at a power-of-two batch (the rest padded with zeros), see ``batch_bucket``."""
         imgs = [_checked(im, i) for i, im in enumerate(images)]
         places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
             idx = [i for i, p in enumerate(places) if (p.net_w, p.net_h) == size]
-            blob = np.empty((len(idx), self.net.channels, size[1], size[0]), np.float32)
+            blob = np.zeros((batch_bucket(len(idx)), self.net.channels, size[1], size[0]), np.float32)
             for j, i in enumerate(idx):
                 to_blob(imgs[i], size[0], size[1], out=blob[j], place=places[i])
             outs = self.forward(blob)
@@ -179,15 +197,21 @@ class Detector:
         w, h = place.net_w, place.net_h
         all_boxes, all_probs = [], []
         for raw, head in zip(heads, self.heads):
-            if head.kind == "yolo":
-                boxes, _, probs = post.decode_yolo(raw, head.p, w, h, thresh)
-            else:
-                boxes, _, probs = post.decode_region(raw, head.p, thresh)
+            with np.errstate(over="ignore", invalid="ignore"):     # overflow is dropped below, with a warning
+                if head.kind == "yolo":
+                    boxes, _, probs = post.decode_yolo(raw, head.p, w, h, thresh)
+                else:
+                    boxes, _, probs = post.decode_region(raw, head.p, thresh)
             all_boxes.append(boxes)
             all_probs.append(probs)
         boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4))
         probs = np.concatenate(all_probs) if all_probs else np.zeros((0, self.classes))
         boxes = post.correct_boxes(boxes, place)
+        boxes, probs, dropped = post.finite_only(boxes, probs)
+        if dropped and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            log.warning("%s: dropped %d boxes with non-finite coordinates or scores (huge anchors, or weights "
+                        "that overflow); warning once", self.cfg_path, dropped)
         p = self.heads[-1].p
         probs = post.nms(boxes, probs, nms, nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)

@@ -102,6 +102,15 @@ def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
     return b
 
 
+def finite_only(boxes: np.ndarray, probs: np.ndarray) -> tuple:
+    """(boxes, probs, dropped): rows whose box or scores are not finite removed (overflowing
+    anchors or weights), so no NaN or infinity reaches NMS, printing or JSON."""
+    ok = np.isfinite(boxes).all(axis=1) & np.isfinite(probs).all(axis=1)
+    if ok.all():
+        return boxes, probs, 0
+    return boxes[ok], probs[ok], int((~ok).sum())
+
+
 def _iou_terms(a: np.ndarray, b: np.ndarray):
     """IoU of each box of ``a`` (xywh rows) with each of ``b``, plus DIoU's centre-distance term
     (d^2 / c^2): two (len(a), len(b)) arrays."""

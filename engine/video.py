@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import signal
 import sys
 import threading
@@ -28,8 +27,10 @@ from typing import Iterable, Iterator, Optional, Union
 import cv2
 import numpy as np
 
-from .errors import ImageError, YoloClError
+from .errors import ImageError
 from .preprocess import check_image, to_blob
+from .userfiles import display
+from .writers import AtomicFile, VideoFile
 
 log = logging.getLogger("yolo_cl.video")
 
@@ -127,10 +128,11 @@ def _open_capture(target: Union[int, str], kind: str, timeout_s: float):
     try:
         if kind == "url":
             ms = int(timeout_s * 1000)
-            cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG,
-                                   [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms])
-            if not cap.isOpened():
-                cap = cv2.VideoCapture(target)
+            params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms]
+            # FFmpeg honours the timeouts; retrying a failed URL with another backend (or FFmpeg's
+            # 30 s default) would overrun them, so only a build without FFmpeg tries the others
+            has_ffmpeg = cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG)
+            cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG if has_ffmpeg else cv2.CAP_ANY, params)
         else:
             cap = cv2.VideoCapture(target)
     finally:
@@ -701,57 +703,42 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
 
 
 # -- output -------------------------------------------------------------------------------------
-def _temp_beside(path: Path) -> Path:
-    """Reserve a hidden temp file next to ``path`` (same folder, same suffix) or fail now."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.part{path.suffix}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        open(tmp, "xb").close()      # unlike mkstemp, keeps the user's umask permissions
-    except OSError as e:
-        raise YoloClError(f"{path}: cannot write output ({e.strerror or e})") from None
-    return tmp
-
-
 class OutputSink:
     """Annotated video and/or JSONL, written under temp names and renamed into place at the end.
 
     The constructor reserves both temp files, so an unwritable path fails before any work.
-    The VideoWriter (mp4v) opens as soon as the frame size is known, at the source's fps.
+    Every write is checked (yolo_cl.writers): the first failure removes both temp files and
+    raises one OutputError; ``finish`` verifies the video is complete before the rename.
     """
 
     def __init__(self, out: Optional[Union[str, Path]], jsonl: Optional[Union[str, Path]]) -> None:
         self.out = Path(out) if out else None
         self.jsonl = Path(jsonl) if jsonl else None
-        self._video_tmp = self._jsonl_tmp = None
-        self._writer = None
-        self._size: Optional[tuple] = None
-        self._fps = 30.0
-        self._jf = None
+        self._video: Optional[VideoFile] = None
+        self._jf: Optional[AtomicFile] = None
         self.frames = 0
         try:
             if self.out is not None:
-                self._video_tmp = _temp_beside(self.out)
+                self._video = VideoFile(self.out)
             if self.jsonl is not None:
-                self._jsonl_tmp = _temp_beside(self.jsonl)
-                self._jf = open(self._jsonl_tmp, "w", encoding="utf-8")
+                self._jf = AtomicFile(self.jsonl, "JSON lines")
         except BaseException:
             self.discard()
             raise
 
     def open_video(self, fps: Optional[float], size: Optional[tuple]) -> None:
         """Open the VideoWriter now if the size is known; raise if OpenCV cannot write that file."""
-        self._fps = fps or 30.0
-        if self.out is not None and size is not None:
-            self._open_writer(size)
+        if self._video is not None:
+            self._video.fps = fps or 30.0
+            if size is not None:
+                self._guarded(self._video.open, size)
 
-    def _open_writer(self, size: tuple) -> None:
-        if self._writer is not None:
-            self._writer.release()
-        self._writer = cv2.VideoWriter(str(self._video_tmp), cv2.VideoWriter_fourcc(*"mp4v"), self._fps, size)
-        if not self._writer.isOpened():
-            self._writer = None
-            raise YoloClError(f"{self.out}: OpenCV cannot write this video file (use .mp4, .avi or .mkv)")
-        self._size = size
+    def _guarded(self, fn, *a) -> None:
+        try:
+            fn(*a)
+        except BaseException:
+            self.discard()
+            raise
 
     @property
     def wants_drawing(self) -> bool:
@@ -759,56 +746,32 @@ class OutputSink:
 
     def write(self, r: Result, annotated: Optional[np.ndarray]) -> None:
         """Append one frame: the annotated image to the video, a JSON line to the JSONL."""
-        if self.out is not None and annotated is not None:
-            h, w = annotated.shape[:2]
-            if self._writer is None or (self.frames == 0 and self._size != (w, h)):
-                self._open_writer((w, h))
-            if (w, h) != self._size:
-                annotated = cv2.resize(annotated, self._size, interpolation=cv2.INTER_AREA)
-            self._writer.write(annotated)
+        if self._video is not None and annotated is not None:
+            self._guarded(self._video.write, annotated)
         if self._jf is not None:
             rec = {"frame_id": r.index, "timestamp": round(float(r.timestamp), 6),
                    "objects": [d.to_dict() for d in r.detections]}
-            self._jf.write(json.dumps(rec) + "\n")
-            self._jf.flush()
+            self._guarded(self._jf.write, json.dumps(rec, allow_nan=False) + "\n", True)
         self.frames += 1
 
     def finish(self) -> list:
-        """Close the files and rename them into place; with no frames written, leave nothing."""
+        """Finalise, verify and rename the files into place; with no frames written, leave nothing."""
         if self.frames == 0:
             self.discard()
             return []
         done = []
-        if self._writer is not None:
-            self._writer.release()
-            self._writer = None
-        if self._jf is not None:
-            self._jf.flush()
-            os.fsync(self._jf.fileno())
-            self._jf.close()
-            self._jf = None
-        for tmp, final in ((self._video_tmp, self.out), (self._jsonl_tmp, self.jsonl)):
-            if tmp is not None and final is not None:
-                os.replace(tmp, final)
-                done.append(final)
-        self._video_tmp = self._jsonl_tmp = None
+        for f in (self._video, self._jf):
+            if f is not None:
+                self._guarded(lambda: done.append(f.commit()))
+        self._video = self._jf = None
         return done
 
     def discard(self) -> None:
-        """Drop the temp files (nothing useful was written)."""
-        if self._writer is not None:
-            self._writer.release()
-            self._writer = None
-        if self._jf is not None:
-            self._jf.close()
-            self._jf = None
-        for tmp in (self._video_tmp, self._jsonl_tmp):
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-        self._video_tmp = self._jsonl_tmp = None
+        """Drop the temp files (nothing useful was written, or a write failed)."""
+        for f in (self._video, self._jf):
+            if f is not None:
+                f.abort()
+        self._video = self._jf = None
 
 
 class Progress:
@@ -907,8 +870,10 @@ def run_detect_stream(detector, source, args) -> int:
     progress = Progress(sys.stderr, src.frame_count, src.live)
     out_times = pipe.stats.stages["output"]
     user_quit = False
-    try:
-        with _Interrupt(pipe.interrupt) as interrupt:
+    written: list = []
+    with _Interrupt(pipe.interrupt) as interrupt:     # also covers finishing the files
+        ok = False
+        try:
             for r in pipe:
                 t0 = time.perf_counter()
                 annotated = draw(r.frame, r.detections, names) if (sink.wants_drawing or show) else None
@@ -921,15 +886,19 @@ def run_detect_stream(detector, source, args) -> int:
                     progress.update(pipe.stats)
                 if interrupt.hit or user_quit:
                     break
-            interrupted = interrupt.hit
-    finally:
-        pipe.close()
-        if show:
-            cv2.destroyAllWindows()
-        progress.finish()
-        if not pipe.reading:
-            src.close()
-        written = sink.finish()
+            ok = True
+        finally:
+            pipe.close()
+            if show:
+                cv2.destroyAllWindows()
+            progress.finish()
+            if not pipe.reading:
+                src.close()
+            if ok:
+                written = sink.finish()
+            else:
+                sink.discard()
+        interrupted = interrupt.hit
     if interrupted:
         pipe.stats.end = "interrupted"
     elif user_quit:
@@ -937,5 +906,5 @@ def run_detect_stream(detector, source, args) -> int:
     if not quiet:
         print(pipe.stats.format(), file=sys.stderr)
         for path in written:
-            print(f"wrote {path}", file=sys.stderr)
+            print(f"wrote {display(path)}", file=sys.stderr)
     return 130 if interrupted else 0

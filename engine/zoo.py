@@ -46,10 +46,6 @@ def default_names(classes: int) -> Optional[list]:
 
 
 def read_names(path) -> list:
-    """One class name per line (blank lines dropped)."""
-    from .errors import YoloClError
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise YoloClError(f"{path}: cannot read names file ({e.strerror})") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    """One class name per line (blank lines dropped), read through the bounded user-file reader."""
+    from .userfiles import read_text
+    return [line.strip() for line in read_text(path, "names file").splitlines() if line.strip()]
