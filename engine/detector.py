@@ -22,7 +22,7 @@ from .graph import BN_EPS, build_graph
 from .layers import build_layers, head_layers, parse_net
 from .preprocess import FITS, Placement, check_image, placement, to_blob
 from .runtime import Runtime
-from .outputs import head_output, layer_name, resolve
+from .outputs import head_output, layer_indices, layer_name
 from .weights import load_weights, needs_weights
 from .zoo import default_names, read_names, resolve
 
@@ -161,7 +161,7 @@ class Detector:
                 return self.executor(blob.shape[0], size).run(blob)
         if isinstance(outputs, (str, int)):
             raise YoloClError("outputs must be a list of layer indices or names, e.g. ['conv_12', -1]")
-        wanted = resolve(self.layers, outputs)
+        wanted = layer_indices(self.layers, outputs)
         keep = tuple(dict.fromkeys(wanted))
         with self._lock:
             ex = self.executor(blob.shape[0], size, keep)

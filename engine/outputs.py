@@ -29,7 +29,7 @@ def layer_name(layer) -> str:
     return f"{SHORT.get(layer.kind, layer.kind)}_{layer.index}"
 
 
-def resolve(layers: list, wanted: Iterable[Union[int, str]]) -> list:
+def layer_indices(layers: list, wanted: Iterable[Union[int, str]]) -> list:
     """Layer indices for a list of indices (negative from the end) and names; a one-line error otherwise."""
     n = len(layers)
     out = []
