@@ -81,7 +81,8 @@ __kernel void yc_reorg(__global const dtype* restrict X, const int x_off, const 
 }
 
 /* Shortcut: out = ACT(x + sum of up to 3 other inputs), each added only where its flat
- * per-image index exists (Darknet's rule for inputs with fewer channels). Global (size, batch). */
+ * per-image index exists (Darknet's rule for inputs with fewer channels). With SC_ALPHA and
+ * SC_BETA defined: out = ACT(SC_ALPHA * x + SC_BETA * A1). Global (size, batch). */
 __kernel void yc_add(__global const dtype* restrict X, const int x_off, const int x_bstride,
                      __global dtype* restrict Y, const int y_off, const int y_bstride,
                      __global const dtype* restrict A1, const int a1_off, const int a1_bstride, const int a1_size,
@@ -90,7 +91,13 @@ __kernel void yc_add(__global const dtype* restrict X, const int x_off, const in
 {
     const int i = get_global_id(0), b = get_global_id(1);
     float v = LD(X, x_off + b * x_bstride + i);
+#if defined(SC_ALPHA)
+    /* pjreddie's weighted shortcut (shortcut_cpu): out = alpha * out + beta * add, one add. */
+    v *= SC_ALPHA;
+    if (i < a1_size) v += SC_BETA * LD(A1, a1_off + b * a1_bstride + i);
+#else
     if (i < a1_size) v += LD(A1, a1_off + b * a1_bstride + i);
+#endif
     if (i < a2_size) v += LD(A2, a2_off + b * a2_bstride + i);
     if (i < a3_size) v += LD(A3, a3_off + b * a3_bstride + i);
     ST(Y, y_off + b * y_bstride + i, yc_activate(v, ACT));

@@ -591,6 +591,12 @@ def _destination(node, graph) -> str:
     return ""
 
 
+def _names(node, graph) -> str:
+    """The names (for ``forward(outputs=...)``) of the layers a node computes: ``[conv_12 shortcut_13]``."""
+    from .outputs import layer_name
+    return "[" + " ".join(layer_name(graph.layers[i]) for i in node.layers) + "]"
+
+
 def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
     """Totals of a fused graph: GFLOPs, fusions, and memory (pool peak vs naive, workspace, weights) in bytes."""
     from .kernels import workspace_elems
@@ -617,13 +623,14 @@ def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
 
 def cmd_info(args) -> int:
     """Print the fused graph node by node, then totals and the memory plan. Needs no OpenCL device."""
-    from .cfg import parse_cfg
+    from .cfg import parse_cfg, warn_unheard
     from .graph import build_graph
     from .layers import build_layers, parse_net
     name, cfg_path = _model_cfg(args.model, args.cfg)
     sections = parse_cfg(cfg_path)
     net = parse_net(sections[0], args.size)
     layers = build_layers(sections, net)
+    warn_unheard(sections)
     graph = build_graph(net, layers, None)
     itemsize = 2 if args.precision == "fp16" else 4
     print(f"model:  {name} ({cfg_path})")
@@ -637,8 +644,13 @@ def cmd_info(args) -> int:
             ins.append("+" + _shape(node.attrs["residual"]))
         line = (f"{k:>4}  {node.label:<8} {node.describe():<28} {', '.join(ins):<26} -> {_shape(node.output):<14} "
                 f"{node.flops / 1e9:>8.3f}")
-        dest = _destination(node, graph)
+        dest = " ".join(d for d in (_destination(node, graph), _names(node, graph)) if d)
         print(f"{line}  {dest}" if dest else line)
+    from .outputs import layer_name
+    computed = {i for n in graph.nodes for i in n.layers}
+    views = [layer_name(l) for l in layers if l.index not in computed]
+    if views:
+        print(f"views (no node of their own; forward(outputs=...) reads them too): {' '.join(views)}")
     r = graph_report(graph, args.batch, itemsize)
     print()
     print(f"total: {r['gflops']:.3f} GFLOPs per image; {len(graph.nodes)} nodes from {len(layers)} layers; "

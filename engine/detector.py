@@ -17,14 +17,15 @@ from typing import Iterable, Optional, Union
 import numpy as np
 
 from . import postprocess as post
-from .cfg import parse_cfg
+from .cfg import parse_cfg, warn_unheard
 from .errors import ImageError, YoloClError
 from .executor import Executor
 from .graph import BN_EPS, build_graph
 from .layers import build_layers, head_layers, parse_net
 from .preprocess import FITS, Placement, check_image, placement, to_blob
 from .runtime import Runtime
-from .weights import load_weights
+from .outputs import head_output, layer_indices, layer_name
+from .weights import load_weights, needs_weights
 from .zoo import default_names, read_names, resolve
 
 PRECISIONS = ("fp32", "fp16")
@@ -59,9 +60,10 @@ class Detector:
         self._sections = parse_cfg(cfg_path)
         self.net = parse_net(self._sections[0], input_size)
         self.layers = build_layers(self._sections, self.net)
-        if weights_path is None:
+        self.cfg_warnings = warn_unheard(self._sections)   # unused and repeated keys, one line each
+        if weights_path is None and needs_weights(self.layers):
             raise YoloClError(f"{cfg_path}: no weights given (use --weights, or 'yolo-cl info' for shapes only)")
-        self._params = load_weights(weights_path, self.layers)
+        self._params = load_weights(weights_path, self.layers) if weights_path is not None else {}
         self.bn_eps = bn_eps
         self.graph = build_graph(self.net, self.layers, self._params, bn_eps)
         self._graphs: dict = {(self.net.width, self.net.height): self.graph}
@@ -96,32 +98,39 @@ class Detector:
         """(width, height) of the network input."""
         return self.net.width, self.net.height
 
-    def graph_for(self, size: Optional[tuple] = None):
-        """The fused graph at network input ``size`` (width, height); built once per size."""
+    def graph_for(self, size: Optional[tuple] = None, keep: tuple = ()):
+        """The fused graph at network input ``size`` (width, height); built once per size.
+        ``keep``: layer indices whose outputs it returns instead of the heads' inputs."""
         size = tuple(size) if size is not None else self.input_size
         with self._lock:
-            g = self._graphs.get(size)
+            g = self._graphs.get(size if not keep else (size, keep))
             if g is None:
                 net = replace(self.net, width=size[0], height=size[1])
-                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps)
-                self._graphs[size] = g
+                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps, keep)
+                self._graphs[size if not keep else (size, keep)] = g
             return g
 
-    def executor(self, batch: int, size: Optional[tuple] = None) -> Executor:
+    def executor(self, batch: int, size: Optional[tuple] = None, keep: tuple = ()) -> Executor:
         """The executor for ``batch`` images at input ``size`` (built once, then reused; at most
-        MAX_EXECUTORS are kept, the least recently used is released first)."""
+        MAX_EXECUTORS are kept, the least recently used is released first). ``keep``: see ``graph_for``."""
         size = tuple(size) if size is not None else self.input_size
+        key = (batch, size) if not keep else (batch, size, keep)
         with self._lock:
-            ex = self._executors.get((batch, size))
+            ex = self._executors.get(key)
             if ex is None:
                 while len(self._executors) >= MAX_EXECUTORS:
                     self._executors.popitem(last=False)
-                ex = Executor(self.runtime, self.graph_for(size), batch, self.precision == "fp16", self.tuning,
+                ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision == "fp16", self.tuning,
                               self._weights)
-                self._executors[(batch, size)] = ex
+                self._executors[key] = ex
             else:
-                self._executors.move_to_end((batch, size))
+                self._executors.move_to_end(key)
             return ex
+
+    @property
+    def layer_names(self) -> list:
+        """Each layer's name for ``forward(outputs=...)``: ``conv_0``, ``maxpool_1``, ..., ``yolo_16``."""
+        return [layer_name(l) for l in self.layers]
 
     def placement(self, img_w: int, img_h: int) -> Placement:
         """How an image of this size is laid out in the network input under the Detector's fit.
@@ -148,18 +157,32 @@ class Detector:
         p = self.placement(img_w, img_h)
         return p.net_w, p.net_h
 
-    def forward(self, blob: np.ndarray) -> list:
+    def forward(self, blob: np.ndarray, outputs: Optional[Iterable] = None) -> list:
         """Raw head inputs (NCHW float32, one per [yolo]/[region] in cfg order) for an NCHW blob in [0, 1].
 
         The blob's height and width select the network size (the cfg's, or any other multiple
-        of the stride: the network is fully convolutional)."""
+        of the stride: the network is fully convolutional). ``outputs`` (layer indices, negative
+        from the end, or names such as ``conv_12`` / ``yolo_16``, see ``layer_names``) returns
+        those layers' outputs instead, as Darknet computes them: a [yolo]/[region] layer's
+        own activated output, not its raw input. The first call with a new list builds (and
+        keeps) one more executor in which those layers are not fused away."""
         blob = np.asarray(blob, dtype=np.float32)
         if blob.ndim == 3:
             blob = blob[None]
         if blob.ndim != 4:
             raise YoloClError(f"blob must be NCHW, got shape {blob.shape}")
+        size = (blob.shape[3], blob.shape[2])
+        if outputs is None:
+            with self._lock:
+                return self.executor(blob.shape[0], size).run(blob)
+        if isinstance(outputs, (str, int)):
+            raise YoloClError("outputs must be a list of layer indices or names, e.g. ['conv_12', -1]")
+        wanted = layer_indices(self.layers, outputs)
+        keep = tuple(dict.fromkeys(wanted))
         with self._lock:
-            return self.executor(blob.shape[0], (blob.shape[3], blob.shape[2])).run(blob)
+            ex = self.executor(blob.shape[0], size, keep)
+            got = dict(zip(keep, ex.run(blob)))
+        return [head_output(got[i], ex.graph.layers[i]) for i in wanted]
 
     # -- detection ---------------------------------------------------------------------------
     def detect(self, image_bgr: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> list:

@@ -6,7 +6,9 @@ What happens here, and only here:
   become one node, the shortcut's add running in the conv's epilogue;
 - a multi-input ``[route]`` becomes one concat tensor that its producers write straight
   into (each into its channel slice), so no copy runs; ``[route]`` with ``groups`` and
-  ``[dropout]`` are just views.
+  ``[dropout]`` are just views;
+- layers whose outputs were asked for (``keep``) are not fused away: their output stays a
+  readable view, and the graph returns those views instead of the heads' inputs.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.
@@ -14,7 +16,7 @@ The graph is a list of nodes in execution order, each reading and writing *views
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -105,6 +107,7 @@ class Graph:
     outputs: list            # views: raw inputs of each [yolo]/[region] layer, or the last layer's output
     heads: list              # the [yolo]/[region] Layer records, aligned with outputs (empty if none)
     tensors: list
+    kept: tuple = ()         # the layer indices ``outputs`` belong to when built with ``keep``
 
     @property
     def flops(self) -> int:
@@ -131,10 +134,12 @@ def _consumers(layers: list) -> dict:
     return uses
 
 
-def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: float = BN_EPS) -> Graph:
+def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: float = BN_EPS,
+                keep: Sequence[int] = ()) -> Graph:
     """Fuse layers into nodes. ``params`` maps conv layer index -> ConvParams (None: shapes only).
 
-    ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer."""
+    ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer.
+    ``keep``: layer indices whose outputs the graph returns (in that order), none fused away."""
     tensors: list = []
 
     def new_tensor(c: int, h: int, w: int, name: str) -> Tensor:
@@ -145,6 +150,11 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     uses = _consumers(layers)
     heads = head_layers(layers)
     by_index = {l.index: l for l in layers}
+    kept = set(keep)
+
+    def fuses(conv: Layer) -> bool:
+        """A conv whose output was asked for keeps it: its shortcut is not folded into its epilogue."""
+        return conv.index not in kept and _fuses_into_shortcut(conv, by_index, uses)
 
     # 1. Concat targets: each multi-input route claims producers that can write into its slices.
     slot: dict = {}      # producer layer index -> (route index, channel offset)
@@ -154,7 +164,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
         offset = 0
         for j in l.inputs:
             src = by_index[j]
-            if src.kind in PRODUCERS and j not in slot and not _fuses_into_shortcut(src, by_index, uses):
+            if src.kind in PRODUCERS and j not in slot and not fuses(src):
                 slot[j] = (l.index, offset)
             offset += src.c
 
@@ -163,7 +173,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     for l in layers:
         if l.kind == "shortcut":
             conv = by_index.get(l.inputs[0])
-            if conv is not None and _fuses_into_shortcut(conv, by_index, uses):
+            if conv is not None and fuses(conv):
                 fused_into[conv.index] = l
 
     graph_input = new_tensor(net.channels, net.height, net.width, "input")
@@ -242,11 +252,13 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
             nodes.append(Node(l.kind, [i], [x], out, dict(p)))
         view[i] = out
 
-    if heads:
+    if keep:
+        outputs = [view[i] for i in keep]
+    elif heads:
         outputs = [view[h.inputs[0]] for h in heads]
     else:
         outputs = [view[layers[-1].index]]
-    return Graph(net, layers, nodes, graph_input, outputs, heads, tensors)
+    return Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
 
 
 def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
@@ -255,6 +267,8 @@ def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
         return False
     sc = by_index[uses[conv.index][0]]
     if sc.kind != "shortcut" or len(sc.inputs) != 2 or sc.inputs[0] != conv.index:
+        return False
+    if (sc.p.get("alpha", 1.0), sc.p.get("beta", 1.0)) != (1.0, 1.0):   # the conv epilogue adds unweighted
         return False
     other = sc.inputs[1]
     src = by_index.get(other)

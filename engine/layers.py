@@ -173,11 +173,21 @@ def _route(s, i, c, h, w, prev, layers):
 def _shortcut(s, i, c, h, w, prev, layers):
     idx = _refs(s, i, "from")
     if s.str("weights_type", "none") != "none":
-        raise s.error("weighted shortcuts (weights_type) are not supported", "weights_type")
+        raise s.error("AlexeyAB's weighted shortcut (weights_type) is not supported: its per-input weights "
+                      "come from the weights file", "weights_type")
+    s.str("weights_normalization", "none")   # Darknet reads it; it only matters with weights_type
+    # pjreddie's Darknet: out = alpha * out + beta * from (shortcut_cpu); AlexeyAB's ignores both keys.
+    alpha, beta = s.float("alpha", 1.0), s.float("beta", 1.0)
+    if (alpha, beta) != (1.0, 1.0):
+        if len(idx) > 1:
+            raise s.error("alpha/beta (pjreddie's weighted shortcut) take a single 'from' layer",
+                          "alpha" if s.has("alpha") else "beta")
+        s.note("alpha" if s.has("alpha") else "beta", f"alpha={alpha:g}, beta={beta:g} follow pjreddie's Darknet "
+               "(out = alpha*out + beta*from); AlexeyAB's ignores them")
     for j in idx:
         if (layers[j].h, layers[j].w) != (h, w):
             raise s.error(f"layer {j} is {layers[j].w}x{layers[j].h} but the input is {w}x{h}", "from")
-    return [prev] + idx, c, h, w, dict(activation=_activation(s, "linear"))
+    return [prev] + idx, c, h, w, dict(activation=_activation(s, "linear"), alpha=alpha, beta=beta)
 
 
 def _upsample(s, i, c, h, w, prev):

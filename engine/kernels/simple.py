@@ -64,9 +64,17 @@ def _bind_add(ctx: BindContext, node: Node) -> list:
             else:
                 args += [ctx.arena, np.int32(0), np.int32(0), np.int32(0)]
         act = act_id(node.attrs["activation"]) if last else 0
-        launches.append(_launch(ctx, node, "yc_add", ctx.defines(ACT=act), args, (size, ctx.batch)))
+        weighted = {}
+        if (node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)) != (1.0, 1.0):   # one extra input
+            weighted = {"SC_ALPHA": _cl_float(node.attrs["alpha"]), "SC_BETA": _cl_float(node.attrs["beta"])}
+        launches.append(_launch(ctx, node, "yc_add", ctx.defines(ACT=act, **weighted), args, (size, ctx.batch)))
         src = out
     return launches
+
+
+def _cl_float(v: float) -> str:
+    """An exact OpenCL C float literal (hexadecimal) for a -D define."""
+    return float(np.float32(v)).hex() + "f"
 
 
 def _launch(ctx: BindContext, node: Node, name: str, defines: dict, args: list, gsize: tuple) -> Launch:
