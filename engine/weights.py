@@ -1,4 +1,4 @@
-"""Load Darknet ``.weights`` files: header, then each convolution's parameters in cfg order.
+"""Load Darknet ``.weights`` files: header, then each weighted layer's parameters in cfg order.
 
 The expected byte count is computed from the layers first, so a truncated, oversized
 or mismatched file is rejected with a message naming the layer before anything is read.
@@ -18,10 +18,10 @@ from .limits import check_weights
 
 @dataclass
 class ConvParams:
-    """Raw Darknet parameters of one convolutional layer (batchnorm not yet folded)."""
+    """Raw Darknet parameters of one weighted layer (batchnorm not yet folded)."""
 
     biases: np.ndarray
-    weights: np.ndarray              # (filters, channels // groups, size, size)
+    weights: np.ndarray              # conv (filters, channels // groups, size, size); see read_layer for others
     scales: Optional[np.ndarray] = None
     mean: Optional[np.ndarray] = None
     variance: Optional[np.ndarray] = None
@@ -45,10 +45,54 @@ class Header:
 
 
 def conv_param_count(layer) -> int:
-    """Number of float32 values a conv layer reads from the weights file."""
-    p = layer.p
-    n = p["filters"]
-    return n * (4 if p["bn"] else 1) + n * (p["in_c"] // p["groups"]) * p["size"] ** 2
+    """Number of float32 values a layer reads from the weights file (0 for layers without parameters)."""
+    p, kind = layer.p, layer.kind
+    if kind == "convolutional":
+        n = p["filters"]
+        return n * (4 if p["bn"] else 1) + n * (p["in_c"] // p["groups"]) * p["size"] ** 2
+    if kind == "deconvolutional":
+        n = p["filters"]
+        return n * (4 if p["bn"] else 1) + n * p["in_c"] * p["size"] ** 2
+    if kind == "connected":
+        n = p["outputs"]
+        return n * (4 if p["bn"] else 1) + n * p["inputs"]
+    if kind == "batchnorm":
+        return 4 * layer.c
+    if kind in ("implicit", "implicit_add", "implicit_mul"):
+        return p["filters"] * p["atoms"]
+    return 0
+
+
+def read_layer(layer, take, transpose: bool) -> ConvParams:
+    """One layer's parameters, in Darknet's order (load_*_weights in parser.c), from ``take(n)``.
+
+    - [convolutional]/[deconvolutional]: biases, [scales, mean, variance], weights; a deconvolution's
+      weights are (channels, filters, size, size), as its col2im GEMM reads them;
+    - [connected]: biases, weights (outputs, inputs) — stored (inputs, outputs) when the header's
+      ``transpose`` flag is set — then [scales, mean, variance];
+    - [batchnorm]: biases, scales, mean, variance (AlexeyAB's order; pjreddie's fork stores no biases);
+    - [implicit*]: the (filters, atoms) constant, in ``weights``.
+    """
+    p, kind = layer.p, layer.kind
+    if kind in ("implicit", "implicit_add", "implicit_mul"):
+        return ConvParams(np.zeros(0, np.float32), take(p["filters"] * p["atoms"]))
+    if kind == "batchnorm":
+        return ConvParams(take(layer.c), np.zeros(0, np.float32), take(layer.c), take(layer.c), take(layer.c))
+    n = p["outputs"] if kind == "connected" else p["filters"]
+    biases = take(n)
+    scales = mean = variance = None
+    if kind == "connected":
+        if transpose:
+            w = take(n * p["inputs"]).reshape(p["inputs"], n).T.copy()
+        else:
+            w = take(n * p["inputs"]).reshape(n, p["inputs"])
+    if p["bn"]:
+        scales, mean, variance = take(n), take(n), take(n)
+    if kind == "convolutional":
+        w = take(n * (p["in_c"] // p["groups"]) * p["size"] ** 2).reshape(n, p["in_c"] // p["groups"], p["size"], p["size"])
+    elif kind == "deconvolutional":
+        w = take(n * p["in_c"] * p["size"] ** 2).reshape(p["in_c"], n, p["size"], p["size"])
+    return ConvParams(biases, w, scales, mean, variance)
 
 
 def read_header(path: Union[str, Path]) -> Header:
@@ -72,12 +116,12 @@ def read_header(path: Union[str, Path]) -> Header:
 
 
 def load_weights(path: Union[str, Path], layers: list) -> dict:
-    """Return ``{layer index: ConvParams}`` for every convolutional layer, validating the exact size."""
+    """Return ``{layer index: ConvParams}`` for every weighted layer, validating the exact size."""
     p = Path(path)
     path = show(str(path), 300)
     regular_file_size(p, path, WeightsError, "weights file")
     header = read_header(p)
-    convs = [l for l in layers if l.kind == "convolutional"]
+    convs = [l for l in layers if conv_param_count(l)]
     expected = header.nbytes + 4 * sum(conv_param_count(l) for l in convs)
     check_weights(expected, path)   # before any read: a cfg asking for 10^12 floats stops here
     actual = p.stat().st_size
@@ -91,7 +135,7 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
                 break
         if missing is not None:
             raise WeightsError(f"{path}: truncated: {actual} bytes, but the cfg needs {expected}; "
-                               f"data ends inside layer {missing.index} [convolutional] (line {missing.section.line})")
+                               f"data ends inside layer {missing.index} [{missing.kind}] (line {missing.section.line})")
         raise WeightsError(f"{path}: {actual} bytes, but the cfg needs exactly {expected}: "
                            f"{actual - expected} extra bytes; the weights do not match this cfg")
     try:
@@ -108,19 +152,15 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
         pos += n
         return data[pos - n:pos]
 
+    transpose = header.major > 1000 or header.minor > 1000   # Darknet's load_weights_upto
     for l in convs:
-        q = l.p
-        n = q["filters"]
-        biases = take(n)
-        scales = mean = variance = None
-        if q["bn"]:
-            scales, mean, variance = take(n), take(n), take(n)
-        w = take(n * (q["in_c"] // q["groups"]) * q["size"] ** 2).reshape(n, q["in_c"] // q["groups"], q["size"], q["size"])
-        cp = ConvParams(biases, w, scales, mean, variance)
-        for name, arr in (("biases", biases), ("weights", w), ("scales", scales), ("mean", mean), ("variance", variance)):
+        cp = read_layer(l, take, transpose)
+        where = f"{path}: layer {l.index} [{l.kind}] (line {l.section.line})"
+        for name in ("biases", "weights", "scales", "mean", "variance"):
+            arr = getattr(cp, name)
             if arr is not None and not np.all(np.isfinite(arr)):
-                raise WeightsError(f"{path}: layer {l.index} [convolutional] (line {l.section.line}) has non-finite {name}")
-        if variance is not None and np.any(variance < 0):
-            raise WeightsError(f"{path}: layer {l.index} [convolutional] (line {l.section.line}) has negative variance")
+                raise WeightsError(f"{where} has non-finite {name}")
+        if cp.variance is not None and np.any(cp.variance < 0):
+            raise WeightsError(f"{where} has negative variance")
         out[l.index] = cp
     return out
