@@ -305,3 +305,31 @@ __kernel void yc_deconv(__global const dtype* restrict X, const int x_off, const
     }
     ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
 }
+
+/* [local] (forward_local_layer): output (f, oy, ox) = Bias[f][oy][ox] + the window at (oy*S - PAD,
+ * ox*S - PAD) (zeros outside) dotted with that pixel's own filter Wt[oy*OW + ox][f][c][ky][kx].
+ * Global (OH*OW, F, batch). */
+__kernel void yc_local(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                       const int C, const int H, const int W,
+                       __global dtype* restrict Y, const int y_off, const int y_bstride, const int OH, const int OW,
+                       const int F, __global const float* restrict Wt, __global const float* restrict Bias,
+                       const int SIZE, const int S, const int PAD)
+{
+    const int n = get_global_id(0), f = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const int xb = x_off + b * x_bstride;
+    __global const float* w = Wt + ((size_t)n * F + f) * C * SIZE * SIZE;
+    float s = Bias[f * OH * OW + n];
+    for (int c = 0; c < C; ++c) {
+        for (int ky = 0; ky < SIZE; ++ky) {
+            const int iy = oy * S + ky - PAD;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < SIZE; ++kx) {
+                const int ix = ox * S + kx - PAD;
+                if (ix < 0 || ix >= W) continue;
+                s += w[(c * SIZE + ky) * SIZE + kx] * LD(X, xb + (c * H + iy) * W + ix);
+            }
+        }
+    }
+    ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
+}

@@ -24,7 +24,7 @@ BN_EPS = 1e-5   # Darknet's (normalize_cpu and fuse_conv_batchnorm); OpenCV's im
 # Layer kinds that produce a fresh tensor (and so can write into a concat slice).
 PRODUCERS = {"convolutional", "maxpool", "avgpool", "upsample", "reorg", "shortcut", "scale_channels", "sam",
              "softmax", "connected", "deconvolutional", "crop", "batchnorm", "activation", "logistic",
-             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul"}
+             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul", "local"}
 # Layers whose output is their input: Darknet's [empty] shares its input's buffer, [cost] is skipped
 # at inference, [dropout] scales only in training, and the heads are decoded on the host.
 PASS_THROUGH = ("dropout", "empty", "cost") + HEADS
@@ -249,7 +249,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
             nodes.append(Node("conv", layers_done, [x], out, attrs, 2 * p["filters"] * k * l.h * l.w))
             if p["activation"] in CHANNEL_ACTIVATIONS:   # in place: one work-item owns a pixel's channels
                 nodes.append(Node("norm_channels", [i], [out], out, dict(mode=p["activation"])))
-        elif l.kind in ("connected", "deconvolutional", "batchnorm"):
+        elif l.kind in ("connected", "deconvolutional", "batchnorm", "local"):
             nodes.append(_weighted_node(l, x, out, params, bn_eps))
         elif l.kind == "maxpool":
             op = "maxpool_depth" if p["depth"] else "maxpool"
@@ -271,7 +271,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
 
 
 def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps: float) -> Node:
-    """The node of a [connected], [deconvolutional] or [batchnorm] layer, batchnorm folded into it.
+    """The node of a [connected], [deconvolutional], [local] or [batchnorm] layer, batchnorm folded into it.
 
     A deconvolution's weights become (filters, channels, size, size); a [batchnorm] becomes a
     per-channel affine ``x * scale + bias``."""
@@ -289,6 +289,10 @@ def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps:
         if cp is not None:
             attrs["weights"], attrs["bias"] = fold_batchnorm(cp, bn_eps, cp.weights.transpose(1, 0, 2, 3))
         return Node("deconv", [i], [x], out, attrs, 2 * p["filters"] * p["in_c"] * p["size"] ** 2 * x.h * x.w)
+    if l.kind == "local":
+        if cp is not None:
+            attrs["weights"], attrs["bias"] = cp.weights, cp.biases
+        return Node("local", [i], [x], out, attrs, 2 * l.c * l.h * l.w * p["in_c"] * p["size"] ** 2)
     if cp is not None:
         scale, attrs["bias"] = fold_batchnorm(cp, bn_eps, np.ones(l.c, np.float32))
         attrs["weights"] = scale

@@ -337,6 +337,22 @@ def _deconv(s, i, c, h, w, prev):
                                          activation=_activation(s, "logistic"))
 
 
+def _local(s, i, c, h, w, prev):
+    """Locally connected ([local], YOLOv1): a convolution with its own filters at every output pixel."""
+    filters = s.int("filters", 1, 1, MAX_CHANNELS)
+    size = s.int("size", 1, 1, MAX_KERNEL)
+    stride = s.int("stride", 1, 1, MAX_KERNEL)
+    pad = s.int("pad", 0, 0, MAX_KERNEL)
+    # local_out_height sizes the output as (h - (size if not pad else 1)) / stride + 1, but im2col
+    # pads by `pad` pixels: the two agree only in these cases, and only then is Darknet's result defined.
+    oh, ow = (h - (1 if pad else size)) // stride + 1, (w - (1 if pad else size)) // stride + 1
+    if (oh, ow) != ((h + 2 * pad - size) // stride + 1, (w + 2 * pad - size) // stride + 1) or oh < 1 or ow < 1:
+        raise s.error(f"size={size} with pad={pad} and stride={stride} does not fit the {w}x{h} input the way "
+                      "Darknet sizes it; use pad=0, or pad=size/2 with an odd size", "pad")
+    return [prev], filters, oh, ow, dict(filters=filters, size=size, stride=stride, pad=pad, in_c=c,
+                                         activation=_activation(s, "logistic"))
+
+
 def _crop(s, i, c, h, w, prev):
     """Inference crop: the centred crop_width x crop_height window, scaled to [-1, 1] unless noadjust."""
     ch = s.int("crop_height", 1, 1, MAX_SIDE)
@@ -415,7 +431,7 @@ def _implicit(s, i, c, h, w, prev):
 _SIMPLE: dict = {"convolutional": _conv, "maxpool": _maxpool, "avgpool": _avgpool, "upsample": _upsample,
                  "reorg": _reorg, "dropout": _dropout, "softmax": _softmax, "yolo": _yolo, "region": _region,
                  "gaussian_yolo": _gaussian_yolo, "detection": _detection, "connected": _connected,
-                 "deconvolutional": _deconv, "crop": _crop, "batchnorm": _batchnorm, "activation": _activation_layer,
+                 "deconvolutional": _deconv, "local": _local, "crop": _crop, "batchnorm": _batchnorm, "activation": _activation_layer,
                  "logistic": _logistic_layer, "local_avgpool": _local_avgpool, "reorg3d": _reorg3d,
                  "l2norm": _l2norm, "empty": _empty, "cost": _cost, "implicit": _implicit, "implicit_add": _implicit,
                  "implicit_mul": _implicit}

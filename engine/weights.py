@@ -58,6 +58,8 @@ def conv_param_count(layer) -> int:
         return n * (4 if p["bn"] else 1) + n * p["inputs"]
     if kind == "batchnorm":
         return 4 * layer.c
+    if kind == "local":
+        return layer.c * layer.h * layer.w * (1 + p["in_c"] * p["size"] ** 2)
     if kind in ("implicit", "implicit_add", "implicit_mul"):
         return p["filters"] * p["atoms"]
     return 0
@@ -70,12 +72,17 @@ def read_layer(layer, take, transpose: bool) -> ConvParams:
       weights are (channels, filters, size, size), as its col2im GEMM reads them;
     - [connected]: biases, weights (outputs, inputs) — stored (inputs, outputs) when the header's
       ``transpose`` flag is set — then [scales, mean, variance];
+    - [local]: a bias per output element (filters, out_h, out_w), then weights
+      (out_h * out_w, filters, channels, size, size): one filter bank per output pixel;
     - [batchnorm]: biases, scales, mean, variance (AlexeyAB's order; pjreddie's fork stores no biases);
     - [implicit*]: the (filters, atoms) constant, in ``weights``.
     """
     p, kind = layer.p, layer.kind
     if kind in ("implicit", "implicit_add", "implicit_mul"):
         return ConvParams(np.zeros(0, np.float32), take(p["filters"] * p["atoms"]))
+    if kind == "local":
+        n, k = p["filters"], p["in_c"] * p["size"] ** 2
+        return ConvParams(take(n * layer.h * layer.w), take(layer.h * layer.w * n * k).reshape(layer.h * layer.w, n, k))
     if kind == "batchnorm":
         return ConvParams(take(layer.c), np.zeros(0, np.float32), take(layer.c), take(layer.c), take(layer.c))
     n = p["outputs"] if kind == "connected" else p["filters"]

@@ -300,6 +300,21 @@ def deconvolutional(o: Options, x: np.ndarray, params) -> np.ndarray:
     return activate(y, o.str("activation", "logistic"))
 
 
+def local(o: Options, x: np.ndarray, params) -> np.ndarray:
+    """forward_local_layer: im2col (padded by ``pad``), then each output pixel's own (filters, k) GEMM."""
+    n_, c, h, w = x.shape
+    f, size, s, pad = o.int("filters", 1), o.int("size", 1), o.int("stride", 1), o.int("pad", 0)
+    oh, ow = (h + 2 * pad - size) // s + 1, (w + 2 * pad - size) // s + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    wts = np.asarray(params.weights, np.float64).reshape(oh, ow, f, c, size, size)
+    y = np.asarray(params.biases, np.float64).reshape(1, f, oh, ow).repeat(n_, axis=0)
+    for oy in range(oh):
+        for ox in range(ow):
+            patch = xp[:, :, oy * s:oy * s + size, ox * s:ox * s + size]
+            y[:, :, oy, ox] += np.einsum("fcij,ncij->nf", wts[oy, ox], patch)
+    return activate(y, o.str("activation", "logistic"))
+
+
 def batchnorm(o: Options, x: np.ndarray, params) -> np.ndarray:
     """forward_batchnorm_layer (inference): normalize with the rolling statistics, scale, add biases."""
     col = (1, -1, 1, 1)
@@ -390,6 +405,8 @@ def forward_layer(layer, x: np.ndarray, outs: list, params: dict) -> np.ndarray:
         return deconvolutional(o, x, params[i])
     if kind == "batchnorm":
         return batchnorm(o, x, params[i])
+    if kind == "local":
+        return local(o, x, params[i])
     if kind == "activation":
         return activate(x, o.str("activation", "linear"))
     if kind == "logistic":

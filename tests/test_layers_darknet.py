@@ -64,6 +64,9 @@ def _blocks(layer, rng) -> list:
         n, k = p["outputs"], p["inputs"]
         return [("biases", rng.normal(0, 0.5, n)), ("weights", rng.standard_normal(n * k) * 1.5 / np.sqrt(k))] + \
             (bn(n) if p["bn"] else [])
+    if kind == "local":
+        n, k, loc = p["filters"], p["in_c"] * p["size"] ** 2, layer.h * layer.w
+        return [("biases", rng.normal(0, 0.5, n * loc)), ("weights", rng.standard_normal(loc * n * k) * 1.5 / np.sqrt(k))]
     if kind == "batchnorm":
         return [("biases", rng.normal(0, 0.5, layer.c))] + bn(layer.c)
     if kind in ("implicit", "implicit_add", "implicit_mul"):
@@ -259,6 +262,23 @@ def test_reference_deconv_is_a_scatter_loop():
                                                     "pad": ("1", 0), "activation": ("linear", 0)}))
     p = SimpleNamespace(weights=wts, biases=np.zeros(f))
     assert np.allclose(np_darknet.deconvolutional(o, x, p)[0], want)
+
+
+# -- [local] ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size,stride,pad", [(3, 1, 1), (3, 2, 0), (1, 1, 0), (5, 2, 2), (2, 1, 0)])
+def test_local(tmp_path, size, stride, pad):
+    body = conv(3, 3, 1) + sec("local", filters=4, size=size, stride=stride, pad=pad, activation="leaky")
+    got, ref, det = run(tmp_path, body, size=(9, 7))
+    assert ops(det) == ["conv", "local"]
+    assert_close(got, ref)
+
+
+def test_local_whose_sizes_disagree_is_refused(tmp_path):
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[local]\nfilters=2\nsize=3\npad=2\n")
+    with pytest.raises(CfgError, match=r"bad.cfg:9: \[local\]: size=3 with pad=2"):
+        yolo_cl.Detector(cfg, tmp_path / "none.weights")
 
 
 # -- element-wise and shape layers ------------------------------------------------------------------------

@@ -64,6 +64,10 @@ def bind(ctx: BindContext, node: Node) -> list:
         args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w) + [_param(ctx, node, "weights"), _param(ctx, node, "bias")] \
             + i32(a["size"], a["stride"], a["pad"])
         return [_launch(ctx, node, "yc_deconv", act, args, (hw, out.c, B))]
+    if node.op == "local":
+        args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w, out.c) + \
+            [_param(ctx, node, "weights"), _param(ctx, node, "bias")] + i32(a["size"], a["stride"], a["pad"])
+        return [_launch(ctx, node, "yc_local", act, args, (hw, out.c, B))]
     if node.op == "crop":
         args = X + i32(x.h, x.w) + Y + i32(out.h, out.w, a["dy"], a["dx"]) + [np.float32(a["scale"]), np.float32(a["shift"])]
         return [_launch(ctx, node, "yc_crop", d, args, (hw, out.c, B))]
