@@ -215,7 +215,8 @@ class Detector:
         """Decode one image's raw heads, map boxes to its pixels through ``place``
         (default: the Detector's layout for that image size), apply NMS."""
         if not self.heads:
-            raise YoloClError(f"{self.cfg_path}: the network has no [yolo] or [region] layer to detect with")
+            raise YoloClError(f"{self.cfg_path}: the network has no [yolo], [region], [Gaussian_yolo] or [detection] "
+                              "layer to detect with")
         place = place if place is not None else self.placement(img_w, img_h)
         w, h = place.net_w, place.net_h
         all_boxes, all_probs = [], []
@@ -223,6 +224,10 @@ class Detector:
             with np.errstate(over="ignore", invalid="ignore"):     # overflow is dropped below, with a warning
                 if head.kind == "yolo":
                     boxes, _, probs = post.decode_yolo(raw, head.p, w, h, thresh)
+                elif head.kind == "gaussian_yolo":
+                    boxes, _, probs = post.decode_gaussian_yolo(raw, head.p, w, h, thresh)
+                elif head.kind == "detection":
+                    boxes, _, probs = post.decode_detection(raw, head.p, thresh)
                 else:
                     boxes, _, probs = post.decode_region(raw, head.p, thresh)
             all_boxes.append(boxes)
