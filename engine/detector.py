@@ -7,6 +7,7 @@ are serialised by a lock, so it is safe to share between threads.
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -36,12 +37,16 @@ class Detector:
     overrides the cfg's network size; ``fit`` is ``stretch``, ``letterbox`` or ``crop`` (default:
     what the cfg's ``letter_box`` says). ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by
     default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
+    ``device_preprocess`` and ``device_decode`` (default: on, unless YOLO_CL_HOST_PREPOST=1)
+    resize the frame and decode [yolo] heads on the device; off, the host does both (the
+    reference path).
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
                  names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
-                 bn_eps: float = BN_EPS) -> None:
+                 bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
+                 device_decode: Optional[bool] = None) -> None:
         if precision not in PRECISIONS:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
@@ -77,7 +82,15 @@ class Detector:
         self._executors: dict = {}
         self._weights: dict = {}
         self._lock = threading.RLock()
+        on = os.environ.get("YOLO_CL_HOST_PREPOST", "0").strip() != "1"
+        self.device_preprocess = on if device_preprocess is None else bool(device_preprocess)
+        decode = on if device_decode is None else bool(device_decode)
+        self.device_decode = decode and bool(self.heads) and all(h.kind == "yolo" for h in self.heads) \
+            and len({h.p["classes"] for h in self.heads}) == 1
+        self._device_path = None
         self.executor(1)   # build and compile everything now, not on the first frame
+        if self.device_preprocess:
+            self.device_path.decoder(self.executor(1))
 
     # -- execution ---------------------------------------------------------------------------
     @property
@@ -153,6 +166,8 @@ class Detector:
     def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45) -> list:
         """Detections for several images, batched into one forward pass per network size; NMS per image."""
         imgs = [_checked(im, i) for i, im in enumerate(images)]
+        if self.device_preprocess:
+            return self.device_path.result(self.device_path.submit(imgs, thresh, nms))
         places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
@@ -184,10 +199,43 @@ class Detector:
             all_probs.append(probs)
         boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4))
         probs = np.concatenate(all_probs) if all_probs else np.zeros((0, self.classes))
+        return self.finish_detections(boxes, probs, img_w, img_h, thresh, nms, place)
+
+    def finish_detections(self, boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
+                          nms: float, place: Placement) -> list:
+        """Decoded candidates (xywh relative to the network input, per-class probabilities) ->
+        detections in the image's pixels, after NMS; shared by the host and device decodes."""
         boxes = post.correct_boxes(boxes, place)
         p = self.heads[-1].p
         probs = post.nms(boxes, probs, nms, p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
+
+    # -- frames in flight --------------------------------------------------------------------
+    @property
+    def device_path(self):
+        """The device pre/post-processing stages and their in-flight slots (made on first use)."""
+        with self._lock:
+            if self._device_path is None:
+                from .inflight import DevicePath
+                self._device_path = DevicePath(self, self.device_decode)
+            return self._device_path
+
+    def submit(self, images, thresh: float = 0.25, nms: float = 0.45):
+        """Start detecting in one BGR image or a list of them and return at once; ``result``
+        gives the detections. Up to three submissions are in flight, so the host prepares the
+        next frame while the device computes this one (the device path; with
+        ``device_preprocess=False`` the work is done here and ``result`` only returns it)."""
+        single = isinstance(images, np.ndarray)
+        imgs = [_checked(im, i) for i, im in enumerate([images] if single else images)]
+        if not self.device_preprocess:
+            return single, self.detect_batch(imgs, thresh, nms)
+        return single, self.device_path.submit(imgs, thresh, nms)
+
+    def result(self, handle) -> list:
+        """The detections of a ``submit``: a list for one image, a list of lists for several."""
+        single, pending = handle
+        out = pending if isinstance(pending, list) else self.device_path.result(pending)
+        return out[0] if single else out
 
     # -- reporting ---------------------------------------------------------------------------
     def memory_report(self, batch: int = 1) -> dict:

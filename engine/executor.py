@@ -100,8 +100,18 @@ class Executor:
         expect = self._host_in.shape
         if blob.shape != expect:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {expect}")
-        np.copyto(self._host_in, blob, casting="unsafe")
-        cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
+        if blob.dtype == self._host_in.dtype and blob.flags.c_contiguous:
+            src = blob                 # already laid out: no host copy (run waits before returning)
+        else:
+            np.copyto(self._host_in, blob, casting="unsafe")
+            src = self._host_in
+        cl.enqueue_copy(q, self.arena, src, dst_offset=self._in_offset, is_blocking=False)
+        return self.run_staged(profile, eager)
+
+    def enqueue(self, profile: bool = False, eager: bool = False) -> list:
+        """Enqueue the forward pass over whatever the arena's input region holds (in queue order);
+        returns the per-launch events when ``profile`` (none otherwise: no per-launch objects)."""
+        cl, q = self.rt.cl, self.rt.queue
         events = []
         if self.command_buffer is not None and not (profile or eager):
             self.command_buffer.enqueue()          # per-launch events need the launch list
@@ -111,6 +121,12 @@ class Executor:
                 ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
                 if profile:
                     events.append(ev)
+        return events
+
+    def run_staged(self, profile: bool = False, eager: bool = False) -> list:
+        """``run`` for an input already written into the arena (by the preprocessing kernel)."""
+        cl, q = self.rt.cl, self.rt.queue
+        events = self.enqueue(profile, eager)
         outs = []
         # Keep the read events alive until finish(): pyopencl waits for a dropped host-copy
         # event *holding the GIL*, which would stall every other Python thread for the
