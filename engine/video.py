@@ -530,11 +530,14 @@ class Pipeline:
                         return
                     batch = None
                 if batch is None:
-                    blob = self._take_blob(size)
-                    if blob is None:
+                    blob = None if det.device_preprocess else self._take_blob(size)
+                    if blob is None and not det.device_preprocess:
                         return
                     batch = _Batch([], [], blob, size)
-                to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
+                if batch.blob is None:      # the device resizes it: only check the frame here
+                    frame.image = check_image(frame.image)
+                else:
+                    to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
                 times.add(time.perf_counter() - t0)
                 batch.frames.append(frame)
                 batch.places.append(place)
@@ -555,6 +558,13 @@ class Pipeline:
                 if item is _END:
                     break
                 t0 = time.perf_counter()
+                if item.blob is None:       # device path: enqueue only; postprocess waits for it
+                    pending = self.detector.device_path.submit([f.image for f in item.frames], self.thresh, self.nms)
+                    times.add(time.perf_counter() - t0)
+                    for i, (frame, place) in enumerate(zip(item.frames, item.places)):
+                        if not self._heads.put((frame, (pending, i), place)):
+                            return
+                    continue
                 outs = self.detector.forward(item.blob)
                 times.add(time.perf_counter() - t0)
                 self._give_blob(item)
@@ -574,7 +584,10 @@ class Pipeline:
                 frame, heads, place = item
                 t0 = time.perf_counter()
                 h, w = frame.image.shape[:2]
-                dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
+                if isinstance(heads, tuple):    # a frame in flight on the device path
+                    dets = self.detector.device_path.result(heads[0])[heads[1]]
+                else:
+                    dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
                 times.add(time.perf_counter() - t0)
                 if not self._results.put(Result(frame.index, frame.image, dets, frame.timestamp, frame.read_at)):
                     return
@@ -595,6 +608,8 @@ class Pipeline:
             return pool.popleft() if pool else None
 
     def _give_blob(self, item: _Batch) -> None:
+        if item.blob is None:
+            return
         with self._pool_cond:
             self._pools[item.size].append(item.blob)
             self._pool_cond.notify_all()

@@ -20,6 +20,7 @@ from yolo_cl.kernels.decode import DeviceDecoder
 from yolo_cl.kernels.preprocess import resize_tables
 from yolo_cl.preprocess import FITS, to_blob
 
+from boxes import same_detections
 from darknet_io import write_random_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,14 +167,6 @@ def test_decode_matches_host_on_synthetic_heads(tmp_path, new_coords, scale, hal
             assert len(ref_b) > 10 and boxes.shape == ref_b.shape
             np.testing.assert_allclose(boxes, ref_b, rtol=2e-5, atol=1e-6)
             np.testing.assert_allclose(probs, ref_p, rtol=2e-5, atol=1e-6)
-
-
-def same_detections(a: list, b: list, tol: float = 1e-3) -> bool:
-    """Same classes and order, confidences and boxes (pixels) within ``tol``."""
-    if len(a) != len(b):
-        return False
-    return all(x.class_id == y.class_id and abs(x.confidence - y.confidence) <= tol
-               and np.abs(np.subtract(x.box, y.box)).max() <= tol for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("precision,fit", [("fp32", f) for f in FITS] + [("fp16", "letterbox")])
