@@ -534,9 +534,7 @@ class Pipeline:
                     if blob is None and not det.device_preprocess:
                         return
                     batch = _Batch([], [], blob, size)
-                if batch.blob is None:      # the device resizes it: only check the frame here
-                    frame.image = check_image(frame.image)
-                else:
+                if batch.blob is not None:  # else the device resizes it, after submit
                     to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
                 times.add(time.perf_counter() - t0)
                 batch.frames.append(frame)
@@ -559,7 +557,7 @@ class Pipeline:
                     break
                 t0 = time.perf_counter()
                 if item.blob is None:       # device path: enqueue only; postprocess waits for it
-                    pending = self.detector.device_path.submit([f.image for f in item.frames], self.thresh, self.nms)
+                    pending = self.detector.submit([f.image for f in item.frames], self.thresh, self.nms)
                     times.add(time.perf_counter() - t0)
                     for i, (frame, place) in enumerate(zip(item.frames, item.places)):
                         if not self._heads.put((frame, (pending, i), place)):
@@ -585,7 +583,7 @@ class Pipeline:
                 t0 = time.perf_counter()
                 h, w = frame.image.shape[:2]
                 if isinstance(heads, tuple):    # a frame in flight on the device path
-                    dets = self.detector.device_path.result(heads[0])[heads[1]]
+                    dets = self.detector.result(heads[0])[heads[1]]
                 else:
                     dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
                 times.add(time.perf_counter() - t0)
