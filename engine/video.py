@@ -690,6 +690,76 @@ class Pipeline:
             self.close()
 
 
+class OutputStages:
+    """Drawing and writing beside inference: ``put`` hands a Result to a draw thread, which
+    passes (result, annotated frame) in order to a write thread calling ``write``. A video
+    output then runs at the rate of the slower of drawing and encoding (OpenCV releases the
+    GIL in both), not at the rate of their sum in the thread that also collects results."""
+
+    def __init__(self, write, names, drawing: bool, times: Optional[StageTimes] = None, depth: int = 4) -> None:
+        self._write, self._names, self._drawing, self._times = write, names, drawing, times
+        self._todo, self._drawn = Channel(depth), Channel(depth)
+        self._error: Optional[BaseException] = None
+        self._threads = [threading.Thread(target=self._guard(f), name=f"yolo-cl-{n}", daemon=True)
+                         for n, f in (("draw", self._draw), ("write", self._writer))]
+        for t in self._threads:
+            t.start()
+
+    def _guard(self, stage):
+        def run() -> None:
+            try:
+                stage()
+            except BaseException as e:   # noqa: B902 - re-raised by close()
+                if self._error is None:
+                    self._error = e
+                self.stop()
+        return run
+
+    def _draw(self) -> None:
+        from .draw import draw
+        try:
+            while True:
+                r = self._todo.get()
+                if r is _END:
+                    break
+                t0 = time.perf_counter()
+                annotated = draw(r.frame, r.detections, self._names) if self._drawing else None
+                if not self._drawn.put((r, annotated, time.perf_counter() - t0)):
+                    return
+        finally:
+            self._drawn.close()
+
+    def _writer(self) -> None:
+        while True:
+            item = self._drawn.get()
+            if item is _END:
+                break
+            r, annotated, drawn_s = item
+            t0 = time.perf_counter()
+            self._write(r, annotated)
+            if self._times is not None:
+                self._times.add(drawn_s + time.perf_counter() - t0)
+
+    def put(self, r: "Result") -> bool:
+        """Queue one result (waits while both stages are ``depth`` frames behind); False after a failure."""
+        if self._error is not None:
+            return False
+        return self._todo.put(r)
+
+    def stop(self) -> None:
+        """Abandon the frames still queued."""
+        self._todo.stop()
+        self._drawn.stop()
+
+    def close(self) -> None:
+        """Finish the queued frames and wait for both threads; re-raises a stage's failure."""
+        self._todo.close()
+        for t in self._threads:
+            t.join()
+        if self._error is not None:
+            raise self._error
+
+
 def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: int = 1,
            live: Optional[bool] = None, reconnect: int = 5, backoff: float = 1.0, timeout: float = 10.0,
            fps: Optional[float] = None, stats: Optional[list] = None) -> Iterator[tuple]:
@@ -920,29 +990,47 @@ def run_detect_stream(detector, source, args) -> int:
     progress = Progress(sys.stderr, src.frame_count, src.live)
     out_times = pipe.stats.stages["output"]
     user_quit = False
+    # Without a window, drawing and writing run in their own threads (--show draws here: the
+    # window belongs to this thread).
+    outputs = None if show else OutputStages(sink.write, names, sink.wants_drawing, out_times)
     try:
         with _Interrupt(pipe.interrupt) as interrupt:
             for r in pipe:
-                t0 = time.perf_counter()
-                annotated = draw(r.frame, r.detections, names) if (sink.wants_drawing or show) else None
-                sink.write(r, annotated)
-                if show:
+                if outputs is not None:
+                    if not outputs.put(r):
+                        break
+                else:
+                    t0 = time.perf_counter()
+                    annotated = draw(r.frame, r.detections, names)
+                    sink.write(r, annotated)
                     cv2.imshow("yolo-cl", annotated)
                     user_quit = (cv2.waitKey(1) & 0xFF) in (27, ord("q"))
-                out_times.add(time.perf_counter() - t0)
+                    out_times.add(time.perf_counter() - t0)
                 if not quiet:
                     progress.update(pipe.stats)
                 if interrupt.hit or user_quit:
                     break
             interrupted = interrupt.hit
+    except BaseException:
+        if outputs is not None:
+            outputs.stop()
+        raise
     finally:
         pipe.close()
+        failed = None
+        if outputs is not None:
+            try:
+                outputs.close()            # the frames already queued are drawn and written
+            except BaseException as e:     # noqa: B902 - re-raised once everything is closed
+                failed = e
         if show:
             cv2.destroyAllWindows()
         progress.finish()
         if not pipe.reading:
             src.close()
         written = sink.finish()
+        if failed is not None:
+            raise failed
     if interrupted:
         pipe.stats.end = "interrupted"
     elif user_quit:

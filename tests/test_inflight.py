@@ -93,3 +93,35 @@ def test_stream_equals_one_at_a_time(det, batch):
     ref = [key(det.detect(f, thresh=0.1)) for f in video]
     got = [(i, key(d)) for i, _, d in det.stream(iter(video), thresh=0.1, batch=batch)]
     assert got == list(enumerate(ref))
+
+
+def test_output_stages_write_in_order_what_drawing_inline_gives(frames):
+    from yolo_cl.draw import draw
+    from yolo_cl.postprocess import Detection
+    from yolo_cl.video import OutputStages, Result, StageTimes
+
+    results = [Result(i, f, [Detection(i % 3, "x", 0.5, (10.0, 20.0, 60.0 + i, 90.0))], i / 30, 0.0)
+               for i, f in enumerate(frames * 3)]
+    written = []
+    times = StageTimes()
+    out = OutputStages(lambda r, a: written.append((r.index, a)), None, True, times, depth=2)
+    for r in results:
+        assert out.put(r)
+    out.close()
+    assert [i for i, _ in written] == list(range(len(results)))
+    assert all(np.array_equal(a, draw(r.frame, r.detections)) for (_, a), r in zip(written, results))
+    assert times.count == len(results)
+
+
+def test_output_stages_report_a_failed_write(frames):
+    from yolo_cl.video import OutputStages, Result
+
+    def write(r, a):
+        if r.index == 2:
+            raise OSError("disk full")
+
+    out = OutputStages(write, None, False, depth=1)
+    accepted = [out.put(Result(i, frames[0], [], 0.0, 0.0)) for i in range(40)]
+    with pytest.raises(OSError, match="disk full"):
+        out.close()
+    assert not all(accepted)
