@@ -11,7 +11,7 @@ import os
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -157,6 +157,33 @@ class Detector:
             raise YoloClError(f"blob must be NCHW, got shape {blob.shape}")
         with self._lock:
             return self.executor(blob.shape[0], (blob.shape[3], blob.shape[2])).run(blob)
+
+    def forward_iter(self, blobs: Iterable) -> Iterator[list]:
+        """``forward`` over a sequence of NCHW blobs, two in flight: blob N+1 is copied into
+        pinned memory and enqueued while the device computes blob N. Yields each blob's heads."""
+        pending: list = []
+        slot = 0
+        for blob in blobs:
+            blob = np.asarray(blob, dtype=np.float32)
+            blob = blob[None] if blob.ndim == 3 else blob
+            if blob.ndim != 4:
+                raise YoloClError(f"blob must be NCHW, got shape {blob.shape}")
+            with self._lock:
+                ex = self.executor(blob.shape[0], (blob.shape[3], blob.shape[2]))
+                if len(pending) == 2:
+                    pex, pslot = pending.pop(0)
+                    outs = pex.collect(pslot)
+                else:
+                    outs = None
+                ex.submit(blob, slot)
+            pending.append((ex, slot))
+            slot ^= 1
+            if outs is not None:
+                yield outs
+        for pex, pslot in pending:
+            with self._lock:
+                outs = pex.collect(pslot)
+            yield outs
 
     # -- detection ---------------------------------------------------------------------------
     def detect(self, image_bgr: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> list:

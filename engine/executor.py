@@ -66,6 +66,7 @@ class Executor:
         self._out_bstride = [v.tensor.size * item for v in graph.outputs]
         self._in_offset = self.plan.offset(graph.input) * item
         self.events: list = []
+        self._slots: dict = {}         # submit/collect: pinned input and outputs per slot
         self.command_buffer = self._record(command_buffer)
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
@@ -146,6 +147,41 @@ class Executor:
             outs.append(host.astype(np.float32, copy=True))
         self.events = events
         return outs
+
+    def submit(self, blob: np.ndarray, slot: int = 0):
+        """Start a forward pass of ``blob`` without waiting: the blob goes through pinned memory
+        of ``slot``, the outputs are read into that slot's pinned arrays; ``collect(slot)``
+        returns them. While the device runs one slot the host can fill another."""
+        cl, q = self.rt.cl, self.rt.queue
+        if blob.shape != self._host_in.shape:
+            raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {self._host_in.shape}")
+        st = self._slot(slot)
+        if st["reads"]:
+            st["reads"][-1].wait()     # the slot's previous outputs have arrived (and were collected)
+        np.copyto(st["in"], blob, casting="unsafe")
+        st["write"] = cl.enqueue_copy(q, self.arena, st["in"], dst_offset=self._in_offset, is_blocking=False)
+        self.enqueue()
+        # Read events are kept until the slot's next use: pyopencl waits for a dropped one holding the GIL.
+        st["reads"] = [cl.enqueue_copy(q, host.reshape(self.batch, -1)[b], self.arena,
+                                       src_offset=off + b * bs, is_blocking=False)
+                       for host, off, bs in zip(st["out"], self._out_offsets, self._out_bstride)
+                       for b in range(self.batch)]
+        return st["reads"][-1]
+
+    def collect(self, slot: int = 0) -> list:
+        """The outputs (float32 copies) of the last ``submit`` to ``slot``, once they have arrived."""
+        st = self._slot(slot)
+        st["reads"][-1].wait()
+        return [host.astype(np.float32, copy=True) for host in st["out"]]
+
+    def _slot(self, slot: int) -> dict:
+        st = self._slots.get(slot)
+        if st is None:
+            from .kernels.preprocess import pinned
+            st = self._slots[slot] = {"in": pinned(self.rt, self._host_in.shape, self._host_in.dtype)[1],
+                                      "out": [pinned(self.rt, h.shape, h.dtype)[1] for h in self._host_out],
+                                      "write": None, "reads": []}
+        return st
 
     def layer_times(self) -> list:
         """Per-launch device times of the last ``run(profile=True)`` (needs a profiling queue)."""

@@ -125,3 +125,14 @@ def test_output_stages_report_a_failed_write(frames):
     with pytest.raises(OSError, match="disk full"):
         out.close()
     assert not all(accepted)
+
+
+def test_forward_iter_equals_forward_one_at_a_time(det):
+    rng = np.random.default_rng(5)
+    blobs = [rng.random((1, 3, SIZE, SIZE), dtype=np.float32) for _ in range(5)]
+    blobs.insert(2, rng.random((2, 3, 96, 128), dtype=np.float32))     # another batch and size
+    ref = [det.forward(b) for b in blobs]
+    got = list(det.forward_iter(iter(blobs)))
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert len(g) == len(r) and all(np.array_equal(x, y) for x, y in zip(g, r))

@@ -40,7 +40,7 @@ class DeviceDecoder:
             rows = rt.alloc(B * self.cap * self.rowlen * 4, "candidate buffer")
             self._sets.append({"count": count, "rows": rows, "host_count": pinned(rt, (B,), np.int32)[1],
                                "host_rows": pinned(rt, (B, self.cap, self.rowlen), np.float32)[1],
-                               "kernels": [], "thresh": None})
+                               "kernels": [], "thresh": None, "reads": []})
         self._anchors = []
         base = 0
         for h, v in zip(heads, executor.graph.outputs):
@@ -75,12 +75,15 @@ class DeviceDecoder:
         cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.executor.batch * 4)
         for k, gsize in st["kernels"]:
             cl.enqueue_nd_range_kernel(q, k, gsize, None)
-        cl.enqueue_copy(q, st["host_count"], st["count"], is_blocking=False)
+        # Keep the read events until the slot's next use: pyopencl waits for a dropped read
+        # event (it guards the host array) holding the GIL, which would stall this thread and
+        # every other until the forward pass is done.
+        reads = st["reads"] = [cl.enqueue_copy(q, st["host_count"], st["count"], is_blocking=False)]
         rows, stride = st["host_rows"], self.cap * self.rowlen * 4
-        ev = None
         for b in range(self.executor.batch):
-            ev = cl.enqueue_copy(q, rows[b, :self.first], st["rows"], src_offset=b * stride, is_blocking=False)
-        return ev
+            reads.append(cl.enqueue_copy(q, rows[b, :self.first], st["rows"], src_offset=b * stride,
+                                         is_blocking=False))
+        return reads[-1]
 
     def collect(self, slot: int, index: int) -> Optional[tuple]:
         """(boxes xywh float32, probs float32) of image ``index`` in set ``slot``, in the host
