@@ -705,15 +705,7 @@ class OutputStages:
         for t in self._threads:
             t.start()
 
-    def _guard(self, stage):
-        def run() -> None:
-            try:
-                stage()
-            except BaseException as e:   # noqa: B902 - re-raised by close()
-                if self._error is None:
-                    self._error = e
-                self.stop()
-        return run
+    _guard = Pipeline._guard     # a failing stage records its error and stops the others
 
     def _draw(self) -> None:
         from .draw import draw
