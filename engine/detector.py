@@ -8,18 +8,19 @@ are serialised by a lock, so it is safe to share between threads.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import numpy as np
 
 from . import postprocess as post
 from .cfg import parse_cfg, warn_unheard
 from .errors import ImageError, YoloClError
-from .executor import Executor
+from .executor import Executor, batch_bucket
 from .graph import BN_EPS, build_graph
 from .layers import build_layers, head_layers, parse_net
 from .preprocess import FITS, Placement, check_image, placement, to_blob
@@ -33,12 +34,6 @@ MAX_EXECUTORS = 8     # (batch, size) executors kept, least recently used droppe
 log = logging.getLogger("yolo_cl.detector")
 
 
-def batch_bucket(n: int) -> int:
-    """The batch an n-image ``detect_batch`` runs at: n rounded up to a power of two, so that
-    any mix of batch lengths builds at most log2(longest) + 1 executors."""
-    return 1 << max(0, int(n - 1).bit_length())
-
-
 class Detector:
     """A Darknet network ready to run on one OpenCL device.
 
@@ -47,12 +42,16 @@ class Detector:
     overrides the cfg's network size; ``fit`` is ``stretch``, ``letterbox`` or ``crop`` (default:
     what the cfg's ``letter_box`` says). ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by
     default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
+    ``device_preprocess`` and ``device_decode`` (default: on, unless YOLO_CL_HOST_PREPOST=1)
+    resize the frame and decode [yolo] heads on the device; off, the host does both (the
+    reference path).
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
                  names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
-                 bn_eps: float = BN_EPS) -> None:
+                 bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
+                 device_decode: Optional[bool] = None) -> None:
         if precision not in PRECISIONS:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
@@ -90,7 +89,16 @@ class Detector:
         self._warned_nonfinite = False
         self._weights: dict = {}
         self._lock = threading.RLock()
+        on = os.environ.get("YOLO_CL_HOST_PREPOST", "0").strip() != "1"
+        self.device_preprocess = (on if device_preprocess is None else bool(device_preprocess)) \
+            and self.net.channels == 3          # the preprocessing kernel writes RGB; grey models use the host path
+        decode = on if device_decode is None else bool(device_decode)
+        self.device_decode = decode and bool(self.heads) and all(h.kind == "yolo" for h in self.heads) \
+            and len({h.p["classes"] for h in self.heads}) == 1
+        self._device_path = None
         self.executor(1)   # build and compile everything now, not on the first frame
+        if self.device_preprocess:
+            self.device_path.decoder(self.executor(1))
 
     # -- execution ---------------------------------------------------------------------------
     @property
@@ -184,6 +192,33 @@ class Detector:
             got = dict(zip(keep, ex.run(blob)))
         return [head_output(got[i], ex.graph.layers[i]) for i in wanted]
 
+    def forward_iter(self, blobs: Iterable) -> Iterator[list]:
+        """``forward`` over a sequence of NCHW blobs, two in flight: blob N+1 is copied into
+        pinned memory and enqueued while the device computes blob N. Yields each blob's heads."""
+        pending: list = []
+        slot = 0
+        for blob in blobs:
+            blob = np.asarray(blob, dtype=np.float32)
+            blob = blob[None] if blob.ndim == 3 else blob
+            if blob.ndim != 4:
+                raise YoloClError(f"blob must be NCHW, got shape {blob.shape}")
+            with self._lock:
+                ex = self.executor(blob.shape[0], (blob.shape[3], blob.shape[2]))
+                if len(pending) == 2:
+                    pex, pslot = pending.pop(0)
+                    outs = pex.collect(pslot)
+                else:
+                    outs = None
+                ex.submit(blob, slot)
+            pending.append((ex, slot))
+            slot ^= 1
+            if outs is not None:
+                yield outs
+        for pex, pslot in pending:
+            with self._lock:
+                outs = pex.collect(pslot)
+            yield outs
+
     # -- detection ---------------------------------------------------------------------------
     def detect(self, image_bgr: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> list:
         """Detections in one BGR image, boxes in its pixels."""
@@ -196,6 +231,8 @@ class Detector:
 
         A pass runs at a power-of-two batch (the rest padded with zeros), see ``batch_bucket``."""
         imgs = [_checked(im, i) for i, im in enumerate(images)]
+        if self.device_preprocess:
+            return self.device_path.result(self.device_path.submit(imgs, thresh, nms, nms_kind))
         places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
@@ -234,6 +271,12 @@ class Detector:
             all_probs.append(probs)
         boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4))
         probs = np.concatenate(all_probs) if all_probs else np.zeros((0, self.classes))
+        return self.finish_detections(boxes, probs, img_w, img_h, thresh, nms, place, nms_kind)
+
+    def finish_detections(self, boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
+                          nms: float, place: Placement, nms_kind: Optional[str] = None) -> list:
+        """Decoded candidates (xywh relative to the network input, per-class probabilities) ->
+        detections in the image's pixels, after NMS; shared by the host and device decodes."""
         boxes = post.correct_boxes(boxes, place)
         boxes, probs, dropped = post.finite_only(boxes, probs)
         if dropped and not self._warned_nonfinite:
@@ -243,6 +286,33 @@ class Detector:
         p = self.heads[-1].p
         probs = post.nms(boxes, probs, nms, nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
+
+    # -- frames in flight --------------------------------------------------------------------
+    @property
+    def device_path(self):
+        """The device pre/post-processing stages and their in-flight slots (made on first use)."""
+        with self._lock:
+            if self._device_path is None:
+                from .inflight import DevicePath
+                self._device_path = DevicePath(self, self.device_decode)
+            return self._device_path
+
+    def submit(self, images, thresh: float = 0.25, nms: float = 0.45):
+        """Start detecting in one BGR image or a list of them and return at once; ``result``
+        gives the detections. Up to three submissions are in flight, so the host prepares the
+        next frame while the device computes this one (the device path; with
+        ``device_preprocess=False`` the work is done here and ``result`` only returns it)."""
+        single = isinstance(images, np.ndarray)
+        imgs = [_checked(im, i) for i, im in enumerate([images] if single else images)]
+        if not self.device_preprocess:
+            return single, self.detect_batch(imgs, thresh, nms)
+        return single, self.device_path.submit(imgs, thresh, nms)
+
+    def result(self, handle) -> list:
+        """The detections of a ``submit``: a list for one image, a list of lists for several."""
+        single, pending = handle
+        out = pending if isinstance(pending, list) else self.device_path.result(pending)
+        return out[0] if single else out
 
     # -- reporting ---------------------------------------------------------------------------
     def memory_report(self, batch: int = 1) -> dict:

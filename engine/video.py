@@ -532,11 +532,12 @@ class Pipeline:
                         return
                     batch = None
                 if batch is None:
-                    blob = self._take_blob(size)
-                    if blob is None:
+                    blob = None if det.device_preprocess else self._take_blob(size)
+                    if blob is None and not det.device_preprocess:
                         return
                     batch = _Batch([], [], blob, size)
-                to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
+                if batch.blob is not None:  # else the device resizes it, after submit
+                    to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
                 times.add(time.perf_counter() - t0)
                 batch.frames.append(frame)
                 batch.places.append(place)
@@ -557,6 +558,13 @@ class Pipeline:
                 if item is _END:
                     break
                 t0 = time.perf_counter()
+                if item.blob is None:       # device path: enqueue only; postprocess waits for it
+                    pending = self.detector.submit([f.image for f in item.frames], self.thresh, self.nms)
+                    times.add(time.perf_counter() - t0)
+                    for i, (frame, place) in enumerate(zip(item.frames, item.places)):
+                        if not self._heads.put((frame, (pending, i), place)):
+                            return
+                    continue
                 outs = self.detector.forward(item.blob)
                 times.add(time.perf_counter() - t0)
                 self._give_blob(item)
@@ -576,7 +584,10 @@ class Pipeline:
                 frame, heads, place = item
                 t0 = time.perf_counter()
                 h, w = frame.image.shape[:2]
-                dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
+                if isinstance(heads, tuple):    # a frame in flight on the device path
+                    dets = self.detector.result(heads[0])[heads[1]]
+                else:
+                    dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
                 times.add(time.perf_counter() - t0)
                 if not self._results.put(Result(frame.index, frame.image, dets, frame.timestamp, frame.read_at)):
                     return
@@ -597,6 +608,8 @@ class Pipeline:
             return pool.popleft() if pool else None
 
     def _give_blob(self, item: _Batch) -> None:
+        if item.blob is None:
+            return
         with self._pool_cond:
             self._pools[item.size].append(item.blob)
             self._pool_cond.notify_all()
@@ -677,6 +690,68 @@ class Pipeline:
             self.stats.finished = time.monotonic()
         finally:
             self.close()
+
+
+class OutputStages:
+    """Drawing and writing beside inference: ``put`` hands a Result to a draw thread, which
+    passes (result, annotated frame) in order to a write thread calling ``write``. A video
+    output then runs at the rate of the slower of drawing and encoding (OpenCV releases the
+    GIL in both), not at the rate of their sum in the thread that also collects results."""
+
+    def __init__(self, write, names, drawing: bool, times: Optional[StageTimes] = None, depth: int = 4) -> None:
+        self._write, self._names, self._drawing, self._times = write, names, drawing, times
+        self._todo, self._drawn = Channel(depth), Channel(depth)
+        self._error: Optional[BaseException] = None
+        self._threads = [threading.Thread(target=self._guard(f), name=f"yolo-cl-{n}", daemon=True)
+                         for n, f in (("draw", self._draw), ("write", self._writer))]
+        for t in self._threads:
+            t.start()
+
+    _guard = Pipeline._guard     # a failing stage records its error and stops the others
+
+    def _draw(self) -> None:
+        from .draw import draw
+        try:
+            while True:
+                r = self._todo.get()
+                if r is _END:
+                    break
+                t0 = time.perf_counter()
+                annotated = draw(r.frame, r.detections, self._names) if self._drawing else None
+                if not self._drawn.put((r, annotated, time.perf_counter() - t0)):
+                    return
+        finally:
+            self._drawn.close()
+
+    def _writer(self) -> None:
+        while True:
+            item = self._drawn.get()
+            if item is _END:
+                break
+            r, annotated, drawn_s = item
+            t0 = time.perf_counter()
+            self._write(r, annotated)
+            if self._times is not None:
+                self._times.add(drawn_s + time.perf_counter() - t0)
+
+    def put(self, r: "Result") -> bool:
+        """Queue one result (waits while both stages are ``depth`` frames behind); False after a failure."""
+        if self._error is not None:
+            return False
+        return self._todo.put(r)
+
+    def stop(self) -> None:
+        """Abandon the frames still queued."""
+        self._todo.stop()
+        self._drawn.stop()
+
+    def close(self) -> None:
+        """Finish the queued frames and wait for both threads; re-raises a stage's failure."""
+        self._todo.close()
+        for t in self._threads:
+            t.join()
+        if self._error is not None:
+            raise self._error
 
 
 def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: int = 1,
@@ -871,17 +946,23 @@ def run_detect_stream(detector, source, args) -> int:
     out_times = pipe.stats.stages["output"]
     user_quit = False
     written: list = []
+    # Without a window, drawing and writing run in their own threads (--show draws here: the
+    # window belongs to this thread).
+    outputs = None if show else OutputStages(sink.write, names, sink.wants_drawing, out_times)
     with _Interrupt(pipe.interrupt) as interrupt:     # also covers finishing the files
         ok = False
         try:
             for r in pipe:
-                t0 = time.perf_counter()
-                annotated = draw(r.frame, r.detections, names) if (sink.wants_drawing or show) else None
-                sink.write(r, annotated)
-                if show:
+                if outputs is not None:
+                    if not outputs.put(r):
+                        break
+                else:
+                    t0 = time.perf_counter()
+                    annotated = draw(r.frame, r.detections, names)
+                    sink.write(r, annotated)
                     cv2.imshow("yolo-cl", annotated)
                     user_quit = (cv2.waitKey(1) & 0xFF) in (27, ord("q"))
-                out_times.add(time.perf_counter() - t0)
+                    out_times.add(time.perf_counter() - t0)
                 if not quiet:
                     progress.update(pipe.stats)
                 if interrupt.hit or user_quit:
@@ -889,6 +970,14 @@ def run_detect_stream(detector, source, args) -> int:
             ok = True
         finally:
             pipe.close()
+            failed = None
+            if outputs is not None:
+                if not ok:
+                    outputs.stop()
+                try:
+                    outputs.close()            # the frames already queued are drawn and written
+                except BaseException as e:     # noqa: B902 - re-raised once everything is closed
+                    failed, ok = e, False
             if show:
                 cv2.destroyAllWindows()
             progress.finish()
@@ -898,6 +987,8 @@ def run_detect_stream(detector, source, args) -> int:
                 written = sink.finish()
             else:
                 sink.discard()
+            if failed is not None:
+                raise failed
         interrupted = interrupt.hit
     if interrupted:
         pipe.stats.end = "interrupted"
