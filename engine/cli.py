@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--show", action="store_true", help="streams: show frames in a window")
     d.add_argument("--live", action="store_true", default=None,
                    help="streams: treat the source as live, dropping late frames (default: cameras and URLs)")
+    d.add_argument("--track", action="store_true",
+                   help="streams: give each detection a track id that follows its object across frames")
+    d.add_argument("--track-age", type=_positive, default=30, metavar="N",
+                   help="with --track: frames a track survives without a detection (default 30)")
     d.add_argument("--reconnect", type=_count, default=None, metavar="N",
                    help="streams: reconnect up to N times after a live source drops")
     d.set_defaults(func=cmd_detect)
@@ -479,8 +483,9 @@ def _detect(args, out_file: Optional[Path], frames: list) -> int:
                           "source; give a folder for images or several sources")
     out_names = _OutputNames(Path(args.out)) if args.out and out_file is None else None
     detector = _make_detector(args)
-    if args.show and any(kind == "image" for kind, _ in items):
-        print("yolo-cl: note: --show applies to video and camera sources only", file=sys.stderr)
+    for flag, on in (("--show", args.show), ("--track", args.track)):
+        if on and any(kind == "image" for kind, _ in items):
+            print(f"yolo-cl: note: {flag} applies to video and camera sources only", file=sys.stderr)
     pending: list = []            # consecutive image paths, run args.batch at a time
 
     def flush_images() -> None:

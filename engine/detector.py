@@ -155,7 +155,8 @@ class Detector:
 
         Files yield every frame in order (``batch`` frames per forward pass); live sources
         (cameras, streams, or ``live=True``) yield the newest frame and skip stale ones. Other
-        options (``reconnect``, ``backoff``, ``timeout``, ``fps``, ``stats``): see ``yolo_cl.video.stream``.
+        options (``reconnect``, ``backoff``, ``timeout``, ``fps``, ``stats``, ``track``, ``track_age``): see
+        ``yolo_cl.video.stream``.
         """
         from .video import stream
         return stream(self, source, thresh=thresh, nms=nms, batch=batch, live=live, **opts)

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Optional, Union
 import cv2
 import numpy as np
 
-from .errors import ImageError
+from .errors import ImageError, YoloClError
 from .preprocess import check_image, to_blob
 from .userfiles import display
 from .writers import AtomicFile, VideoFile
@@ -452,6 +452,7 @@ class Result:
     detections: list
     timestamp: float
     read_at: float
+    trails: Optional[dict] = None     # tracks' recent centres (``Tracker.trails``), for drawing
 
 
 @dataclass
@@ -717,7 +718,7 @@ class OutputStages:
                 if r is _END:
                     break
                 t0 = time.perf_counter()
-                annotated = draw(r.frame, r.detections, self._names) if self._drawing else None
+                annotated = draw(r.frame, r.detections, self._names, r.trails) if self._drawing else None
                 if not self._drawn.put((r, annotated, time.perf_counter() - t0)):
                     return
         finally:
@@ -756,12 +757,16 @@ class OutputStages:
 
 def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: int = 1,
            live: Optional[bool] = None, reconnect: int = 5, backoff: float = 1.0, timeout: float = 10.0,
-           fps: Optional[float] = None, stats: Optional[list] = None) -> Iterator[tuple]:
+           fps: Optional[float] = None, stats: Optional[list] = None, track: bool = False,
+           track_age: int = 30) -> Iterator[tuple]:
     """Yield ``(frame_index, frame, detections)`` for every frame the pipeline processes.
 
     See ``open_source`` for ``source``, ``live``, ``reconnect``, ``backoff``, ``timeout`` and
-    ``fps``. Pass a list as ``stats`` to receive the run's StreamStats when it ends.
+    ``fps``. Pass a list as ``stats`` to receive the run's StreamStats when it ends. ``track``
+    gives each detection a ``track_id`` that stays with its object across frames (a track
+    survives ``track_age`` frames without a detection; see ``yolo_cl.track``).
     """
+    tracker = _tracker(track, track_age)
     src = open_source(source, live=live, reconnect=reconnect, backoff=backoff, timeout=timeout, fps=fps)
     pipe = None
     try:
@@ -769,12 +774,26 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
         if stats is not None:
             stats.append(pipe.stats)
         for r in pipe:
+            if tracker is not None:
+                r.detections = tracker.update(r.detections, r.index)
             yield r.index, r.frame, r.detections
     finally:
         if pipe is not None:
             pipe.close()
         if src is not source and not (pipe is not None and pipe.reading):
             src.close()
+
+
+def _tracker(track: bool, max_age: int):
+    """A Tracker for ``track=True`` (scipy is needed: the ``track`` extra), else None."""
+    if not track:
+        return None
+    try:
+        import scipy.optimize  # noqa: F401
+    except ImportError:
+        raise YoloClError("tracking needs scipy: pip install 'yolo-cl[track]'") from None
+    from .track import Tracker
+    return Tracker(max_age=max_age)
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -920,11 +939,13 @@ def run_detect_stream(detector, source, args) -> int:
     """The CLI's video/camera/URL path. Returns the exit status (0, or 130 after Ctrl-C).
 
     ``args`` attributes (all optional): out (annotated video), jsonl (one JSON line per
-    frame), show, batch, live, reconnect, backoff, thresh, nms, quiet. Outputs appear under
+    frame), show, batch, live, reconnect, backoff, thresh, nms, quiet, track, track_age.
+    Outputs appear under
     their final names only when the run ends, completed or interrupted.
     """
     opt = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
     quiet = bool(opt("quiet", False))
+    tracker = _tracker(bool(opt("track", False)), opt("track_age", 30))
     sink = OutputSink(opt("out", None), opt("jsonl", None))       # unwritable outputs fail here, first
     src = None
     try:
@@ -953,12 +974,15 @@ def run_detect_stream(detector, source, args) -> int:
         ok = False
         try:
             for r in pipe:
+                if tracker is not None:
+                    r.detections = tracker.update(r.detections, r.index)
+                    r.trails = tracker.trails()
                 if outputs is not None:
                     if not outputs.put(r):
                         break
                 else:
                     t0 = time.perf_counter()
-                    annotated = draw(r.frame, r.detections, names)
+                    annotated = draw(r.frame, r.detections, names, r.trails)
                     sink.write(r, annotated)
                     cv2.imshow("yolo-cl", annotated)
                     user_quit = (cv2.waitKey(1) & 0xFF) in (27, ord("q"))

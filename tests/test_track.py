@@ -64,3 +64,24 @@ def test_ids_end_after_max_age_and_skipped_frames_still_match():
     assert other.track_id not in (first, None)                              # another class: another track
     assert Detection(0, "x", 0.9, box, track_id=7).to_dict()["track_id"] == 7
     assert "track_id" not in Detection(0, "x", 0.9, box).to_dict()
+
+
+def test_detect_track_on_a_real_clip(tmp_path):
+    """``yolo-cl detect clip --track --jsonl`` end to end: every detection carries a track id, and ids
+    persist across frames (the clip's people stay in view)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    clip = Path(__file__).resolve().parents[1].parent / "shared" / "videos" / "library1.mp4"
+    jl, out = tmp_path / "t.jsonl", tmp_path / "t.mp4"
+    r = subprocess.run([sys.executable, "-m", "yolo_cl", "detect", str(clip), "--size", "160", "--track",
+                        "--thresh", "0.2", "--jsonl", str(jl), "--out", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    frames = [json.loads(line) for line in jl.read_text().splitlines()]
+    assert len(frames) == 69 and out.stat().st_size > 0
+    objs = [o for f in frames for o in f["objects"]]
+    assert objs and all(isinstance(o["track_id"], int) for o in objs)
+    ids = [o["track_id"] for o in objs]
+    assert max(ids.count(i) for i in set(ids)) >= 20          # some object keeps its id for 20+ frames
