@@ -392,7 +392,7 @@ def _make_detector(args):
               file=sys.stderr)
         args.weights = str(download(model))
     return Detector(model, args.weights, names=args.names, input_size=args.size, precision=args.precision,
-                    device=args.device, fit=_fit(args))
+                    device=args.device, fit=_fit(args), progress=True)
 
 
 class _OutputNames:

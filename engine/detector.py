@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import replace
@@ -51,7 +52,7 @@ class Detector:
                  names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
                  bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
-                 device_decode: Optional[bool] = None) -> None:
+                 device_decode: Optional[bool] = None, progress: bool = False) -> None:
         if precision not in PRECISIONS:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
@@ -81,6 +82,12 @@ class Detector:
         self.fit = fit
         self.precision = precision
         self.runtime = Runtime(device, profiling=profiling)
+        self.progress = progress
+        if progress:
+            from .runtime import cache_dir
+            self.runtime.on_first_build = lambda: print(
+                f"yolo-cl: compiling OpenCL kernels for {self.runtime.device_name} (once: they are cached under "
+                f"{cache_dir() / 'binaries'})", file=sys.stderr, flush=True)
         if tuning is None:
             from .tuner import TuningDatabase
             tuning = TuningDatabase.for_runtime(self.runtime, precision)
@@ -99,6 +106,13 @@ class Detector:
         self.executor(1)   # build and compile everything now, not on the first frame
         if self.device_preprocess:
             self.device_path.decoder(self.executor(1))
+        if self.runtime.builds:
+            # A cold start: run once, so that drivers which finish code generation at a kernel's first
+            # launch (PoCL, per work-group size) do it here rather than in the first detection.
+            if self.heads:
+                self.detect(np.zeros((self.net.height, self.net.width, 3), np.uint8))
+            else:
+                self.forward(np.zeros((1, self.net.channels, self.net.height, self.net.width), np.float32))
 
     # -- execution ---------------------------------------------------------------------------
     @property
@@ -129,7 +143,7 @@ class Detector:
                 while len(self._executors) >= MAX_EXECUTORS:
                     self._executors.popitem(last=False)
                 ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision == "fp16", self.tuning,
-                              self._weights)
+                              self._weights, progress=self.progress)
                 self._executors[key] = ex
             else:
                 self._executors.move_to_end(key)

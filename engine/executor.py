@@ -9,6 +9,7 @@ buffer and a frame enqueues that one object (``YOLO_CL_COMMAND_BUFFER=0`` turns 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -45,9 +46,12 @@ class Executor:
     """A graph bound to a runtime for one batch size and storage precision."""
 
     def __init__(self, rt, graph: Graph, batch: int = 1, half: bool = False, tuning=None,
-                 weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None) -> None:
+                 weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
+                 progress: bool = False) -> None:
         """``command_buffer``: None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
-        is not 0), True requires one, False replays the launch list with one enqueue each."""
+        is not 0), True requires one, False replays the launch list with one enqueue each.
+        ``progress``: a progress bar over the layers on stderr when binding them takes more than a
+        second (it is compiling) and stderr is a terminal."""
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
         self.plan = plan_memory(graph, batch)
         item = 2 if half else 4
@@ -60,7 +64,9 @@ class Executor:
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
         self.workspace_bytes = ws * item if ws else 0
         self.launches = []
-        for node in graph.nodes:
+        from tqdm import tqdm
+        for node in tqdm(graph.nodes, desc="compiling kernels", unit="layer", delay=1.0, leave=False,
+                         disable=None if progress else True, file=sys.stderr):
             try:
                 self.launches.extend(bind_node(self.ctx, node))
             except YoloClError as e:
