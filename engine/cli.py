@@ -739,6 +739,13 @@ def cmd_map(args) -> int:
 
     if args.plot:
         _plot_dir(args.plot)
+    if args.coco:                    # fail before the images are read, not after
+        if not Path(args.coco).is_file():
+            raise YoloClError(f"--coco {display(args.coco)}: no such file")
+        try:
+            import pycocotools  # noqa: F401
+        except ImportError:
+            raise YoloClError("--coco needs pycocotools: pip install 'yolo-cl[eval]'") from None
     _, interrupted = _run_eval(args, spec, collect)
     if missing:
         print(f"yolo-cl: warning: {len(missing)} of {len(records)} images have no label file and count as having "
@@ -750,7 +757,8 @@ def cmd_map(args) -> int:
         from .evaluate import coco_image_id
         result.coco = coco_eval(args.coco, coco, [coco_image_id(r.path) for r in records])
     if args.plot:
-        _plot_pr(result, Path(args.plot))
+        from .plots import pr_figures
+        pr_figures(args.plot, result)
     if args.json:
         print(json.dumps(result.as_dict(), indent=1, allow_nan=False))
     else:
@@ -761,65 +769,29 @@ def cmd_map(args) -> int:
 def cmd_valid(args) -> int:
     """Darknet's ``detector valid`` with ``eval=coco``: one COCO results JSON file."""
     from .evaluate import coco_detections, read_data
+    from .writers import check_output_file, write_file
     _fit(args)
-    out = Path(args.out)
-    if out.is_dir() or not out.parent.is_dir():
-        raise YoloClError(f"{out}: cannot write the results here ({'a folder' if out.is_dir() else 'no such folder'})")
+    out = check_output_file(args.out, "results file")       # before any image is read
     spec = read_data(args.data)
     entries: list = []
     done, interrupted = _run_eval(args, spec, lambda path, img, dets: entries.extend(
         coco_detections(path, dets, img.shape[1], img.shape[0], spec.classes)))
     if interrupted:
-        print(f"yolo-cl: interrupted after {done} images; {out} not written", file=sys.stderr)
+        print(f"yolo-cl: interrupted after {done} images; {display(out)} not written", file=sys.stderr)
         return 130
-    _write_atomic(out, json.dumps(entries, allow_nan=False).encode())
-    print(f"{out}: {len(entries)} detections in {done} images", file=sys.stderr)
+    write_file(out, json.dumps(entries, allow_nan=False).encode(), "results file")
+    print(f"{display(out)}: {len(entries)} detections in {done} images", file=sys.stderr)
     return 0
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file beside ``path`` and rename it into place; nothing half-written remains."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise YoloClError(f"{path}: cannot write ({e.strerror or e})") from None
 
 
 def _plot_dir(folder: str) -> None:
     """Check that --plot can work before any image is read: matplotlib present, folder creatable."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise YoloClError("--plot needs matplotlib: pip install 'yolo-cl[plot]'") from None
+    from .plots import require
+    require()
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise YoloClError(f"{folder}: cannot create the plot folder ({e.strerror or e})") from None
-
-
-def _plot_pr(result, folder: Path) -> None:
-    """One precision-recall PNG per class with labelled objects or detections, written atomically."""
-    import io
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    for c in result.classes:
-        if c.objects == 0 and len(c.recall) == 0:
-            continue
-        fig, ax = plt.subplots(figsize=(5, 4), dpi=100)
-        ax.plot(c.recall, c.precision, drawstyle="steps-post")
-        ax.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="recall", ylabel="precision",
-               title=f"{c.name}: AP {c.ap * 100:.2f}% (IoU {result.iou_thresh:.2f}, {c.objects} objects)")
-        ax.grid(alpha=0.3)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", c.name)[:60] or "class"
-        _write_atomic(folder / f"pr_{c.class_id:03d}_{safe}.png", buf.getvalue())
 
 
 def cmd_download(args) -> int:

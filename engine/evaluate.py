@@ -23,6 +23,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from . import userfiles
 from .errors import YoloClError
 
 DARKNET_THRESH = 0.005      # validate_detector_map's detection threshold
@@ -44,16 +45,8 @@ class EvalError(YoloClError):
 
 # -- the data set ---------------------------------------------------------------------------------
 def read_text(path, what: str, limit: int = MAX_LIST_BYTES) -> str:
-    """A small text file's content: regular files only, at most ``limit`` bytes, undecodable bytes replaced."""
-    p = Path(path)
-    try:
-        if not p.is_file():
-            raise EvalError(f"{path}: {what} is {'not a regular file' if p.exists() else 'missing'}")
-        if p.stat().st_size > limit:
-            raise EvalError(f"{path}: {what} is larger than {limit >> 20} MiB")
-        return p.read_bytes().decode("utf-8", errors="replace")
-    except OSError as e:
-        raise EvalError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    """A data set text file (bounded, regular files only: :func:`yolo_cl.userfiles.read_text`)."""
+    return userfiles.read_text(path, what, limit, EvalError)
 
 
 @dataclass
@@ -412,11 +405,14 @@ def coco_eval(annotations: str, results: list, image_ids: Optional[list] = None)
         raise YoloClError("--coco needs pycocotools: pip install 'yolo-cl[eval]'") from None
     import contextlib
     import io
-    read_text(annotations, "COCO annotations file", limit=2 << 30)
+    import json
+    text = read_text(annotations, "COCO annotations file", limit=2 << 30)
     with contextlib.redirect_stdout(io.StringIO()):   # pycocotools prints its progress
         try:
-            gt = COCO(str(annotations))
-        except (ValueError, KeyError, TypeError) as e:
+            gt = COCO()
+            gt.dataset = json.loads(text)
+            gt.createIndex()
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise EvalError(f"{annotations}: not a COCO instances file ({e})") from None
         if not results:
             return [0.0] * 12

@@ -223,7 +223,7 @@ def test_map_text_report_and_bad_inputs(tmp_path):
         assert "yolo-cl: error:" in r.stderr and "bad.data" in r.stderr, r.stderr
         assert __import__("re").search(msg, r.stderr), r.stderr
     r = _cli("valid", data, "--out", tmp_path)
-    assert r.returncode == 2 and "a folder" in r.stderr
+    assert r.returncode == 2 and "is a folder" in r.stderr
 
 
 def test_map_interrupted_prints_partial_metrics(tmp_path, monkeypatch, capsys):
