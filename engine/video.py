@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import ImageError
 from .preprocess import check_image, to_blob
-from .userfiles import display
+from .userfiles import display, escape
 from .writers import AtomicFile, VideoFile
 
 log = logging.getLogger("yolo_cl.video")
@@ -904,7 +904,7 @@ def run_detect_stream(detector, source, args) -> int:
     elif user_quit:
         pipe.stats.end = "stopped by user"
     if not quiet:
-        print(pipe.stats.format(), file=sys.stderr)
+        print("\n".join(escape(line) for line in pipe.stats.format().splitlines()), file=sys.stderr)
         for path in written:
             print(f"wrote {display(path)}", file=sys.stderr)
     return 130 if interrupted else 0

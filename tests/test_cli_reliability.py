@@ -154,15 +154,17 @@ def test_video_run_writes_complete_outputs(clip_run):
         json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
 
 
-@pytest.mark.parametrize("outputs", ["video", "jsonl", "both"])
+@pytest.mark.parametrize("outputs", ["video", "jsonl", "both", "images"])
 def test_disk_full_is_one_error_and_leaves_nothing(model, clip_run, tmp_path, outputs):
     """Disk full while writing: exit 2, one error line, no temp file, nothing under the final names."""
     full_video = (clip_run[1] / "v.mp4").stat().st_size
     full_jsonl = (clip_run[1] / "d.jsonl").stat().st_size
     args = {"video": ["--out", tmp_path / "v.mp4"], "jsonl": ["--jsonl", tmp_path / "d.jsonl"],
-            "both": ["--out", tmp_path / "v.mp4", "--jsonl", tmp_path / "d.jsonl"]}[outputs]
-    limit = (full_video if outputs == "video" else full_jsonl) // 3
-    p = cli("detect", CLIP, *model, "--thresh", "0.6", *args, fsize=limit)
+            "both": ["--out", tmp_path / "v.mp4", "--jsonl", tmp_path / "d.jsonl"],
+            "images": ["--out", tmp_path]}[outputs]
+    limit = {"video": full_video // 3, "images": 2000}.get(outputs, full_jsonl // 3)
+    source = DOG if outputs == "images" else CLIP
+    p = cli("detect", source, *model, "--thresh", "0.6", *args, fsize=limit)
     line = assert_one_error(p, "disk full")
     assert str(tmp_path) in line
     assert not any("wrote" in l for l in err_lines(p))
@@ -267,6 +269,24 @@ def test_non_finite_boxes_are_dropped_with_one_warning(tmp_path, mode):
         doc = json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
         values = [v for o in doc[0]["objects"] for v in o["relative_coordinates"].values()]
         assert all(np.isfinite(values))
+
+
+def test_weights_that_overflow_are_dropped_with_one_warning(tmp_path):
+    """Finite weights (they pass validation) whose box sizes overflow: exp(1e30) is infinite."""
+    args = make_model(tmp_path, "overflow")
+    w = np.fromfile(args[3], np.uint8)
+    header, floats = w[:20], w[20:].view("<f4").copy()
+    head = 21 * 16 + 21                          # the last conv: 21 biases, then 21x16 weights
+    bias = floats[-head:-head + 21]
+    bias[2:4] = 1e30                             # tw, th of the first anchor
+    bias[4] = 20.0                               # objectness ~1: every cell a candidate
+    floats[-head:-head + 21] = bias
+    Path(args[3]).write_bytes(header.tobytes() + floats.astype("<f4").tobytes())
+    p = cli("detect", DOG, *args, "--thresh", "0.6", "--json")
+    lines = err_lines(p)
+    assert p.returncode == 0, lines
+    assert len(lines) == 1 and "non-finite" in lines[0], lines
+    json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
 
 
 # -- files we read ------------------------------------------------------------------------------
