@@ -68,7 +68,7 @@ def check_output_file(path: PathLike, what: str = "output") -> Path:
         base = _existing_ancestor(p.parent if str(p.parent) else Path("."))
         if not base.is_dir():
             raise OutputError(f"{name}: cannot write {what} ({display(base)} is a file, not a folder)")
-        if len(p.name.encode(errors="surrogateescape")) + 32 > os.pathconf(base, "PC_NAME_MAX"):
+        if len(p.name.encode(errors="surrogateescape")) > os.pathconf(base, "PC_NAME_MAX"):
             raise OutputError(f"{name}: cannot write {what} (file name too long)")
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
