@@ -256,6 +256,33 @@ def test_sigint_ends_every_source_with_130_and_finished_outputs(model, tmp_path)
     assert 0 < video_frames(out / "library1.mp4") < CLIP_FRAMES
 
 
+def test_sigint_during_images_ends_with_130_complete_files_and_json(model, tmp_path):
+    """Ctrl-C among many images: exit 130, the JSON of the images done, only complete annotated files."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    for k in range(1000):
+        (src / f"img{k:04d}.jpg").symlink_to(DOG)
+    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(src), *model, "--thresh", "0.6",
+                             "--json", "--out", str(out)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and len(list(out.glob("img*.jpg"))) < 5:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        stdout, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.decode()
+    assert not any("Traceback" in l for l in err.decode().splitlines())
+    frames = json.loads(stdout)
+    written = sorted(out.iterdir())
+    assert all(p.suffix == ".jpg" and not p.name.startswith(".") for p in written), written   # no temp file
+    assert 5 <= len(written) <= len(frames) < 1000
+    assert all(cv2.imread(str(p)) is not None for p in written)
+
+
 # -- numbers ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["text", "json"])
 def test_non_finite_boxes_are_dropped_with_one_warning(tmp_path, mode):
