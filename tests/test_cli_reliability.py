@@ -210,11 +210,13 @@ def test_output_paths_are_checked_before_any_input_is_read(tmp_path, readonly_di
              (["--out", blocker / "v.mp4"], "is a file"), (["--jsonl", blocker / "d.jsonl"], "is a file"),
              (["--out", blocker / "sub"], "is a file"), (["--out", blocker], "is a file"),
              (["--out", readonly_dir / "v.mp4"], "cannot write"), (["--jsonl", readonly_dir / "d.jsonl"], "cannot"),
-             (["--out", readonly_dir / "sub"], "cannot create")]
+             (["--out", readonly_dir / "sub"], "cannot create"), (["--jsonl", "/dev/full"], "not a regular file"),
+             (["--jsonl", fifo], "not a regular file")]
     for args, words in cases:
         p = cli("detect", CLIP, "--cfg", fifo, "--weights", blocker, *args, timeout=60)
         assert_one_error(p, words)
     assert sorted(q.name for q in tmp_path.iterdir()) == ["a-file", "folder.mp4", "model.cfg", "ro"]
+    assert Path("/dev/full").is_char_device()
 
 
 def test_tune_db_is_checked_before_tuning(tmp_path, readonly_dir):
