@@ -233,15 +233,36 @@ def test_tune_db_is_checked_before_tuning(tmp_path, readonly_dir):
 
 
 # -- Ctrl-C -------------------------------------------------------------------------------------
-def test_sigint_ends_every_source_with_130_and_finished_outputs(model, tmp_path):
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory) -> Path:
+    """The clip six times over (414 frames), so a fast device is still in the first source at Ctrl-C."""
+    cap = cv2.VideoCapture(str(CLIP))
+    frames = []
+    while True:
+        ok, f = cap.read()
+        if not ok:
+            break
+        frames.append(f)
+    cap.release()
+    path = tmp_path_factory.mktemp("long") / "long.mp4"
+    h, w = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 30.0, (w, h))
+    for _ in range(6):
+        for f in frames:
+            writer.write(f)
+    writer.release()
+    return path
+
+
+def test_sigint_ends_every_source_with_130_and_finished_outputs(model, long_clip, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(CLIP), str(CLIP), *model,
+    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(long_clip), str(CLIP), *model,
                              "--thresh", "0.6", "--out", str(out)],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            parts = list(out.glob(".library1.mp4.*")) if out.is_dir() else []
+            parts = list(out.glob(".long.mp4.*")) if out.is_dir() else []
             if parts and parts[0].stat().st_size > 20000:
                 break
             time.sleep(0.05)
@@ -254,8 +275,8 @@ def test_sigint_ends_every_source_with_130_and_finished_outputs(model, tmp_path)
     lines = err.decode().splitlines()
     assert proc.returncode == 130, lines
     assert not any("Traceback" in l or "error" in l for l in lines), lines
-    assert sorted(q.name for q in out.iterdir()) == ["library1.mp4"]     # the second source never started
-    assert 0 < video_frames(out / "library1.mp4") < CLIP_FRAMES
+    assert sorted(q.name for q in out.iterdir()) == ["long.mp4"]     # the second source never started
+    assert 0 < video_frames(out / "long.mp4") < 6 * CLIP_FRAMES
 
 
 def test_sigint_during_images_ends_with_130_complete_files_and_json(model, tmp_path):
