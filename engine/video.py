@@ -846,7 +846,8 @@ def run_detect_stream(detector, source, args) -> int:
 
     ``args`` attributes (all optional): out (annotated video), jsonl (one JSON line per
     frame), show, batch, live, reconnect, backoff, thresh, nms, quiet. Outputs appear under
-    their final names only when the run ends, completed or interrupted.
+    their final names only when the run ends, completed or interrupted; a write that fails
+    removes both temp files and raises OutputError.
     """
     opt = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
     quiet = bool(opt("quiet", False))
