@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--verbose", action="store_true",
                         help="also show third-party warnings (OpenCV, libpng, FFmpeg, NumPy) on stderr")
 
-    d = sub.add_parser("detect", parents=[common], help="detect objects in images, folders, globs, videos, cameras or streams",
+    d = sub.add_parser("detect", parents=[common],
+                       help="detect objects in images, folders, globs, videos, cameras or streams",
                        description="Detect objects. Image sources print Darknet's -ext_output lines; video files, "
                                    "camera indices (0) and rtsp/http(s) URLs are streamed.")
     d.add_argument("sources", nargs="+", metavar="SOURCE",
@@ -136,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="streams: reconnect up to N times after a live source drops")
     d.set_defaults(func=cmd_detect)
 
-    i = sub.add_parser("info", parents=[common], help="show a model's fused graph and memory plan (no device needed)")
+    i = sub.add_parser("info", parents=[common],
+                       help="show a model's fused graph and memory plan (no device needed)")
     i.add_argument("model", nargs="?", metavar="MODEL", help="zoo model name or cfg path")
     i.add_argument("--cfg", help="Darknet .cfg file (instead of MODEL)")
     i.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
@@ -147,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("devices", parents=[common], help="list OpenCL platforms and devices")
     v.set_defaults(func=cmd_devices)
 
-    t = sub.add_parser("tune", parents=[common], help="tune the conv kernels of a model for a device (saved to the tuning database)",
+    t = sub.add_parser("tune", parents=[common],
+                       help="tune the conv kernels of a model for a device (saved to the tuning database)",
                        description="Find fast, checked kernel configs for every conv shape of MODEL and store them "
                                    "in the user tuning database (inference only reads it).")
     t.add_argument("model", metavar="MODEL", help="zoo model name or cfg path")
@@ -164,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--jobs", type=_positive, help="compile this many candidates at once (default: CPUs, at most 16)")
     t.set_defaults(func=cmd_tune)
 
-    b = sub.add_parser("bench", parents=[common], help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
+    b = sub.add_parser("bench", parents=[common],
+                       help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
     b.add_argument("model", metavar="MODEL", help="zoo model name or cfg path (no weights: random ones)")
     b.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     b.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")

@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import ImageError, YoloClError
 from .preprocess import check_image, to_blob
-from .userfiles import display
+from .userfiles import display, escape
 from .writers import AtomicFile, VideoFile
 
 log = logging.getLogger("yolo_cl.video")
@@ -940,8 +940,8 @@ def run_detect_stream(detector, source, args) -> int:
 
     ``args`` attributes (all optional): out (annotated video), jsonl (one JSON line per
     frame), show, batch, live, reconnect, backoff, thresh, nms, quiet, track, track_age.
-    Outputs appear under
-    their final names only when the run ends, completed or interrupted.
+    Outputs appear under their final names only when the run ends, completed or interrupted;
+    a write that fails removes both temp files and raises OutputError.
     """
     opt = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
     quiet = bool(opt("quiet", False))
@@ -1019,7 +1019,7 @@ def run_detect_stream(detector, source, args) -> int:
     elif user_quit:
         pipe.stats.end = "stopped by user"
     if not quiet:
-        print(pipe.stats.format(), file=sys.stderr)
+        print("\n".join(escape(line) for line in pipe.stats.format().splitlines()), file=sys.stderr)
         for path in written:
             print(f"wrote {display(path)}", file=sys.stderr)
     return 130 if interrupted else 0

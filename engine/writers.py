@@ -2,8 +2,9 @@
 write, and renamed into place only when complete and readable.
 
 - :func:`check_output_file` / :func:`check_output_dir` fail at once (one line) for a path
-  that is a folder, lies under a file, or is in a folder we cannot write to, by creating and
-  removing a probe file there — the only test that also holds for root and read-only mounts.
+  that is a folder, a device, FIFO or socket (``/dev/full``: a rename would replace it), lies
+  under a file, or is in a folder we cannot write to, by creating and removing a probe file
+  there — the only test that also holds for root and read-only mounts.
 - :class:`AtomicFile` writes under a hidden temp name beside the final one; a failed write
   (disk full, file size limit, I/O error) removes the temp file and raises one
   :class:`OutputError`; ``commit`` flushes, fsyncs and renames.
@@ -65,10 +66,13 @@ def check_output_file(path: PathLike, what: str = "output") -> Path:
     try:
         if p.is_dir():
             raise OutputError(f"{name}: {what} is a folder; give a file name")
+        if os.path.lexists(p) and not p.is_file():     # never rename a file over a device, FIFO or socket
+            raise OutputError(f"{name}: {what} exists and is not a regular file (outputs are written to a "
+                              f"temp file and renamed over it)")
         base = _existing_ancestor(p.parent if str(p.parent) else Path("."))
         if not base.is_dir():
             raise OutputError(f"{name}: cannot write {what} ({display(base)} is a file, not a folder)")
-        if len(p.name.encode(errors="surrogateescape")) + 32 > os.pathconf(base, "PC_NAME_MAX"):
+        if len(p.name.encode(errors="surrogateescape")) > os.pathconf(base, "PC_NAME_MAX"):
             raise OutputError(f"{name}: cannot write {what} (file name too long)")
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -5,7 +5,6 @@ the list whose length matches the model's class count (COCO's 80, VOC's 20).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from .resources import resource_dir

@@ -154,15 +154,17 @@ def test_video_run_writes_complete_outputs(clip_run):
         json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
 
 
-@pytest.mark.parametrize("outputs", ["video", "jsonl", "both"])
+@pytest.mark.parametrize("outputs", ["video", "jsonl", "both", "images"])
 def test_disk_full_is_one_error_and_leaves_nothing(model, clip_run, tmp_path, outputs):
     """Disk full while writing: exit 2, one error line, no temp file, nothing under the final names."""
     full_video = (clip_run[1] / "v.mp4").stat().st_size
     full_jsonl = (clip_run[1] / "d.jsonl").stat().st_size
     args = {"video": ["--out", tmp_path / "v.mp4"], "jsonl": ["--jsonl", tmp_path / "d.jsonl"],
-            "both": ["--out", tmp_path / "v.mp4", "--jsonl", tmp_path / "d.jsonl"]}[outputs]
-    limit = (full_video if outputs == "video" else full_jsonl) // 3
-    p = cli("detect", CLIP, *model, "--thresh", "0.6", *args, fsize=limit)
+            "both": ["--out", tmp_path / "v.mp4", "--jsonl", tmp_path / "d.jsonl"],
+            "images": ["--out", tmp_path]}[outputs]
+    limit = {"video": full_video // 3, "images": 2000}.get(outputs, full_jsonl // 3)
+    source = DOG if outputs == "images" else CLIP
+    p = cli("detect", source, *model, "--thresh", "0.6", *args, fsize=limit)
     line = assert_one_error(p, "disk full")
     assert str(tmp_path) in line
     assert not any("wrote" in l for l in err_lines(p))
@@ -208,11 +210,13 @@ def test_output_paths_are_checked_before_any_input_is_read(tmp_path, readonly_di
              (["--out", blocker / "v.mp4"], "is a file"), (["--jsonl", blocker / "d.jsonl"], "is a file"),
              (["--out", blocker / "sub"], "is a file"), (["--out", blocker], "is a file"),
              (["--out", readonly_dir / "v.mp4"], "cannot write"), (["--jsonl", readonly_dir / "d.jsonl"], "cannot"),
-             (["--out", readonly_dir / "sub"], "cannot create")]
+             (["--out", readonly_dir / "sub"], "cannot create"), (["--jsonl", "/dev/full"], "not a regular file"),
+             (["--jsonl", fifo], "not a regular file")]
     for args, words in cases:
         p = cli("detect", CLIP, "--cfg", fifo, "--weights", blocker, *args, timeout=60)
         assert_one_error(p, words)
     assert sorted(q.name for q in tmp_path.iterdir()) == ["a-file", "folder.mp4", "model.cfg", "ro"]
+    assert Path("/dev/full").is_char_device()
 
 
 def test_tune_db_is_checked_before_tuning(tmp_path, readonly_dir):
@@ -229,15 +233,36 @@ def test_tune_db_is_checked_before_tuning(tmp_path, readonly_dir):
 
 
 # -- Ctrl-C -------------------------------------------------------------------------------------
-def test_sigint_ends_every_source_with_130_and_finished_outputs(model, tmp_path):
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory) -> Path:
+    """The clip six times over (414 frames), so a fast device is still in the first source at Ctrl-C."""
+    cap = cv2.VideoCapture(str(CLIP))
+    frames = []
+    while True:
+        ok, f = cap.read()
+        if not ok:
+            break
+        frames.append(f)
+    cap.release()
+    path = tmp_path_factory.mktemp("long") / "long.mp4"
+    h, w = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 30.0, (w, h))
+    for _ in range(6):
+        for f in frames:
+            writer.write(f)
+    writer.release()
+    return path
+
+
+def test_sigint_ends_every_source_with_130_and_finished_outputs(model, long_clip, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(CLIP), str(CLIP), *model,
+    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(long_clip), str(CLIP), *model,
                              "--thresh", "0.6", "--out", str(out)],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            parts = list(out.glob(".library1.mp4.*")) if out.is_dir() else []
+            parts = list(out.glob(".long.mp4.*")) if out.is_dir() else []
             if parts and parts[0].stat().st_size > 20000:
                 break
             time.sleep(0.05)
@@ -250,8 +275,35 @@ def test_sigint_ends_every_source_with_130_and_finished_outputs(model, tmp_path)
     lines = err.decode().splitlines()
     assert proc.returncode == 130, lines
     assert not any("Traceback" in l or "error" in l for l in lines), lines
-    assert sorted(q.name for q in out.iterdir()) == ["library1.mp4"]     # the second source never started
-    assert 0 < video_frames(out / "library1.mp4") < CLIP_FRAMES
+    assert sorted(q.name for q in out.iterdir()) == ["long.mp4"]     # the second source never started
+    assert 0 < video_frames(out / "long.mp4") < 6 * CLIP_FRAMES
+
+
+def test_sigint_during_images_ends_with_130_complete_files_and_json(model, tmp_path):
+    """Ctrl-C among many images: exit 130, the JSON of the images done, only complete annotated files."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    for k in range(1000):
+        (src / f"img{k:04d}.jpg").symlink_to(DOG)
+    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(src), *model, "--thresh", "0.6",
+                             "--json", "--out", str(out)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and len(list(out.glob("img*.jpg"))) < 5:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        stdout, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.decode()
+    assert not any("Traceback" in l for l in err.decode().splitlines())
+    frames = json.loads(stdout)
+    written = sorted(out.iterdir())
+    assert all(p.suffix == ".jpg" and not p.name.startswith(".") for p in written), written   # no temp file
+    assert 5 <= len(written) <= len(frames) < 1000
+    assert all(cv2.imread(str(p)) is not None for p in written)
 
 
 # -- numbers ------------------------------------------------------------------------------------
@@ -267,6 +319,24 @@ def test_non_finite_boxes_are_dropped_with_one_warning(tmp_path, mode):
         doc = json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
         values = [v for o in doc[0]["objects"] for v in o["relative_coordinates"].values()]
         assert all(np.isfinite(values))
+
+
+def test_weights_that_overflow_are_dropped_with_one_warning(tmp_path):
+    """Finite weights (they pass validation) whose box sizes overflow: exp(1e30) is infinite."""
+    args = make_model(tmp_path, "overflow")
+    w = np.fromfile(args[3], np.uint8)
+    header, floats = w[:20], w[20:].view("<f4").copy()
+    head = 21 * 16 + 21                          # the last conv: 21 biases, then 21x16 weights
+    bias = floats[-head:-head + 21]
+    bias[2:4] = 1e30                             # tw, th of the first anchor
+    bias[4] = 20.0                               # objectness ~1: every cell a candidate
+    floats[-head:-head + 21] = bias
+    Path(args[3]).write_bytes(header.tobytes() + floats.astype("<f4").tobytes())
+    p = cli("detect", DOG, *args, "--thresh", "0.6", "--json")
+    lines = err_lines(p)
+    assert p.returncode == 0, lines
+    assert len(lines) == 1 and "non-finite" in lines[0], lines
+    json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
 
 
 # -- files we read ------------------------------------------------------------------------------

@@ -564,7 +564,7 @@ def assert_clean_cli(rc, err: str, argv) -> None:
         assert err.splitlines()[-1].startswith(("yolo-cl: error:", "yolo-cl ")), (argv, err)
 
 
-@fuzz_settings(2500)
+@fuzz_settings(2000)
 @given(data=st.data())
 def test_cli_argument_combinations_fail_fast_and_cleanly(cli_files, data):
     d, bad = cli_files
