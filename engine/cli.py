@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peak", type=float, metavar="GFLOPS", help="device peak (default: measured once and cached)")
     b.set_defaults(func=cmd_bench)
 
-    m = sub.add_parser("map", help="mAP of a model on a labelled image set, as 'darknet detector map'",
+    m = sub.add_parser("map", parents=[common], help="mAP of a model on a labelled image set, as 'darknet detector map'",
                        description="Detect on every image of a Darknet .data file's valid= list and print per-class "
                                    "AP, precision/recall/F1, TP/FP/FN, average IoU, mAP@IoU and mAP@0.50:0.95.")
     _eval_options(m)
@@ -197,14 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "instances JSON file and print its twelve numbers")
     m.set_defaults(func=cmd_map)
 
-    va = sub.add_parser("valid", help="COCO results JSON for a labelled image set, as 'darknet detector valid'",
+    va = sub.add_parser("valid", parents=[common], help="COCO results JSON for a labelled image set, as 'darknet detector valid'",
                         description="Detect on every image of a .data file's valid= list at Darknet's evaluation "
                                     "threshold and write COCO's results format (for pycocotools or the COCO server).")
     _eval_options(va)
     va.add_argument("--out", metavar="FILE", required=True, help="results JSON file to write")
     va.set_defaults(func=cmd_valid)
 
-    dl = sub.add_parser("download", help="download a zoo model's published weights into the user cache",
+    dl = sub.add_parser("download", parents=[common], help="download a zoo model's published weights into the user cache",
                         description="Fetch MODEL's weights from the URL in models/zoo.yaml (resuming an interrupted "
                                     "download), verify the checksum and store them in ~/.cache/yolo-cl/weights.")
     dl.add_argument("model", metavar="MODEL", help="zoo model name (e.g. yolov4)")
