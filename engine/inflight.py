@@ -79,10 +79,12 @@ class DevicePath:
                 if part.decoder is None:     # the host decodes: read the heads (waits)
                     self._finish_host(pending, part, ex.run_staged())
                     continue
+                self.rt.queue.flush()        # the upload starts while the network is enqueued
                 ex.enqueue()
                 part.event = part.decoder.enqueue(thresh, slot, zero=False)
                 pending.parts.append(part)
                 self._busy[slot] = (pending, part)
+            self.rt.queue.flush()            # a driver may hold commands back until a flush or a wait
         return pending
 
     def _free_slot(self) -> int:

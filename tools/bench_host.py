@@ -119,7 +119,7 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int) -> tuple:
             dev.append(sum(t.ms for t in pex.layer_times()))
     row["device_ms"] = float(np.median(dev))
     del prof, pex
-    det = Detector(cfg, wts, input_size=size, precision=precision)
+    det = Detector(cfg, wts, input_size=size, precision=precision, device_preprocess=True, device_decode=True)
     ex = det.executor(batch)
     row["device"] = det.runtime.device_name
     row["run_ms"] = median_ms(lambda: ex.run(blob), reps)
