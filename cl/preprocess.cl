@@ -6,16 +6,21 @@
  * The coordinate tables come from the host (engine/kernels/preprocess.py resize_tables),
  * one int4 per output column (sx0, sx1, alpha0, alpha1) and per output row
  * (sy0, sy1, beta0, beta1), so the float arithmetic that picks the source pixels is the
- * host's double precision, as in OpenCV. Global size: (net_w, net_h). */
+ * host's double precision, as in OpenCV. Work-item (0, 0) also zeroes count[count_index] (when
+ * >= 0): the frame's candidate counter of the decode (cl/decode.cl), which so needs no separate
+ * fill command. Global size: (net_w, net_h). */
 #include "common.h"
 
 __kernel void yc_preprocess(__global const uchar* restrict S, const int src_stride,
                             __global const int4* restrict xtab, __global const int4* restrict ytab,
                             __global dtype* restrict Y, const int y_off,
                             const int net_w, const int net_h,
-                            const int new_w, const int new_h, const int x0, const int y0)
+                            const int new_w, const int new_h, const int x0, const int y0,
+                            __global int* restrict count, const int count_index)
 {
     const int gx = get_global_id(0), gy = get_global_id(1);
+    if (gx == 0 && gy == 0 && count_index >= 0)
+        count[count_index] = 0;
     const int dx = gx - x0, dy = gy - y0;
     const int plane = net_w * net_h, o = y_off + gy * net_w + gx;
     if (dx < 0 || dy < 0 || dx >= new_w || dy >= new_h) {

@@ -43,9 +43,9 @@ class Detector:
     overrides the cfg's network size; ``fit`` is ``stretch``, ``letterbox`` or ``crop`` (default:
     what the cfg's ``letter_box`` says). ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by
     default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
-    ``device_preprocess`` and ``device_decode`` (default: on, unless YOLO_CL_HOST_PREPOST=1)
-    resize the frame and decode [yolo] heads on the device; off, the host does both (the
-    reference path).
+    ``device_preprocess`` and ``device_decode`` resize the frame and decode [yolo] heads on the
+    device (default: on a GPU, not on a CPU device; YOLO_CL_HOST_PREPOST=1 / 0 turns both off /
+    on); off, the host does both (the reference path).
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
@@ -96,7 +96,10 @@ class Detector:
         self._warned_nonfinite = False
         self._weights: dict = {}
         self._lock = threading.RLock()
-        on = os.environ.get("YOLO_CL_HOST_PREPOST", "0").strip() != "1"
+        # The device path pays on a GPU; on a CPU device the host's OpenCV resize and NumPy decode
+        # are faster than extra kernels sharing the same cores (YOLO_CL_HOST_PREPOST=0 forces it).
+        env = os.environ.get("YOLO_CL_HOST_PREPOST", "").strip()
+        on = env == "0" or (env != "1" and not self.runtime.is_cpu)
         self.device_preprocess = (on if device_preprocess is None else bool(device_preprocess)) \
             and self.net.channels == 3          # the preprocessing kernel writes RGB; grey models use the host path
         decode = on if device_decode is None else bool(device_decode)

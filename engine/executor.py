@@ -178,6 +178,7 @@ class Executor:
                                        src_offset=off + b * bs, is_blocking=False)
                        for host, off, bs in zip(st["out"], self._out_offsets, self._out_bstride)
                        for b in range(self.batch)]
+        q.flush()                      # a driver may hold commands back until a flush or a wait
         return st["reads"][-1]
 
     def collect(self, slot: int = 0) -> list:

@@ -75,15 +75,18 @@ class DevicePath:
                 slot = self._free_slot()
                 ex = det.executor(batch_bucket(len(idx)), size)
                 part = _Part(slot, ex, self.decoder(ex), idx, [images[i] for i in idx], [places[i] for i in idx])
+                counter = part.decoder.counter(slot) if part.decoder is not None else None
                 for j, i in enumerate(idx):
-                    self.prep.enqueue(ex, images[i], places[i], j, slot)
+                    self.prep.enqueue(ex, images[i], places[i], j, slot, counter)
                 if part.decoder is None:     # the host decodes: read the heads (waits)
                     self._finish_host(pending, part, ex.run_staged())
                     continue
+                self.rt.queue.flush()        # the upload starts while the network is enqueued
                 ex.enqueue()
-                part.event = part.decoder.enqueue(thresh, slot)
+                part.event = part.decoder.enqueue(thresh, slot, zero=False)
                 pending.parts.append(part)
                 self._busy[slot] = (pending, part)
+            self.rt.queue.flush()            # a driver may hold commands back until a flush or a wait
         return pending
 
     def _free_slot(self) -> int:

@@ -31,7 +31,16 @@ def key(dets: list) -> list:
 
 @pytest.fixture(scope="module")
 def det():
-    return Detector("yolov3-tiny", input_size=SIZE, fit="crop")
+    return Detector("yolov3-tiny", input_size=SIZE, fit="crop", device_preprocess=True, device_decode=True)
+
+
+def test_default_path_follows_the_device_type(monkeypatch):
+    d = Detector("yolov3-tiny", input_size=64)
+    assert d.device_preprocess == d.device_decode == (not d.runtime.is_cpu)
+    monkeypatch.setenv("YOLO_CL_HOST_PREPOST", "0")
+    assert Detector("yolov3-tiny", input_size=64).device_preprocess
+    monkeypatch.setenv("YOLO_CL_HOST_PREPOST", "1")
+    assert not Detector("yolov3-tiny", input_size=64).device_preprocess
 
 
 @pytest.fixture(scope="module")

@@ -29,52 +29,56 @@ class DeviceDecoder:
         self.classes = classes.pop()
         self.rowlen = self.classes + 6
         B = executor.batch
-        cells = sum(len(h.p["mask"]) * v.h * v.w for h, v in zip(heads, executor.graph.outputs))
-        self.cap = max(1, min(cells, CAP))
-        self.first = min(self.cap, FIRST)
         cl = rt.cl
-        half = executor.half
+        g = executor.graph
+        ints, floats, anchors = [], [], []
+        base = 0
+        for h, v in zip(heads, g.outputs):
+            p = h.p
+            s = float(p["scale_x_y"])
+            ints += [executor.plan.offset(v.tensor) + v.c0 * v.h * v.w, v.tensor.size, v.w, v.h,
+                     int(bool(p["new_coords"])), base, len(anchors), 0]
+            floats += [s, 0.5 * (s - 1)]
+            anchors += np.asarray(p["anchors"], np.float32).reshape(-1, 2)[np.asarray(p["mask"])].ravel().tolist()
+            base += len(p["mask"]) * v.h * v.w
+        self._tables = [rt.upload(np.asarray(ints, np.int32), "head table"),
+                        rt.upload(np.asarray(floats, np.float32), "head scales"),
+                        rt.upload(np.asarray(anchors, np.float32), "anchors")]
+        prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half})
+        self.gsize = (base, B)
+        self._zero = np.zeros(1, np.int32)
+        self.cap = max(1, min(base, CAP))
+        self.first = min(self.cap, FIRST)
         self._sets = []
         for _ in range(slots):
             count = rt.alloc(B * 4, "candidate counters")
             rows = rt.alloc(B * self.cap * self.rowlen * 4, "candidate buffer")
-            self._sets.append({"count": count, "rows": rows, "host_count": pinned(rt, (B,), np.int32)[1],
+            k = cl.Kernel(prg, "yc_decode_yolo")
+            k.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
+                       np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
+            host_count = pinned(rt, (B,), np.int32)[1]
+            host_count[:] = 0
+            self._sets.append({"count": count, "rows": rows, "host_count": host_count,
                                "host_rows": pinned(rt, (B, self.cap, self.rowlen), np.float32)[1],
-                               "kernels": [], "thresh": None, "reads": []})
-        self._anchors = []
-        base = 0
-        for h, v in zip(heads, executor.graph.outputs):
-            p = h.p
-            nm = len(p["mask"])
-            anchors = np.asarray(p["anchors"], np.float32).reshape(-1, 2)[np.asarray(p["mask"])]
-            abuf = rt.upload(np.ascontiguousarray(anchors), "anchors")
-            self._anchors.append(abuf)
-            prg = rt.program("decode.cl", {"HALF_STORAGE": half, "NEW_COORDS": bool(p["new_coords"])})
-            s = float(p["scale_x_y"])
-            g = executor.graph
-            x_off = executor.plan.offset(v.tensor) + v.c0 * v.h * v.w
-            for st in self._sets:
-                k = cl.Kernel(prg, "yc_decode_yolo")
-                k.set_args(executor.arena, np.int32(x_off), np.int32(v.tensor.size), np.int32(v.w), np.int32(v.h),
-                           np.int32(self.classes), abuf, np.float32(s), np.float32(0.5 * (s - 1)),
-                           np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), np.int32(base),
-                           st["count"], st["rows"], np.int32(self.cap))
-                st["kernels"].append((k, (v.h * v.w, nm, B)))
-            base += nm * v.h * v.w
-        self._zero = np.zeros(1, np.int32)
+                               "kernel": k, "thresh": None, "reads": []})
 
-    def enqueue(self, thresh: float, slot: int = 0):
+    def counter(self, slot: int):
+        """The candidate counters of set ``slot``: the preprocessing kernel zeroes them, so a
+        frame needs no separate fill."""
+        return self._sets[slot]["count"]
+
+    def enqueue(self, thresh: float, slot: int = 0, zero: bool = True):
         """Decode the heads now in the arena (queue order) into candidate set ``slot`` and start
-        reading the counters and the first rows back; returns the event of the last read."""
+        reading the counters and the first rows back; returns the event of the last read.
+        ``zero=False``: the frame's preprocessing kernels already zeroed the counters."""
         cl, q = self.rt.cl, self.rt.queue
         st = self._sets[slot]
         if st["thresh"] != thresh:
-            for k, _ in st["kernels"]:
-                k.set_arg(11, np.float32(thresh))
+            st["kernel"].set_arg(8, np.float32(thresh))
             st["thresh"] = thresh
-        cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.executor.batch * 4)
-        for k, gsize in st["kernels"]:
-            cl.enqueue_nd_range_kernel(q, k, gsize, None)
+        if zero:
+            cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.executor.batch * 4)
+        cl.enqueue_nd_range_kernel(q, st["kernel"], self.gsize, None)
         # Keep the read events until the slot's next use: pyopencl waits for a dropped read
         # event (it guards the host array) holding the GIL, which would stall this thread and
         # every other until the forward pass is done.

@@ -61,6 +61,7 @@ class DevicePreprocess:
         self._stages: dict = {}      # (slot, batch index) -> _Stage
         self._tables: dict = {}      # (source length, target length) -> device int4 table
         self._kernels: dict = {}     # (executor id, batch index) -> [kernel, last argument key]
+        self._no_counter = rt.alloc(4, "unused counter")
 
     def _stage(self, key: tuple, nbytes: int) -> _Stage:
         st = self._stages.get(key)
@@ -80,9 +81,11 @@ class DevicePreprocess:
             t = self._tables[(src, dst)] = self.rt.upload(resize_tables(src, dst), "resize table")
         return t
 
-    def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0) -> None:
+    def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0,
+                counter=None) -> None:
         """Upload ``image`` (HxWx3 uint8 BGR, C-contiguous) and write it, laid out by ``place``,
-        into input ``index`` of ``executor``'s batch. Returns once the frame is in pinned memory."""
+        into input ``index`` of ``executor``'s batch; zero ``counter[index]`` (a decode's
+        candidate counters) on the way. Returns once the frame is in pinned memory."""
         h, w = image.shape[:2]
         st = self._stage((slot, index), image.nbytes)
         np.copyto(st.host[:image.nbytes], image.reshape(-1))
@@ -92,12 +95,14 @@ class DevicePreprocess:
         entry = self._kernels.get((id(executor), index))
         if entry is None:
             entry = self._kernels[(id(executor), index)] = [cl.Kernel(self._program, "yc_preprocess"), None]
-        key = (id(st.device), w, h, place)
+        key = (id(st.device), w, h, place, id(counter))
         if entry[1] != key:
             y_off = executor.plan.offset(g) + index * g.size
             entry[0].set_args(st.device, np.int32(w * 3), self._table(w, place.new_w), self._table(h, place.new_h),
                               executor.arena, np.int32(y_off), np.int32(g.w), np.int32(g.h),
-                              np.int32(place.new_w), np.int32(place.new_h), np.int32(place.x0), np.int32(place.y0))
+                              np.int32(place.new_w), np.int32(place.new_h), np.int32(place.x0), np.int32(place.y0),
+                              counter if counter is not None else self._no_counter,
+                              np.int32(index if counter is not None else -1))
             entry[1] = key
         cl.enqueue_nd_range_kernel(q, entry[0], (g.w, g.h), None)
 
