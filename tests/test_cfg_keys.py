@@ -142,3 +142,15 @@ def test_cli_info_prints_each_warning_once_on_stderr(tmp_path):
         "so '5' is ignored",
     ]
     assert "warning" not in r.stdout
+
+
+def test_keys_match_case_sensitively_and_blanks_vanish(tmp_path):
+    """Darknet's strip() removes every blank of a line and option_find compares with strcmp:
+    ``Filters=16`` is unused (the default, 1 filter, applies) and ``fil ters=3`` means filters."""
+    p = write(tmp_path, NET + "adam=1\nB1=0.9\n\n[convolutional]\nFilters=16\nsize=1\n\n[convolutional]\nfil ters=3\n"
+                             "size=1\n")
+    sections = parse_cfg(p)
+    layers = build_layers(sections, parse_net(sections[0]))
+    assert [l.c for l in layers] == [1, 3]
+    assert unheard(sections) == [f"{p}:9: warning: layer 0 [convolutional]: unused key 'Filters=16' (Darknet "
+                                 "matches keys case-sensitively: 'filters'?)"]
