@@ -63,7 +63,11 @@ def conv_param_count(layer) -> int:
 
 def param_count(layer) -> int:
     """Number of float32 values ``layer`` reads from the weights file (0: it has no parameters)."""
-    return conv_param_count(layer) if layer.kind == "convolutional" else 0
+    if layer.kind == "convolutional":
+        return conv_param_count(layer)
+    if layer.kind == "shortcut":
+        return layer.p.get("nweights", 0)   # AlexeyAB's weights_type: load_shortcut_weights
+    return 0
 
 
 def needs_weights(layers: list) -> bool:
@@ -99,29 +103,30 @@ def read_header(path: Union[str, Path], size: Optional[int] = None, params: Opti
 
 
 def load_weights(path: Union[str, Path], layers: list) -> dict:
-    """Return ``{layer index: ConvParams}`` for every convolutional layer, validating the exact size.
+    """Return ``{layer index: ConvParams}`` for every convolutional layer (and ``{index: float32 array}``
+    for each weighted [shortcut]), validating the exact size.
 
     Any header Darknet writes is read (:func:`read_header`); ``header.transpose`` says how a
     [connected] layer's matrix is laid out."""
     p = Path(path)
     path = show(str(path), 300)
     actual = regular_file_size(p, path, WeightsError, "weights file")
-    convs = [l for l in layers if l.kind == "convolutional"]
-    header = read_header(p, actual, sum(param_count(l) for l in layers))
-    expected = header.nbytes + 4 * sum(conv_param_count(l) for l in convs)
+    weighted = [l for l in layers if param_count(l)]
+    header = read_header(p, actual, sum(param_count(l) for l in weighted))
+    expected = header.nbytes + 4 * sum(param_count(l) for l in weighted)
     check_weights(expected, path)   # before any read: a cfg asking for 10^12 floats stops here
     actual = p.stat().st_size
     if actual != expected:
         # Name the first layer the file cannot fully supply (or say how much is left over).
         offset, missing = header.nbytes, None
-        for l in convs:
-            offset += 4 * conv_param_count(l)
+        for l in weighted:
+            offset += 4 * param_count(l)
             if offset > actual:
                 missing = l
                 break
         if missing is not None:
             raise WeightsError(f"{path}: truncated: {actual} bytes, but the cfg needs {expected}; "
-                               f"data ends inside layer {missing.index} [convolutional] (line {missing.section.line})")
+                               f"data ends inside layer {missing.index} [{missing.kind}] (line {missing.section.line})")
         raise WeightsError(f"{path}: {actual} bytes, but the cfg needs exactly {expected}: "
                            f"{actual - expected} extra bytes; the weights do not match this cfg")
     try:
@@ -138,7 +143,13 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
         pos += n
         return data[pos - n:pos]
 
-    for l in convs:
+    for l in weighted:
+        if l.kind == "shortcut":
+            sw = take(param_count(l)).copy()
+            if not np.all(np.isfinite(sw)):
+                raise WeightsError(f"{path}: layer {l.index} [shortcut] (line {l.section.line}) has non-finite weights")
+            out[l.index] = sw
+            continue
         q = l.p
         n = q["filters"]
         biases = take(n)
@@ -170,6 +181,12 @@ def save_weights(path: Union[str, Path], layers: list, params: dict, seen: int =
         cp = params.get(l.index)
         if cp is None:
             raise WeightsError(f"{name}: no parameters given for layer {l.index} [{l.kind}]")
+        if l.kind == "shortcut":
+            if np.shape(cp) != (param_count(l),):
+                raise WeightsError(f"{name}: layer {l.index} [shortcut] weights have shape {np.shape(cp)}, "
+                                   f"not ({param_count(l)},)")
+            chunks.append(np.ascontiguousarray(cp, "<f4").tobytes())
+            continue
         q = l.p
         shape = (q["filters"], q["in_c"] // q["groups"], q["size"], q["size"])
         parts = [("biases", cp.biases, (q["filters"],))]

@@ -104,12 +104,11 @@ def test_keys_that_skip_weights_are_refused(tmp_path, key):
 
 
 def test_shortcut_fork_keys(tmp_path):
-    """AlexeyAB's weights_type is refused in one line; weights_normalization without it is read and
-    inert (as in Darknet); pjreddie's alpha/beta get a note saying which fork they follow."""
+    """AlexeyAB's weights_type/weights_normalization are read (weights_normalization alone is inert, as
+    in Darknet); pjreddie's alpha/beta get a note saying which fork they follow."""
     base = NET + "\n[convolutional]\nfilters=3\nsize=1\n\n[convolutional]\nfilters=3\nsize=1\n\n[shortcut]\nfrom=-2\n"
-    p = write(tmp_path, base + "weights_type=per_channel\n")
-    with pytest.raises(CfgError, match=r"t.cfg:16: \[shortcut\]: AlexeyAB's weighted shortcut"):
-        warnings_of(p)
+    p = write(tmp_path, base + "weights_type=per_channel\nweights_normalization=softmax\n")
+    assert warnings_of(p) == []
     write(tmp_path, base + "weights_normalization=relu\n")
     assert warnings_of(p) == []
     write(tmp_path, base + "alpha=0.5\n")
