@@ -260,6 +260,8 @@ def unheard(sections: list) -> list:
             line = s.options[key][1] if key in s.options else s.line
             out.append((line, f"{s.path}:{line}: note: {what}: {msg}"))
         for key, value, line in s.repeats:
+            if s.index < 0 and key not in s.heard:
+                continue   # a training key repeated in [net] (the "# Testing / # Training" idiom): Darknet is silent
             out.append((line, f"{s.path}:{line}: warning: {what}: '{show(key)}' is repeated (first on line "
                               f"{s.options[key][1]}); Darknet uses the first value, so '{show(value)}' is ignored"))
     return [msg for _, msg in sorted(out, key=lambda t: t[0])]
