@@ -155,3 +155,201 @@ __kernel void yc_copy(__global const dtype* restrict X, const int x_off, const i
     const int i = get_global_id(0), b = get_global_id(1);
     ST(Y, y_off + b * y_bstride + i, LD(X, x_off + b * x_bstride + i));
 }
+
+/* [activation] / [logistic]: out = ACT(x). Global (size, batch). */
+__kernel void yc_act(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                     __global dtype* restrict Y, const int y_off, const int y_bstride)
+{
+    const int i = get_global_id(0), b = get_global_id(1);
+    ST(Y, y_off + b * y_bstride + i, yc_activate(LD(X, x_off + b * x_bstride + i), ACT));
+}
+
+/* [batchnorm] folded to a per-channel affine map: out = ACT(x * S[c] + B[c]). Global (HW, C, batch). */
+__kernel void yc_affine(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                        __global dtype* restrict Y, const int y_off, const int y_bstride,
+                        __global const float* restrict S, __global const float* restrict Bias, const int HW)
+{
+    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const float v = LD(X, x_off + b * x_bstride + c * HW + n) * S[c] + Bias[c];
+    ST(Y, y_off + b * y_bstride + c * HW + n, yc_activate(v, ACT));
+}
+
+/* [crop] at inference (forward_crop_layer, train=0): the window at (DX, DY), times scale plus shift.
+ * Global (OH*OW, C, batch). */
+__kernel void yc_crop(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                      const int H, const int W,
+                      __global dtype* restrict Y, const int y_off, const int y_bstride,
+                      const int OH, const int OW, const int DY, const int DX, const float scale, const float shift)
+{
+    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const float v = LD(X, x_off + b * x_bstride + (c * H + oy + DY) * W + ox + DX);
+    ST(Y, y_off + b * y_bstride + c * OH * OW + n, v * scale + shift);
+}
+
+/* [local_avgpool]: maxpool's windows (starting at -PADDING/2), the mean of the cells inside the input.
+ * Global (OH*OW, C, batch). */
+__kernel void yc_local_avgpool(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                               const int H, const int W,
+                               __global dtype* restrict Y, const int y_off, const int y_bstride,
+                               const int OH, const int OW, const int SIZE, const int SX, const int SY,
+                               const int PADDING)
+{
+    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const int y0 = oy * SY - PADDING / 2, x0 = ox * SX - PADDING / 2;
+    const int base = x_off + b * x_bstride + c * H * W;
+    float s = 0.0f;
+    int count = 0;
+    for (int dy = 0; dy < SIZE; ++dy) {
+        const int iy = y0 + dy;
+        if (iy < 0 || iy >= H) continue;
+        for (int dx = 0; dx < SIZE; ++dx) {
+            const int ix = x0 + dx;
+            if (ix < 0 || ix >= W) continue;
+            s += LD(X, base + iy * W + ix);
+            ++count;
+        }
+    }
+    ST(Y, y_off + b * y_bstride + c * OH * OW + n, s / count);
+}
+
+/* [reorg3d] (reorg_cpu, forward=0, on the OUTPUT dims): output channel k, pixel (j, i) takes input
+ * channel k % C at (j*S + off/S, i*S + off%S), off = k / C. Global (OH*OW, C*S*S, batch). */
+__kernel void yc_reorg3d(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                         const int C, const int H, const int W,
+                         __global dtype* restrict Y, const int y_off, const int y_bstride, const int S)
+{
+    const int n = get_global_id(0), k = get_global_id(1), b = get_global_id(2);
+    const int OW = W / S, OH = H / S;
+    const int j = n / OW, i = n - j * OW;
+    const int c = k % C, off = k / C;
+    const int src = (c * H + j * S + off / S) * W + i * S + off % S;
+    ST(Y, y_off + b * y_bstride + k * OH * OW + n, LD(X, x_off + b * x_bstride + src));
+}
+
+/* [l2norm] (l2normalize_cpu): each pixel's channel vector divided by its Euclidean norm.
+ * Global (HW, batch). */
+__kernel void yc_l2norm(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                        __global dtype* restrict Y, const int y_off, const int y_bstride, const int C, const int HW)
+{
+    const int n = get_global_id(0), b = get_global_id(1);
+    const int xb = x_off + b * x_bstride + n, yb = y_off + b * y_bstride + n;
+    float sum = 0.0f;
+    for (int c = 0; c < C; ++c) {
+        const float v = LD(X, xb + c * HW);
+        sum += v * v;
+    }
+    const float norm = sqrt(sum);
+    for (int c = 0; c < C; ++c) ST(Y, yb + c * HW, LD(X, xb + c * HW) / norm);
+}
+
+/* Darknet's cross-channel activations on a conv output, in place, per pixel (global (HW, batch)):
+ * normalize_channels: positive values over their sum (+1e-4), the rest 0; with SOFTMAX,
+ * exp(x - m) / (1e-4 + sum exp(x - m)), m the channels' max with MAXVAL, else 0. */
+__kernel void yc_norm_channels(__global dtype* restrict Y, const int y_off, const int y_bstride,
+                               const int C, const int HW)
+{
+    const int n = get_global_id(0), b = get_global_id(1);
+    const int yb = y_off + b * y_bstride + n;
+    const float eps = 0.0001f;
+    float sum = eps;
+#ifdef SOFTMAX
+    float m = 0.0f;
+#ifdef MAXVAL
+    m = -FLT_MAX;
+    for (int c = 0; c < C; ++c) m = fmax(m, LD(Y, yb + c * HW));
+#endif
+    for (int c = 0; c < C; ++c) sum += exp(LD(Y, yb + c * HW) - m);
+    for (int c = 0; c < C; ++c) ST(Y, yb + c * HW, exp(LD(Y, yb + c * HW) - m) / sum);
+#else
+    for (int c = 0; c < C; ++c) {
+        const float v = LD(Y, yb + c * HW);
+        if (v > 0.0f) sum += v;
+    }
+    for (int c = 0; c < C; ++c) {
+        const float v = LD(Y, yb + c * HW);
+        ST(Y, yb + c * HW, v > 0.0f ? v / sum : 0.0f);
+    }
+#endif
+}
+
+/* [implicit]: every image gets the same learned constant V. Global (size, batch). */
+__kernel void yc_fill(__global const float* restrict V, __global dtype* restrict Y, const int y_off,
+                      const int y_bstride)
+{
+    const int i = get_global_id(0), b = get_global_id(1);
+    ST(Y, y_off + b * y_bstride + i, V[i]);
+}
+
+/* [connected]: out[o] = ACT(Bias[o] + sum_k Wt[o][k] x[k]) over the flattened input (batchnorm
+ * folded into Wt and Bias). Global (outputs, batch). */
+__kernel void yc_connected(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                           __global dtype* restrict Y, const int y_off, const int y_bstride,
+                           __global const float* restrict Wt, __global const float* restrict Bias, const int K)
+{
+    const int o = get_global_id(0), b = get_global_id(1);
+    const int xb = x_off + b * x_bstride;
+    __global const float* w = Wt + (size_t)o * K;
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += w[k] * LD(X, xb + k);
+    ST(Y, y_off + b * y_bstride + o, yc_activate(s + Bias[o], ACT));
+}
+
+/* [deconvolutional] as a gather: output (f, oy, ox) sums Wt[f][c][ky][kx] x[c][iy][ix] over the taps
+ * with oy = iy*S + ky - PAD (and the same in x): what Darknet's GEMM + col2im scatters there.
+ * Batchnorm folded into Wt and Bias. Global (OH*OW, F, batch). */
+__kernel void yc_deconv(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                        const int C, const int H, const int W,
+                        __global dtype* restrict Y, const int y_off, const int y_bstride, const int OH, const int OW,
+                        __global const float* restrict Wt, __global const float* restrict Bias,
+                        const int SIZE, const int S, const int PAD)
+{
+    const int n = get_global_id(0), f = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const int xb = x_off + b * x_bstride;
+    float s = Bias[f];
+    for (int ky = 0; ky < SIZE; ++ky) {
+        const int ty = oy + PAD - ky;
+        if (ty < 0 || ty % S) continue;
+        const int iy = ty / S;
+        if (iy >= H) continue;
+        for (int kx = 0; kx < SIZE; ++kx) {
+            const int tx = ox + PAD - kx;
+            if (tx < 0 || tx % S) continue;
+            const int ix = tx / S;
+            if (ix >= W) continue;
+            __global const float* w = Wt + ((size_t)f * C * SIZE + ky) * SIZE + kx;
+            for (int c = 0; c < C; ++c) s += w[c * SIZE * SIZE] * LD(X, xb + (c * H + iy) * W + ix);
+        }
+    }
+    ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
+}
+
+/* [local] (forward_local_layer): output (f, oy, ox) = Bias[f][oy][ox] + the window at (oy*S - PAD,
+ * ox*S - PAD) (zeros outside) dotted with that pixel's own filter Wt[oy*OW + ox][f][c][ky][kx].
+ * Global (OH*OW, F, batch). */
+__kernel void yc_local(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                       const int C, const int H, const int W,
+                       __global dtype* restrict Y, const int y_off, const int y_bstride, const int OH, const int OW,
+                       const int F, __global const float* restrict Wt, __global const float* restrict Bias,
+                       const int SIZE, const int S, const int PAD)
+{
+    const int n = get_global_id(0), f = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const int xb = x_off + b * x_bstride;
+    __global const float* w = Wt + ((size_t)n * F + f) * C * SIZE * SIZE;
+    float s = Bias[f * OH * OW + n];
+    for (int c = 0; c < C; ++c) {
+        for (int ky = 0; ky < SIZE; ++ky) {
+            const int iy = oy * S + ky - PAD;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < SIZE; ++kx) {
+                const int ix = ox * S + kx - PAD;
+                if (ix < 0 || ix >= W) continue;
+                s += w[(c * SIZE + ky) * SIZE + kx] * LD(X, xb + (c * H + iy) * W + ix);
+            }
+        }
+    }
+    ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
+}

@@ -85,13 +85,14 @@ def device_peak(rt, refresh: bool = False) -> tuple:
     """(GFLOP/s, 'measured' | 'cached'): the cached peak of this device and driver, measured if absent."""
     import yaml
     from .runtime import atomic_write, cache_dir
+    from .userfiles import read_text
     path = cache_dir() / "peak.yaml"
     key = f"{rt.device_name} | {rt.driver} | {PEAK_VERSION}"
     data = {}
     try:
-        loaded = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        loaded = yaml.safe_load(read_text(path, "peak cache", 1 << 20)) if path.is_file() else {}
         data = loaded if isinstance(loaded, dict) else {}
-    except (OSError, yaml.YAMLError):
+    except (YoloClError, yaml.YAMLError):
         data = {}
     v = data.get(key)
     if isinstance(v, (int, float)) and v > 0 and not refresh:

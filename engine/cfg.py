@@ -38,12 +38,17 @@ SECTION_KINDS = {
     "softmax": "softmax", "soft": "softmax",
     "yolo": "yolo",
     "region": "region",
+    "gaussian_yolo": "gaussian_yolo", "detection": "detection",
+    "connected": "connected", "conn": "connected",
+    "deconvolutional": "deconvolutional", "deconv": "deconvolutional",
+    "crop": "crop", "batchnorm": "batchnorm", "activation": "activation", "logistic": "logistic",
+    "local_avgpool": "local_avgpool", "local_avg": "local_avgpool",
+    "reorg3d": "reorg3d", "l2norm": "l2norm", "empty": "empty", "silence": "empty", "cost": "cost", "local": "local",
+    "implicit": "implicit", "implicit_add": "implicit_add", "implicit_mul": "implicit_mul",
 }
 # Sections Darknet has but yolo-cl does not run: named so the error can say so.
-UNSUPPORTED = {"connected", "crnn", "rnn", "gru", "lstm", "conv_lstm", "history", "local", "deconvolutional",
-               "deconv", "crop", "cost", "detection", "normalization", "lrn", "batchnorm", "gaussian_yolo",
-               "implicit_add", "implicit_mul", "contrastive", "empty", "silence", "activation", "reorg3d",
-               "l2norm", "logistic"}
+UNSUPPORTED = {"crnn", "rnn", "gru", "lstm", "conv_lstm", "history", "normalization", "lrn",
+               "contrastive"}
 
 MAX_CFG_BYTES = 4 << 20
 MAX_SECTIONS = 10000

@@ -20,12 +20,20 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .layers import Layer, NetInfo, head_layers
+from .layers import CHANNEL_ACTIVATIONS, HEADS, Layer, NetInfo, head_layers
 
 BN_EPS = 1e-5   # Darknet's (normalize_cpu and fuse_conv_batchnorm); OpenCV's importer uses 1e-6
 # Layer kinds that produce a fresh tensor (and so can write into a concat slice).
 PRODUCERS = {"convolutional", "maxpool", "avgpool", "upsample", "reorg", "shortcut", "scale_channels", "sam",
-             "softmax"}
+             "softmax", "connected", "deconvolutional", "crop", "batchnorm", "activation", "logistic",
+             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul", "local"}
+# Layers whose output is their input: Darknet's [empty] shares its input's buffer, [cost] is skipped
+# at inference, [dropout] scales only in training, and the heads are decoded on the host.
+PASS_THROUGH = ("dropout", "empty", "cost") + HEADS
+# Element-wise one-input layers -> the node op that runs them.
+SIMPLE_OPS = {"avgpool": "avgpool", "upsample": "upsample", "reorg": "reorg", "softmax": "softmax",
+              "crop": "crop", "activation": "act", "logistic": "act", "local_avgpool": "local_avgpool",
+              "reorg3d": "reorg3d", "l2norm": "l2norm"}
 
 
 @dataclass(eq=False)
@@ -114,14 +122,16 @@ class Graph:
         return sum(n.flops for n in self.nodes)
 
 
-def fold_batchnorm(params, eps: float = BN_EPS) -> tuple:
-    """Darknet's fuse_conv_batchnorm: fold BN into (weights, bias), computed in float64."""
-    w = params.weights.astype(np.float64)
+def fold_batchnorm(params, eps: float = BN_EPS, weights: Optional[np.ndarray] = None) -> tuple:
+    """Darknet's fuse_conv_batchnorm: fold BN into (weights, bias), computed in float64.
+
+    ``weights`` (default ``params.weights``) has one row per output channel along axis 0."""
+    w = (params.weights if weights is None else weights).astype(np.float64)
     b = params.biases.astype(np.float64)
     if params.scales is not None:
         k = params.scales.astype(np.float64) / np.sqrt(params.variance.astype(np.float64) + eps)
         b = b - k * params.mean.astype(np.float64)
-        w = w * k[:, None, None, None]
+        w = w * k.reshape((-1,) + (1,) * (w.ndim - 1))
     return w.astype(np.float32), b.astype(np.float32)
 
 
@@ -219,7 +229,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
         i, p = l.index, l.p
         if i in fused_shortcuts:
             continue   # already emitted with its conv
-        if l.kind in ("dropout", "yolo", "region"):
+        if l.kind in PASS_THROUGH:
             view[i] = view[l.inputs[0]]
             continue
         if l.kind == "route":
@@ -245,9 +255,16 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
             view[i] = out
             continue
         out = out_view(l)
+        if not l.inputs:   # [implicit*]: a constant
+            attrs = dict(p, value=params[i].weights if params is not None else None)
+            nodes.append(Node("implicit", [i], [], out, attrs))
+            view[i] = out
+            continue
         x = view[l.inputs[0]]
         if l.kind == "convolutional":
             attrs = dict(p)
+            if p["activation"] in CHANNEL_ACTIVATIONS:
+                attrs["activation"] = "linear"      # the epilogue is per element; the channel norm follows
             if params is not None:
                 attrs["weights"], attrs["bias"] = fold_batchnorm(params[i], bn_eps)
             layers_done = [i]
@@ -260,6 +277,10 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
                 view[sc.index] = out
             k = (p["in_c"] // p["groups"]) * p["size"] ** 2
             nodes.append(Node("conv", layers_done, [x], out, attrs, 2 * p["filters"] * k * l.h * l.w))
+            if p["activation"] in CHANNEL_ACTIVATIONS:   # in place: one work-item owns a pixel's channels
+                nodes.append(Node("norm_channels", [i], [out], out, dict(mode=p["activation"])))
+        elif l.kind in ("connected", "deconvolutional", "batchnorm", "local"):
+            nodes.append(_weighted_node(l, x, out, params, bn_eps))
         elif l.kind == "maxpool":
             op = "maxpool_depth" if p["depth"] else "maxpool"
             nodes.append(Node(op, [i], [x], out, dict(p)))
@@ -267,14 +288,14 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
             attrs = dict(p)
             if p.get("nweights"):
                 raw = params.get(i) if params is not None else None
-                attrs["sc_weights"] = shortcut_weights(np.ones(p["nweights"], np.float32) if raw is None else raw,
+                attrs["sc_weights"] = shortcut_weights(np.ones(p["nweights"], np.float32) if raw is None else raw.weights,
                                                        len(l.inputs), l.c, p["normalization"])
             nodes.append(Node("add", [i], [x] + [view[j] for j in l.inputs[1:]], out, attrs))
         elif l.kind in ("scale_channels", "sam"):
             # inputs: [the scale (previous layer), the tensor being scaled (from)]
             nodes.append(Node(l.kind, [i], [x, view[l.inputs[1]]], out, dict(p)))
-        else:   # avgpool, upsample, reorg, softmax
-            nodes.append(Node(l.kind, [i], [x], out, dict(p)))
+        else:
+            nodes.append(Node(SIMPLE_OPS[l.kind], [i], [x], out, dict(p)))
         view[i] = out
 
     if keep:
@@ -286,9 +307,38 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     return Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
 
 
+def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps: float) -> Node:
+    """The node of a [connected], [deconvolutional], [local] or [batchnorm] layer, batchnorm folded into it.
+
+    A deconvolution's weights become (filters, channels, size, size); a [batchnorm] becomes a
+    per-channel affine ``x * scale + bias``."""
+    i, p = l.index, l.p
+    attrs = dict(p)
+    cp = params[i] if params is not None else None
+    if l.kind == "connected":
+        if cp is not None and cp.weights.shape[1] != p["inputs"]:
+            raise l.error(f"the weights are for {cp.weights.shape[1]} inputs, but at this network size the layer "
+                          f"gets {p['inputs']}: a network with [connected] layers runs only at its cfg's size")
+        if cp is not None:
+            attrs["weights"], attrs["bias"] = fold_batchnorm(cp, bn_eps)
+        return Node("connected", [i], [x], out, attrs, 2 * p["outputs"] * p["inputs"])
+    if l.kind == "deconvolutional":
+        if cp is not None:
+            attrs["weights"], attrs["bias"] = fold_batchnorm(cp, bn_eps, cp.weights.transpose(1, 0, 2, 3))
+        return Node("deconv", [i], [x], out, attrs, 2 * p["filters"] * p["in_c"] * p["size"] ** 2 * x.h * x.w)
+    if l.kind == "local":
+        if cp is not None:
+            attrs["weights"], attrs["bias"] = cp.weights, cp.biases
+        return Node("local", [i], [x], out, attrs, 2 * l.c * l.h * l.w * p["in_c"] * p["size"] ** 2)
+    if cp is not None:
+        scale, attrs["bias"] = fold_batchnorm(cp, bn_eps, np.ones(l.c, np.float32))
+        attrs["weights"] = scale
+    return Node("affine", [i], [x], out, attrs)
+
+
 def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
     """True if ``conv`` feeds only a single-source [shortcut] whose other input has its exact shape."""
-    if conv.kind != "convolutional" or len(uses[conv.index]) != 1:
+    if conv.kind != "convolutional" or len(uses[conv.index]) != 1 or conv.p["activation"] in CHANNEL_ACTIVATIONS:
         return False
     sc = by_index[uses[conv.index][0]]
     if sc.kind != "shortcut" or len(sc.inputs) != 2 or sc.inputs[0] != conv.index:

@@ -1,4 +1,4 @@
-"""Load and save Darknet ``.weights`` files: header, then each convolution's parameters in cfg order.
+"""Load and save Darknet ``.weights`` files: header, then each weighted layer's parameters in cfg order.
 
 The expected byte count is computed from the layers first, so a truncated, oversized
 or mismatched file is rejected with a message naming the layer before anything is read.
@@ -19,10 +19,10 @@ from .limits import check_weights
 
 @dataclass
 class ConvParams:
-    """Raw Darknet parameters of one convolutional layer (batchnorm not yet folded)."""
+    """Raw Darknet parameters of one weighted layer (batchnorm not yet folded)."""
 
     biases: np.ndarray
-    weights: np.ndarray              # (filters, channels // groups, size, size)
+    weights: np.ndarray              # conv (filters, channels // groups, size, size); see read_layer for others
     scales: Optional[np.ndarray] = None
     mean: Optional[np.ndarray] = None
     variance: Optional[np.ndarray] = None
@@ -55,19 +55,72 @@ def seen_is_wide(major: int, minor: int) -> bool:
 
 
 def conv_param_count(layer) -> int:
-    """Number of float32 values a conv layer reads from the weights file."""
-    p = layer.p
-    n = p["filters"]
-    return n * (4 if p["bn"] else 1) + n * (p["in_c"] // p["groups"]) * p["size"] ** 2
+    """Number of float32 values a layer reads from the weights file (0 for layers without parameters)."""
+    p, kind = layer.p, layer.kind
+    if kind == "convolutional":
+        n = p["filters"]
+        return n * (4 if p["bn"] else 1) + n * (p["in_c"] // p["groups"]) * p["size"] ** 2
+    if kind == "deconvolutional":
+        n = p["filters"]
+        return n * (4 if p["bn"] else 1) + n * p["in_c"] * p["size"] ** 2
+    if kind == "connected":
+        n = p["outputs"]
+        return n * (4 if p["bn"] else 1) + n * p["inputs"]
+    if kind == "batchnorm":
+        return 4 * layer.c
+    if kind == "local":
+        return layer.c * layer.h * layer.w * (1 + p["in_c"] * p["size"] ** 2)
+    if kind in ("implicit", "implicit_add", "implicit_mul"):
+        return p["filters"] * p["atoms"]
+    return 0
+
+
+def read_layer(layer, take, transpose: bool) -> ConvParams:
+    """One layer's parameters, in Darknet's order (load_*_weights in parser.c), from ``take(n)``.
+
+    - [convolutional]/[deconvolutional]: biases, [scales, mean, variance], weights; a deconvolution's
+      weights are (channels, filters, size, size), as its col2im GEMM reads them;
+    - [connected]: biases, weights (outputs, inputs) — stored (inputs, outputs) when the header's
+      ``transpose`` flag is set — then [scales, mean, variance];
+    - [local]: a bias per output element (filters, out_h, out_w), then weights
+      (out_h * out_w, filters, channels, size, size): one filter bank per output pixel;
+    - [batchnorm]: biases, scales, mean, variance (AlexeyAB's order; pjreddie's fork stores no biases);
+    - [implicit*]: the (filters, atoms) constant, in ``weights``;
+    - a weighted [shortcut] (AlexeyAB's weights_type): its (inputs) or (inputs * channels) factors,
+      in ``weights`` (load_shortcut_weights).
+    """
+    p, kind = layer.p, layer.kind
+    if kind in ("implicit", "implicit_add", "implicit_mul"):
+        return ConvParams(np.zeros(0, np.float32), take(p["filters"] * p["atoms"]))
+    if kind == "shortcut":
+        return ConvParams(np.zeros(0, np.float32), take(p["nweights"]))
+    if kind == "local":
+        n, k = p["filters"], p["in_c"] * p["size"] ** 2
+        return ConvParams(take(n * layer.h * layer.w), take(layer.h * layer.w * n * k).reshape(layer.h * layer.w, n, k))
+    if kind == "batchnorm":
+        return ConvParams(take(layer.c), np.zeros(0, np.float32), take(layer.c), take(layer.c), take(layer.c))
+    n = p["outputs"] if kind == "connected" else p["filters"]
+    biases = take(n)
+    scales = mean = variance = None
+    if kind == "connected":
+        if transpose:
+            w = take(n * p["inputs"]).reshape(p["inputs"], n).T.copy()
+        else:
+            w = take(n * p["inputs"]).reshape(n, p["inputs"])
+    if p["bn"]:
+        scales, mean, variance = take(n), take(n), take(n)
+    if kind == "convolutional":
+        w = take(n * (p["in_c"] // p["groups"]) * p["size"] ** 2).reshape(n, p["in_c"] // p["groups"], p["size"], p["size"])
+    elif kind == "deconvolutional":
+        w = take(n * p["in_c"] * p["size"] ** 2).reshape(p["in_c"], n, p["size"], p["size"])
+    return ConvParams(biases, w, scales, mean, variance)
 
 
 def param_count(layer) -> int:
     """Number of float32 values ``layer`` reads from the weights file (0: it has no parameters)."""
-    if layer.kind == "convolutional":
-        return conv_param_count(layer)
     if layer.kind == "shortcut":
         return layer.p.get("nweights", 0)   # AlexeyAB's weights_type: load_shortcut_weights
-    return 0
+    return conv_param_count(layer)
 
 
 def needs_weights(layers: list) -> bool:
@@ -103,23 +156,22 @@ def read_header(path: Union[str, Path], size: Optional[int] = None, params: Opti
 
 
 def load_weights(path: Union[str, Path], layers: list) -> dict:
-    """Return ``{layer index: ConvParams}`` for every convolutional layer (and ``{index: float32 array}``
-    for each weighted [shortcut]), validating the exact size.
+    """Return ``{layer index: ConvParams}`` for every weighted layer, validating the exact size.
 
     Any header Darknet writes is read (:func:`read_header`); ``header.transpose`` says how a
     [connected] layer's matrix is laid out."""
     p = Path(path)
     path = show(str(path), 300)
     actual = regular_file_size(p, path, WeightsError, "weights file")
-    weighted = [l for l in layers if param_count(l)]
-    header = read_header(p, actual, sum(param_count(l) for l in weighted))
-    expected = header.nbytes + 4 * sum(param_count(l) for l in weighted)
+    convs = [l for l in layers if param_count(l)]
+    header = read_header(p, actual, sum(param_count(l) for l in layers))
+    expected = header.nbytes + 4 * sum(param_count(l) for l in convs)
     check_weights(expected, path)   # before any read: a cfg asking for 10^12 floats stops here
     actual = p.stat().st_size
     if actual != expected:
         # Name the first layer the file cannot fully supply (or say how much is left over).
         offset, missing = header.nbytes, None
-        for l in weighted:
+        for l in convs:
             offset += 4 * param_count(l)
             if offset > actual:
                 missing = l
@@ -143,35 +195,48 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
         pos += n
         return data[pos - n:pos]
 
-    for l in weighted:
-        if l.kind == "shortcut":
-            sw = take(param_count(l)).copy()
-            if not np.all(np.isfinite(sw)):
-                raise WeightsError(f"{path}: layer {l.index} [shortcut] (line {l.section.line}) has non-finite weights")
-            out[l.index] = sw
-            continue
-        q = l.p
-        n = q["filters"]
-        biases = take(n)
-        scales = mean = variance = None
-        if q["bn"]:
-            scales, mean, variance = take(n), take(n), take(n)
-        w = take(n * (q["in_c"] // q["groups"]) * q["size"] ** 2).reshape(n, q["in_c"] // q["groups"], q["size"], q["size"])
-        cp = ConvParams(biases, w, scales, mean, variance)
-        for name, arr in (("biases", biases), ("weights", w), ("scales", scales), ("mean", mean), ("variance", variance)):
+    for l in convs:
+        cp = read_layer(l, take, header.transpose)
+        where = f"{path}: layer {l.index} [{l.kind}] (line {l.section.line})"
+        for name in ("biases", "weights", "scales", "mean", "variance"):
+            arr = getattr(cp, name)
             if arr is not None and not np.all(np.isfinite(arr)):
-                raise WeightsError(f"{path}: layer {l.index} [convolutional] (line {l.section.line}) has non-finite {name}")
-        if variance is not None and np.any(variance < 0):
-            raise WeightsError(f"{path}: layer {l.index} [convolutional] (line {l.section.line}) has negative variance")
+                raise WeightsError(f"{where} has non-finite {name}")
+        if cp.variance is not None and np.any(cp.variance < 0):
+            raise WeightsError(f"{where} has negative variance")
         out[l.index] = cp
     return out
 
 
+def layer_arrays(layer, cp: ConvParams) -> list:
+    """``(name, array, shape)`` of one layer's parameters in the order Darknet writes them (the
+    inverse of :func:`read_layer`, non-transposed [connected] matrices)."""
+    p, kind = layer.p, layer.kind
+    if kind in ("implicit", "implicit_add", "implicit_mul"):
+        return [("weights", cp.weights, (p["filters"] * p["atoms"],))]
+    if kind == "shortcut":
+        return [("weights", cp.weights, (p["nweights"],))]
+    if kind == "local":
+        n, k, hw = p["filters"], p["in_c"] * p["size"] ** 2, layer.h * layer.w
+        return [("biases", cp.biases, (n * hw,)), ("weights", cp.weights, (hw, n, k))]
+    if kind == "batchnorm":
+        return [(k, getattr(cp, k), (layer.c,)) for k in ("biases", "scales", "mean", "variance")]
+    n = p["outputs"] if kind == "connected" else p["filters"]
+    bn = [(k, getattr(cp, k), (n,)) for k in ("scales", "mean", "variance")] if p["bn"] else []
+    if kind == "connected":
+        return [("biases", cp.biases, (n,)), ("weights", cp.weights, (n, p["inputs"]))] + bn
+    if kind == "deconvolutional":
+        shape = (p["in_c"], n, p["size"], p["size"])
+    else:
+        shape = (n, p["in_c"] // p["groups"], p["size"], p["size"])
+    return [("biases", cp.biases, (n,))] + bn + [("weights", cp.weights, shape)]
+
+
 def save_weights(path: Union[str, Path], layers: list, params: dict, seen: int = 0) -> None:
-    """Write ``params`` ({conv layer index: ConvParams}) as a Darknet weights file, format 0.2.0 with a
-    64-bit ``seen`` as both Darknets' save_weights do: biases, then scales, mean and variance
-    with batchnorm, then the weights, layer by layer in cfg order. Written to a temporary file and
-    renamed, so a failed write leaves no half-written file."""
+    """Write ``params`` ({layer index: ConvParams}) as a Darknet weights file, format 0.2.0 with a
+    64-bit ``seen`` as both Darknets' save_weights do, each weighted layer's parameters in
+    Darknet's order (:func:`layer_arrays`). Written to a temporary file and renamed, so a failed
+    write leaves no half-written file."""
     p = Path(path)
     name = show(str(path), 300)
     chunks = [np.array([0, 2, 0], "<i4").tobytes(), np.array([seen], "<u8").tobytes()]
@@ -181,19 +246,7 @@ def save_weights(path: Union[str, Path], layers: list, params: dict, seen: int =
         cp = params.get(l.index)
         if cp is None:
             raise WeightsError(f"{name}: no parameters given for layer {l.index} [{l.kind}]")
-        if l.kind == "shortcut":
-            if np.shape(cp) != (param_count(l),):
-                raise WeightsError(f"{name}: layer {l.index} [shortcut] weights have shape {np.shape(cp)}, "
-                                   f"not ({param_count(l)},)")
-            chunks.append(np.ascontiguousarray(cp, "<f4").tobytes())
-            continue
-        q = l.p
-        shape = (q["filters"], q["in_c"] // q["groups"], q["size"], q["size"])
-        parts = [("biases", cp.biases, (q["filters"],))]
-        if q["bn"]:
-            parts += [(k, getattr(cp, k), (q["filters"],)) for k in ("scales", "mean", "variance")]
-        parts.append(("weights", cp.weights, shape))
-        for what, arr, want in parts:
+        for what, arr, want in layer_arrays(l, cp):
             if arr is None or np.shape(arr) != want:
                 raise WeightsError(f"{name}: layer {l.index} [{l.kind}] {what} have shape "
                                    f"{None if arr is None else np.shape(arr)}, not {want}")

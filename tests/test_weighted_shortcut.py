@@ -94,7 +94,7 @@ def test_weighted_shortcut(tmp_path, case):
     det = yolo_cl.Detector(cfg, w)
     assert fused_residuals(det) == 0
     params = load_weights(w, det.layers)
-    np.testing.assert_array_equal(params[5], raw)
+    np.testing.assert_array_equal(params[5].weights, raw)
     blob = np.random.default_rng(5).standard_normal((2, 3, SIZE[1], SIZE[0])).astype(np.float32)
     outs = np_darknet.forward(det.layers, {k: v for k, v in params.items() if k < 5}, blob[:, :, :, :])[:5]
     adds = [outs[j] for j in det.layers[5].inputs[1:]]

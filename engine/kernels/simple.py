@@ -9,10 +9,18 @@ from ..graph import Node
 
 def bind(ctx: BindContext, node: Node) -> list:
     """The single launch that runs ``node``."""
-    x = node.inputs[0]
     out = node.output
     a = node.attrs
     B = ctx.batch
+    if node.op == "implicit":
+        args = [_param(ctx, node, "value")] + ctx.view(out)
+        return [_launch(ctx, node, "yc_fill", ctx.defines(), args, (out.c * out.h * out.w, B))]
+    if node.op == "norm_channels":
+        mode = a["mode"]
+        d = ctx.defines(SOFTMAX="softmax" in mode, MAXVAL=mode.endswith("maxval"))
+        return [_launch(ctx, node, "yc_norm_channels", d, ctx.view(out) + i32(out.c, out.h * out.w),
+                        (out.h * out.w, B))]
+    x = node.inputs[0]
     X, Y = ctx.view(x), ctx.view(out)
     hw = out.h * out.w
     d = ctx.defines()
@@ -43,7 +51,42 @@ def bind(ctx: BindContext, node: Node) -> list:
         return [_launch(ctx, node, "yc_softmax", d, args, (a["groups"], B))]
     if node.op == "copy":
         return [_launch(ctx, node, "yc_copy", d, X + Y, (x.c * x.h * x.w, B))]
+    act = ctx.defines(ACT=act_id(a.get("activation", "linear")))
+    if node.op == "act":
+        return [_launch(ctx, node, "yc_act", act, X + Y, (x.c * x.h * x.w, B))]
+    if node.op == "affine":
+        args = X + Y + [_param(ctx, node, "weights"), _param(ctx, node, "bias"), np.int32(hw)]
+        return [_launch(ctx, node, "yc_affine", act, args, (hw, out.c, B))]
+    if node.op == "connected":
+        args = X + Y + [_param(ctx, node, "weights"), _param(ctx, node, "bias"), np.int32(a["inputs"])]
+        return [_launch(ctx, node, "yc_connected", act, args, (out.c, B))]
+    if node.op == "deconv":
+        args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w) + [_param(ctx, node, "weights"), _param(ctx, node, "bias")] \
+            + i32(a["size"], a["stride"], a["pad"])
+        return [_launch(ctx, node, "yc_deconv", act, args, (hw, out.c, B))]
+    if node.op == "local":
+        args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w, out.c) + \
+            [_param(ctx, node, "weights"), _param(ctx, node, "bias")] + i32(a["size"], a["stride"], a["pad"])
+        return [_launch(ctx, node, "yc_local", act, args, (hw, out.c, B))]
+    if node.op == "crop":
+        args = X + i32(x.h, x.w) + Y + i32(out.h, out.w, a["dy"], a["dx"]) + [np.float32(a["scale"]), np.float32(a["shift"])]
+        return [_launch(ctx, node, "yc_crop", d, args, (hw, out.c, B))]
+    if node.op == "local_avgpool":
+        args = X + i32(x.h, x.w) + Y + i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["padding"])
+        return [_launch(ctx, node, "yc_local_avgpool", d, args, (hw, out.c, B))]
+    if node.op == "reorg3d":
+        args = X + i32(x.c, x.h, x.w) + Y + i32(a["stride"])
+        return [_launch(ctx, node, "yc_reorg3d", d, args, (hw, out.c, B))]
+    if node.op == "l2norm":
+        return [_launch(ctx, node, "yc_l2norm", d, X + Y + i32(x.c, hw), (hw, B))]
     raise ValueError(f"no kernel for op {node.op}")
+
+
+def _param(ctx: BindContext, node: Node, name: str):
+    """A float32 device copy of ``node.attrs[name]`` (weights, bias, constant), uploaded once per layer."""
+    key = ("param", node.layers[0], name)
+    return ctx.cached(key, lambda: {"buf": ctx.rt.upload(np.ascontiguousarray(node.attrs[name], np.float32).ravel(),
+                                                         f"{name} of layer {node.label}")})["buf"]
 
 
 def _bind_add(ctx: BindContext, node: Node) -> list:
