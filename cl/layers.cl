@@ -82,24 +82,37 @@ __kernel void yc_reorg(__global const dtype* restrict X, const int x_off, const 
 
 /* Shortcut: out = ACT(x + sum of up to 3 other inputs), each added only where its flat
  * per-image index exists (Darknet's rule for inputs with fewer channels). With SC_ALPHA and
- * SC_BETA defined: out = ACT(SC_ALPHA * x + SC_BETA * A1). Global (size, batch). */
+ * SC_BETA defined: out = ACT(SC_ALPHA * x + SC_BETA * A1); with SC_WEIGHTS, each input is scaled
+ * by its per-channel factor from SW first. Global (size, batch). */
 __kernel void yc_add(__global const dtype* restrict X, const int x_off, const int x_bstride,
                      __global dtype* restrict Y, const int y_off, const int y_bstride,
                      __global const dtype* restrict A1, const int a1_off, const int a1_bstride, const int a1_size,
                      __global const dtype* restrict A2, const int a2_off, const int a2_bstride, const int a2_size,
-                     __global const dtype* restrict A3, const int a3_off, const int a3_bstride, const int a3_size)
+                     __global const dtype* restrict A3, const int a3_off, const int a3_bstride, const int a3_size
+#if defined(SC_WEIGHTS)
+                     , __global const float* restrict SW, const int sw_c, const int hw
+#endif
+                     )
 {
     const int i = get_global_id(0), b = get_global_id(1);
     float v = LD(X, x_off + b * x_bstride + i);
-#if defined(SC_ALPHA)
+#if defined(SC_WEIGHTS)
+    /* AlexeyAB's weighted shortcut (shortcut_multilayer_cpu): every input times its factor for the
+     * output channel, summed in input order. SW rows: this launch's source, A1, A2, A3. */
+    const int ch = i / hw;
+    v *= SW[ch];
+    if (i < a1_size) v += LD(A1, a1_off + b * a1_bstride + i) * SW[sw_c + ch];
+    if (i < a2_size) v += LD(A2, a2_off + b * a2_bstride + i) * SW[2 * sw_c + ch];
+    if (i < a3_size) v += LD(A3, a3_off + b * a3_bstride + i) * SW[3 * sw_c + ch];
+#elif defined(SC_ALPHA)
     /* pjreddie's weighted shortcut (shortcut_cpu): out = alpha * out + beta * add, one add. */
     v *= SC_ALPHA;
     if (i < a1_size) v += SC_BETA * LD(A1, a1_off + b * a1_bstride + i);
 #else
     if (i < a1_size) v += LD(A1, a1_off + b * a1_bstride + i);
-#endif
     if (i < a2_size) v += LD(A2, a2_off + b * a2_bstride + i);
     if (i < a3_size) v += LD(A3, a3_off + b * a3_bstride + i);
+#endif
     ST(Y, y_off + b * y_bstride + i, yc_activate(v, ACT));
 }
 

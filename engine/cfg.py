@@ -7,6 +7,7 @@ the line it came from. Options Darknet uses only for training are accepted and i
 Every getter marks its key as heard; after the layers are built, :func:`unheard` lists the
 keys nothing read and no Darknet reads either (Darknet's "Unused field"), and keys written
 twice (Darknet's ``option_find`` walks the list from the front, so the first value wins).
+Keys match case-sensitively, as Darknet's ``strcmp`` does: ``Filters=`` is unused there too.
 Encoding follows Darknet, which never decodes text: bytes after ``#`` or ``;`` are ignored
 whatever they are; a key, value or section header must be UTF-8.
 """
@@ -218,7 +219,7 @@ def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
         if not sections:
             raise CfgError(f"{path}:{lineno}: option before the first [section]")
         key, value = line.split("=", 1)
-        key = key.strip().lower()
+        key = "".join(key.split())   # Darknet's strip() drops every blank; keys stay case-sensitive (strcmp)
         if not key:
             raise CfgError(f"{path}:{lineno}: empty option name")
         s = sections[-1]
@@ -253,15 +254,19 @@ def unheard(sections: list) -> list:
     out = []
     for s in sections:
         known = darknet_reads(s.kind)
+        spelled = {k.lower(): k for k in known | s.heard}
         what = f"[{s.kind}]" if s.index < 0 else f"layer {s.index} [{s.kind}]"
         for key, (value, line) in s.options.items():
             if key not in s.heard and key not in known:
-                out.append((line, f"{s.path}:{line}: warning: {what}: unused key '{show(key)}={show(value)}' "
-                                  "(no Darknet reads it)"))
+                why = (f"Darknet matches keys case-sensitively: '{spelled[key.lower()]}'?" if key.lower() in spelled
+                       else "no Darknet reads it")
+                out.append((line, f"{s.path}:{line}: warning: {what}: unused key '{show(key)}={show(value)}' ({why})"))
         for key, msg in s.notes.items():
             line = s.options[key][1] if key in s.options else s.line
             out.append((line, f"{s.path}:{line}: note: {what}: {msg}"))
         for key, value, line in s.repeats:
+            if s.index < 0 and key not in s.heard:
+                continue   # a training key repeated in [net] (the "# Testing / # Training" idiom): Darknet is silent
             out.append((line, f"{s.path}:{line}: warning: {what}: '{show(key)}' is repeated (first on line "
                               f"{s.options[key][1]}); Darknet uses the first value, so '{show(value)}' is ignored"))
     return [msg for _, msg in sorted(out, key=lambda t: t[0])]

@@ -635,6 +635,7 @@ def cmd_info(args) -> int:
     from .cfg import parse_cfg, warn_unheard
     from .graph import build_graph
     from .layers import build_layers, parse_net
+    from .outputs import layer_name
     name, cfg_path = _model_cfg(args.model, args.cfg)
     sections = parse_cfg(cfg_path)
     net = parse_net(sections[0], args.size)
@@ -655,7 +656,6 @@ def cmd_info(args) -> int:
                 f"{node.flops / 1e9:>8.3f}")
         dest = " ".join(d for d in (_destination(node, graph), _names(node, graph)) if d)
         print(f"{line}  {dest}" if dest else line)
-    from .outputs import layer_name
     computed = {i for n in graph.nodes for i in n.layers}
     views = [layer_name(l) for l in layers if l.index not in computed]
     if views:

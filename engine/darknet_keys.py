@@ -32,14 +32,14 @@ _YOLO = {"classes", "num", "mask", "max", "show_details", "max_delta", "counters
          "sim_thresh", "dets_for_track", "dets_for_show", "track_ciou_norm", "embedding_layer", "map", "anchors"}
 _POOL = {"stride", "stride_x", "stride_y", "size", "padding"}
 
-# Section name (as written between brackets, lower-case) -> keys its parse_* function reads.
+# Section name (as written between brackets, lower-case) -> keys its parse_* function reads (case-sensitive).
 READS: dict = {
     "net": {
         "max_batches", "batch", "learning_rate", "learning_rate_min", "sgdr_cycle", "sgdr_mult", "momentum", "decay",
         "subdivisions", "time_steps", "track", "augment_speed", "sequential_subdivisions", "try_fix_nan",
         "weights_reject_freq", "equidistant_point", "badlabels_rejection_percentage", "num_sigmas_reject_badlabels",
         "ema_alpha", "use_cuda_graph", "loss_scale", "dynamic_minibatch", "optimized_memory",
-        "workspace_size_limit_mb", "adam", "b1", "b2", "eps", "height", "width", "channels", "inputs", "max_crop",
+        "workspace_size_limit_MB", "adam", "B1", "B2", "eps", "height", "width", "channels", "inputs", "max_crop",
         "min_crop", "flip", "blur", "gaussian_noise", "mixup", "cutmix", "mosaic", "letter_box", "mosaic_bound",
         "contrastive", "contrastive_jit_flip", "contrastive_color", "unsupervised", "label_smooth_eps",
         "resize_step", "attention", "adversarial_lr", "max_chart_loss", "angle", "aspect", "saturation",

@@ -24,9 +24,9 @@ from .errors import ImageError, YoloClError
 from .executor import Executor, batch_bucket
 from .graph import BN_EPS, build_graph
 from .layers import build_layers, head_layers, parse_net
+from .outputs import head_output, layer_indices, layer_name
 from .preprocess import FITS, Placement, check_image, placement, to_blob
 from .runtime import Runtime
-from .outputs import head_output, layer_indices, layer_name
 from .weights import load_weights, needs_weights
 from .zoo import default_names, read_names, resolve
 
@@ -127,12 +127,13 @@ class Detector:
         """The fused graph at network input ``size`` (width, height); built once per size.
         ``keep``: layer indices whose outputs it returns instead of the heads' inputs."""
         size = tuple(size) if size is not None else self.input_size
+        key = size if not keep else (size, keep)
         with self._lock:
-            g = self._graphs.get(size if not keep else (size, keep))
+            g = self._graphs.get(key)
             if g is None:
                 net = replace(self.net, width=size[0], height=size[1])
                 g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps, keep)
-                self._graphs[size if not keep else (size, keep)] = g
+                self._graphs[key] = g
             return g
 
     def executor(self, batch: int, size: Optional[tuple] = None, keep: tuple = ()) -> Executor:

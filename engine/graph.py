@@ -135,6 +135,26 @@ def fold_batchnorm(params, eps: float = BN_EPS, weights: Optional[np.ndarray] = 
     return w.astype(np.float32), b.astype(np.float32)
 
 
+def shortcut_weights(raw: np.ndarray, inputs: int, channels: int, normalization: str) -> np.ndarray:
+    """AlexeyAB's weighted shortcut: the (inputs, channels) factor of each input (the previous layer
+    first) per output channel, normalized as shortcut_multilayer_cpu does it in float32: ``relu``
+    w / (eps + sum relu(w)), ``softmax`` exp(w - max) / (eps + sum exp(w - max)), eps 0.0001. The
+    file's weights are (inputs,) for per_feature (Darknet's initial value, ones, without a file)
+    or (inputs, channels) for per_channel."""
+    w = np.asarray(raw, np.float32).reshape(inputs, -1)
+    w = np.broadcast_to(w, (inputs, channels)).astype(np.float32)
+    if normalization == "relu":
+        w = np.maximum(w, np.float32(0))
+    elif normalization == "softmax":
+        w = np.exp(w - w.max(axis=0)).astype(np.float32)
+    else:
+        return w
+    total = np.full(channels, 0.0001, np.float32)
+    for k in range(inputs):              # Darknet's order of summation
+        total = total + w[k]
+    return (w / total).astype(np.float32)
+
+
 def _consumers(layers: list) -> dict:
     uses: dict = {l.index: [] for l in layers}
     uses[-1] = []
@@ -265,7 +285,12 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
             op = "maxpool_depth" if p["depth"] else "maxpool"
             nodes.append(Node(op, [i], [x], out, dict(p)))
         elif l.kind == "shortcut":
-            nodes.append(Node("add", [i], [x] + [view[j] for j in l.inputs[1:]], out, dict(p)))
+            attrs = dict(p)
+            if p.get("nweights"):
+                raw = params.get(i) if params is not None else None
+                attrs["sc_weights"] = shortcut_weights(np.ones(p["nweights"], np.float32) if raw is None else raw.weights,
+                                                       len(l.inputs), l.c, p["normalization"])
+            nodes.append(Node("add", [i], [x] + [view[j] for j in l.inputs[1:]], out, attrs))
         elif l.kind in ("scale_channels", "sam"):
             # inputs: [the scale (previous layer), the tensor being scaled (from)]
             nodes.append(Node(l.kind, [i], [x, view[l.inputs[1]]], out, dict(p)))
@@ -318,8 +343,8 @@ def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
     sc = by_index[uses[conv.index][0]]
     if sc.kind != "shortcut" or len(sc.inputs) != 2 or sc.inputs[0] != conv.index:
         return False
-    if (sc.p.get("alpha", 1.0), sc.p.get("beta", 1.0)) != (1.0, 1.0):   # the conv epilogue adds unweighted
-        return False
+    if (sc.p.get("alpha", 1.0), sc.p.get("beta", 1.0)) != (1.0, 1.0) or sc.p.get("nweights"):
+        return False                    # the conv epilogue adds unweighted
     other = sc.inputs[1]
     src = by_index.get(other)
     shape = (src.c, src.h, src.w) if src is not None else None

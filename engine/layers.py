@@ -188,13 +188,20 @@ def _route(s, i, c, h, w, prev, layers):
 
 def _shortcut(s, i, c, h, w, prev, layers):
     idx = _refs(s, i, "from")
-    if s.str("weights_type", "none") != "none":
-        raise s.error("AlexeyAB's weighted shortcut (weights_type) is not supported: its per-input weights "
-                      "come from the weights file", "weights_type")
-    s.str("weights_normalization", "none")   # Darknet reads it; it only matters with weights_type
+    # AlexeyAB's weighted shortcut: (len(from) + 1) weights, or that many per channel, from the weights file.
+    wtype = s.str("weights_type", "none", ("none", "per_feature", "per_layer", "per_channel"))
+    wtype = "per_feature" if wtype == "per_layer" else wtype
+    norm = s.str("weights_normalization", "none")   # Darknet reads it; it only matters with weights_type
+    if wtype != "none" and norm not in ("none", "relu", "avg_relu", "softmax"):
+        raise s.error(f"option 'weights_normalization={show(norm)}' is not one of none, relu, softmax",
+                      "weights_normalization")
+    nweights = {"none": 0, "per_feature": len(idx) + 1, "per_channel": (len(idx) + 1) * c}[wtype]
     # pjreddie's Darknet: out = alpha * out + beta * from (shortcut_cpu); AlexeyAB's ignores both keys.
     alpha, beta = s.float("alpha", 1.0), s.float("beta", 1.0)
     if (alpha, beta) != (1.0, 1.0):
+        if nweights:
+            raise s.error("alpha/beta (pjreddie's Darknet) and weights_type (AlexeyAB's) do not go together",
+                          "weights_type")
         if len(idx) > 1:
             raise s.error("alpha/beta (pjreddie's weighted shortcut) take a single 'from' layer",
                           "alpha" if s.has("alpha") else "beta")
@@ -203,7 +210,9 @@ def _shortcut(s, i, c, h, w, prev, layers):
     for j in idx:
         if (layers[j].h, layers[j].w) != (h, w):
             raise s.error(f"layer {j} is {layers[j].w}x{layers[j].h} but the input is {w}x{h}", "from")
-    return [prev] + idx, c, h, w, dict(activation=_activation(s, "linear"), alpha=alpha, beta=beta)
+    return [prev] + idx, c, h, w, dict(activation=_activation(s, "linear"), alpha=alpha, beta=beta,
+                                       weights_type=wtype, nweights=nweights,
+                                       normalization="relu" if norm == "avg_relu" else norm)
 
 
 def _upsample(s, i, c, h, w, prev):

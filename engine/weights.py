@@ -85,11 +85,15 @@ def read_layer(layer, take, transpose: bool) -> ConvParams:
     - [local]: a bias per output element (filters, out_h, out_w), then weights
       (out_h * out_w, filters, channels, size, size): one filter bank per output pixel;
     - [batchnorm]: biases, scales, mean, variance (AlexeyAB's order; pjreddie's fork stores no biases);
-    - [implicit*]: the (filters, atoms) constant, in ``weights``.
+    - [implicit*]: the (filters, atoms) constant, in ``weights``;
+    - a weighted [shortcut] (AlexeyAB's weights_type): its (inputs) or (inputs * channels) factors,
+      in ``weights`` (load_shortcut_weights).
     """
     p, kind = layer.p, layer.kind
     if kind in ("implicit", "implicit_add", "implicit_mul"):
         return ConvParams(np.zeros(0, np.float32), take(p["filters"] * p["atoms"]))
+    if kind == "shortcut":
+        return ConvParams(np.zeros(0, np.float32), take(p["nweights"]))
     if kind == "local":
         n, k = p["filters"], p["in_c"] * p["size"] ** 2
         return ConvParams(take(n * layer.h * layer.w), take(layer.h * layer.w * n * k).reshape(layer.h * layer.w, n, k))
@@ -114,6 +118,8 @@ def read_layer(layer, take, transpose: bool) -> ConvParams:
 
 def param_count(layer) -> int:
     """Number of float32 values ``layer`` reads from the weights file (0: it has no parameters)."""
+    if layer.kind == "shortcut":
+        return layer.p.get("nweights", 0)   # AlexeyAB's weights_type: load_shortcut_weights
     return conv_param_count(layer)
 
 
@@ -208,6 +214,8 @@ def layer_arrays(layer, cp: ConvParams) -> list:
     p, kind = layer.p, layer.kind
     if kind in ("implicit", "implicit_add", "implicit_mul"):
         return [("weights", cp.weights, (p["filters"] * p["atoms"],))]
+    if kind == "shortcut":
+        return [("weights", cp.weights, (p["nweights"],))]
     if kind == "local":
         n, k, hw = p["filters"], p["in_c"] * p["size"] ** 2, layer.h * layer.w
         return [("biases", cp.biases, (n * hw,)), ("weights", cp.weights, (hw, n, k))]

@@ -38,11 +38,21 @@ def write(tmp_path: Path, text, name: str = "t.cfg") -> Path:
 
 
 @pytest.mark.parametrize("cfg", BUNDLED + SHARED_CFGS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_real_cfgs_have_no_unused_keys(cfg):
+def test_real_cfgs_are_silent(cfg):
     """Every bundled and zoo cfg is full of training keys (jitter, ignore_thresh, burn_in...): Darknet
-    reads them all, so yolo-cl calls none of them unused (a real repeat, as efficientnet-lite3's
-    second momentum= in [net], is still reported)."""
-    assert [w for w in warnings_of(cfg) if "is repeated" not in w] == []
+    reads them all, so yolo-cl calls none of them unused; yolov3-openimages' and efficientnet-lite3's
+    repeated training keys in [net] (batch, subdivisions, momentum, decay) are not reported either."""
+    assert warnings_of(cfg) == []
+
+
+def test_repeated_net_keys(tmp_path):
+    """A repeated [net] key that inference reads is reported; one only training reads is not."""
+    p = write(tmp_path, "[net]\nbatch=1\nbatch=64\nwidth=16\nheight=16\nwidth=32\n\n[maxpool]\nsize=1\n")
+    sections = parse_cfg(p)
+    assert parse_net(sections[0]).width == 16
+    build_layers(sections, parse_net(sections[0]))
+    assert unheard(sections) == [f"{p}:6: warning: [net]: 'width' is repeated (first on line 4); Darknet uses the "
+                                 "first value, so '32' is ignored"]
 
 
 def test_one_line_per_unused_key(tmp_path):
@@ -104,12 +114,11 @@ def test_keys_that_skip_weights_are_refused(tmp_path, key):
 
 
 def test_shortcut_fork_keys(tmp_path):
-    """AlexeyAB's weights_type is refused in one line; weights_normalization without it is read and
-    inert (as in Darknet); pjreddie's alpha/beta get a note saying which fork they follow."""
+    """AlexeyAB's weights_type/weights_normalization are read (weights_normalization alone is inert, as
+    in Darknet); pjreddie's alpha/beta get a note saying which fork they follow."""
     base = NET + "\n[convolutional]\nfilters=3\nsize=1\n\n[convolutional]\nfilters=3\nsize=1\n\n[shortcut]\nfrom=-2\n"
-    p = write(tmp_path, base + "weights_type=per_channel\n")
-    with pytest.raises(CfgError, match=r"t.cfg:16: \[shortcut\]: AlexeyAB's weighted shortcut"):
-        warnings_of(p)
+    p = write(tmp_path, base + "weights_type=per_channel\nweights_normalization=softmax\n")
+    assert warnings_of(p) == []
     write(tmp_path, base + "weights_normalization=relu\n")
     assert warnings_of(p) == []
     write(tmp_path, base + "alpha=0.5\n")
@@ -142,3 +151,15 @@ def test_cli_info_prints_each_warning_once_on_stderr(tmp_path):
         "so '5' is ignored",
     ]
     assert "warning" not in r.stdout
+
+
+def test_keys_match_case_sensitively_and_blanks_vanish(tmp_path):
+    """Darknet's strip() removes every blank of a line and option_find compares with strcmp:
+    ``Filters=16`` is unused (the default, 1 filter, applies) and ``fil ters=3`` means filters."""
+    p = write(tmp_path, NET + "adam=1\nB1=0.9\n\n[convolutional]\nFilters=16\nsize=1\n\n[convolutional]\nfil ters=3\n"
+                             "size=1\n")
+    sections = parse_cfg(p)
+    layers = build_layers(sections, parse_net(sections[0]))
+    assert [l.c for l in layers] == [1, 3]
+    assert unheard(sections) == [f"{p}:9: warning: layer 0 [convolutional]: unused key 'Filters=16' (Darknet "
+                                 "matches keys case-sensitively: 'filters'?)"]

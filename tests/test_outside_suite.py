@@ -12,9 +12,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import outside_suite  # noqa: E402
 
-# Sections the fidl branch of issue #19 adds; until it is merged these cases are refused.
-PENDING = {"opencv/crop": "[crop]", "opencv/connected": "[connected]"}
-
 
 def test_outside_cases():
     results = {r.name: r for r in outside_suite.run_suite()}
@@ -22,10 +19,7 @@ def test_outside_cases():
     assert results["darknet-yolov2/region"].status == "PASS", results["darknet-yolov2/region"].why
     assert results["darknet-yolov2/reorg"].status == "PASS", results["darknet-yolov2/reorg"].why
     for name, r in results.items():
-        if r.status == "ERROR":
-            assert name in PENDING and f"section {PENDING[name]} is not supported" in r.why, (name, r.why)
-        else:
-            assert r.status in ("PASS", "SHAPE"), (name, r.status, r.why)
+        assert r.status in ("PASS", "SHAPE"), (name, r.status, r.why)
 
 
 def test_the_suite_fails_on_a_wrong_expectation(tmp_path):

@@ -110,9 +110,24 @@ def _bind_add(ctx: BindContext, node: Node) -> list:
         weighted = {}
         if (node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)) != (1.0, 1.0):   # one extra input
             weighted = {"SC_ALPHA": _cl_float(node.attrs["alpha"]), "SC_BETA": _cl_float(node.attrs["beta"])}
+        if node.attrs.get("sc_weights") is not None:
+            weighted = {"SC_WEIGHTS": True}
+            args += [_shortcut_factors(ctx, node, start), np.int32(out.c), np.int32(out.h * out.w)]
         launches.append(_launch(ctx, node, "yc_add", ctx.defines(ACT=act, **weighted), args, (size, ctx.batch)))
         src = out
     return launches
+
+
+def _shortcut_factors(ctx: BindContext, node: Node, start: int):
+    """The device rows of factors one weighted-shortcut launch uses: its source (the previous
+    layer for the first launch, the running sum, times 1, after), then its up to 3 inputs."""
+    w = node.attrs["sc_weights"]
+    rows = np.zeros((4, w.shape[1]), np.float32)
+    rows[0] = w[0] if start == 0 else 1.0
+    chunk = w[1 + start:4 + start]
+    rows[1:1 + len(chunk)] = chunk
+    key = ("shortcut factors", node.label, start, rows.tobytes())
+    return ctx.cached(key, lambda: {"w": ctx.rt.upload(rows, f"shortcut factors of layer {node.label}")})["w"]
 
 
 def _cl_float(v: float) -> str:
