@@ -189,11 +189,16 @@ def test_channel_activation_outside_conv_is_refused(tmp_path):
 # -- [connected] -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bn,act", [(0, "logistic"), (1, "leaky"), (0, "linear"), (1, "tanh")])
-def test_connected(tmp_path, bn, act):
+@pytest.mark.parametrize("lanes", [1, 64])
+def test_connected(tmp_path, monkeypatch, bn, act, lanes):
+    """Both kernel shapes (a row per work-item, as on CPUs; 64 lanes per row, as on GPUs) on this device."""
+    from yolo_cl.kernels import simple
+    monkeypatch.setattr(simple, "CONN_WG", {"cpu": lanes, "gpu": lanes})
     body = conv(3, 3, 2) + sec("connected", output=13, batch_normalize=bn, activation=act) + \
         sec("connected", output=5, activation="linear")
     got, ref, det = run(tmp_path, body, size=(13, 11))
     assert ops(det) == ["conv", "connected", "connected"]
+    assert [l.gsize for l in det.executor(2).launches if l.name == "connected"][0] == (13 * lanes, 2)
     assert got[0].shape == (2, 5, 1, 1)
     assert_close(got, ref)
 
