@@ -336,6 +336,15 @@ def test_crop_that_does_not_fit_is_refused(tmp_path):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
 
 
+@pytest.mark.parametrize("section", ["softmax", "region"])
+def test_softmax_tree_is_refused(tmp_path, section):
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text(f"[net]\nwidth=8\nheight=8\nchannels=3\n\n[convolutional]\nfilters=6\n\n[{section}]\n"
+                   "classes=1\ntree=data/9k.tree\n")
+    with pytest.raises(CfgError, match=rf"bad.cfg:11: \[{section}\]: a hierarchical softmax"):
+        yolo_cl.Detector(cfg, tmp_path / "none.weights")
+
+
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "crnn", "conv_lstm"])
 def test_recurrent_layers_are_refused_by_name(tmp_path, kind):
     cfg = tmp_path / "rnn.cfg"
