@@ -283,17 +283,47 @@ __kernel void yc_fill(__global const float* restrict V, __global dtype* restrict
 }
 
 /* [connected]: out[o] = ACT(Bias[o] + sum_k Wt[o][k] x[k]) over the flattened input (batchnorm
- * folded into Wt and Bias). Global (outputs, batch). */
-__kernel void yc_connected(__global const dtype* restrict X, const int x_off, const int x_bstride,
-                           __global dtype* restrict Y, const int y_off, const int y_bstride,
-                           __global const float* restrict Wt, __global const float* restrict Bias, const int K)
+ * folded into Wt and Bias). One work-group of CONN_WG lanes per output. GPUs (CONN_WG 64): lane l
+ * sums k = l, l + 64, ... so neighbouring lanes read neighbouring weights (coalesced), then the
+ * partial sums are added in local memory. CPUs (CONN_WG 1): one work-item walks its row with
+ * float8 loads, 4x faster on PoCL than lanes striding across the row.
+ * Global (outputs * CONN_WG, batch), local (CONN_WG, 1). */
+#ifndef CONN_WG
+#define CONN_WG 64
+#endif
+__kernel __attribute__((reqd_work_group_size(CONN_WG, 1, 1)))
+void yc_connected(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                  __global dtype* restrict Y, const int y_off, const int y_bstride,
+                  __global const float* restrict Wt, __global const float* restrict Bias, const int K)
 {
-    const int o = get_global_id(0), b = get_global_id(1);
+    const int lane = get_local_id(0), o = get_group_id(0), b = get_global_id(1);
     const int xb = x_off + b * x_bstride;
     __global const float* w = Wt + (size_t)o * K;
+#if CONN_WG == 1
+    float8 acc = 0.0f;
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+#ifdef HALF_STORAGE
+        acc += vload8(0, w + k) * vload_half8(0, X + xb + k);
+#else
+        acc += vload8(0, w + k) * vload8(0, X + xb + k);
+#endif
+    }
+    float s = (acc.s0 + acc.s1) + (acc.s2 + acc.s3) + (acc.s4 + acc.s5) + (acc.s6 + acc.s7);
+    for (; k < K; ++k) s += w[k] * LD(X, xb + k);
+#else
     float s = 0.0f;
-    for (int k = 0; k < K; ++k) s += w[k] * LD(X, xb + k);
-    ST(Y, y_off + b * y_bstride + o, yc_activate(s + Bias[o], ACT));
+    for (int k = lane; k < K; k += CONN_WG) s += w[k] * LD(X, xb + k);
+    __local float part[CONN_WG];
+    part[lane] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int step = CONN_WG / 2; step > 0; step >>= 1) {
+        if (lane < step) part[lane] += part[lane + step];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    s = part[0];
+#endif
+    if (lane == 0) ST(Y, y_off + b * y_bstride + o, yc_activate(s + Bias[o], ACT));
 }
 
 /* [deconvolutional] as a gather: output (f, oy, ox) sums Wt[f][c][ky][kx] x[c][iy][ix] over the taps

@@ -255,6 +255,8 @@ def _dropout(s, i, c, h, w, prev):
 
 
 def _softmax(s, i, c, h, w, prev):
+    if s.has("tree"):
+        raise s.error("a hierarchical softmax ('tree', YOLO9000) is not supported", "tree")
     groups = s.int("groups", 1, 1, MAX_CHANNELS)
     if (c * h * w) % groups:
         raise s.error(f"groups={groups} does not divide the {c * h * w} inputs", "groups")
@@ -274,6 +276,8 @@ def _yolo(s, i, c, h, w, prev):
 
 
 def _region(s, i, c, h, w, prev):
+    if s.has("tree"):
+        raise s.error("a hierarchical softmax ('tree', YOLO9000) is not supported", "tree")
     classes = s.int("classes", 20, 1, 100000)
     coords = s.int("coords", 4, 4, 4)
     num = s.int("num", 1, 1, 1000)

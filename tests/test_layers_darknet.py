@@ -189,11 +189,16 @@ def test_channel_activation_outside_conv_is_refused(tmp_path):
 # -- [connected] -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bn,act", [(0, "logistic"), (1, "leaky"), (0, "linear"), (1, "tanh")])
-def test_connected(tmp_path, bn, act):
+@pytest.mark.parametrize("lanes", [1, 64])
+def test_connected(tmp_path, monkeypatch, bn, act, lanes):
+    """Both kernel shapes (a row per work-item, as on CPUs; 64 lanes per row, as on GPUs) on this device."""
+    from yolo_cl.kernels import simple
+    monkeypatch.setattr(simple, "CONN_WG", {"cpu": lanes, "gpu": lanes})
     body = conv(3, 3, 2) + sec("connected", output=13, batch_normalize=bn, activation=act) + \
         sec("connected", output=5, activation="linear")
     got, ref, det = run(tmp_path, body, size=(13, 11))
     assert ops(det) == ["conv", "connected", "connected"]
+    assert [l.gsize for l in det.executor(2).launches if l.name == "connected"][0] == (13 * lanes, 2)
     assert got[0].shape == (2, 5, 1, 1)
     assert_close(got, ref)
 
@@ -331,6 +336,15 @@ def test_crop_that_does_not_fit_is_refused(tmp_path):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
 
 
+@pytest.mark.parametrize("section", ["softmax", "region"])
+def test_softmax_tree_is_refused(tmp_path, section):
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text(f"[net]\nwidth=8\nheight=8\nchannels=3\n\n[convolutional]\nfilters=6\n\n[{section}]\n"
+                   "classes=1\ntree=data/9k.tree\n")
+    with pytest.raises(CfgError, match=rf"bad.cfg:11: \[{section}\]: a hierarchical softmax"):
+        yolo_cl.Detector(cfg, tmp_path / "none.weights")
+
+
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "crnn", "conv_lstm"])
 def test_recurrent_layers_are_refused_by_name(tmp_path, kind):
     cfg = tmp_path / "rnn.cfg"
@@ -449,3 +463,24 @@ def test_detection_size_mismatch_is_refused(tmp_path):
                    "classes=3\ncoords=4\n")
     with pytest.raises(CfgError, match=r"bad.cfg:\d+: .*side=2, num=2, classes=3 need 52"):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
+
+
+def test_bench_random_params_cover_every_weighted_layer(tmp_path):
+    """`yolo-cl bench` without weights makes parameters for the new weighted layers too, and the
+    file it hands OpenCV/Darknet for --compare reads back as the same parameters."""
+    from yolo_cl.bench import random_params, write_darknet_weights
+    from yolo_cl.weights import load_weights
+    body = conv(4, 3, 1) + sec("batchnorm") + sec("local", filters=2, size=3, pad=1) + \
+        sec("deconvolutional", filters=3, size=2, stride=2, batch_normalize=1) + \
+        sec("connected", output=5, batch_normalize=1) + sec("implicit", filters=3)
+    cfg, _, _ = write_net(tmp_path, body, (8, 8))
+    sections = parse_cfg(cfg)
+    layers = build_layers(sections, parse_net(sections[0]))
+    params = random_params(layers)
+    assert sorted(params) == [0, 1, 2, 3, 4, 5]
+    write_darknet_weights(tmp_path / "r.weights", layers, params)
+    back = load_weights(tmp_path / "r.weights", layers)
+    for i, cp in params.items():
+        for name in ("biases", "weights", "scales", "mean", "variance"):
+            a, b = getattr(cp, name), getattr(back[i], name)
+            assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), (i, name)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import BindContext, Launch, act_id, i32
+
+CONN_WG = {"cpu": 1, "gpu": 64}   # yc_connected's lanes per output: a row per work-item on CPUs
 from ..graph import Node
 
 
@@ -59,7 +61,9 @@ def bind(ctx: BindContext, node: Node) -> list:
         return [_launch(ctx, node, "yc_affine", act, args, (hw, out.c, B))]
     if node.op == "connected":
         args = X + Y + [_param(ctx, node, "weights"), _param(ctx, node, "bias"), np.int32(a["inputs"])]
-        return [_launch(ctx, node, "yc_connected", act, args, (out.c, B))]
+        wg = CONN_WG["cpu" if ctx.rt.is_cpu else "gpu"]
+        k = ctx.kernel("layers.cl", "yc_connected", dict(act, CONN_WG=wg), args)
+        return [Launch(k, (out.c * wg, B), (wg, 1), node, "connected")]
     if node.op == "deconv":
         args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w) + [_param(ctx, node, "weights"), _param(ctx, node, "bias")] \
             + i32(a["size"], a["stride"], a["pad"])
