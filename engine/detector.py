@@ -83,7 +83,7 @@ class Detector:
         self.precision = precision
         self.runtime = Runtime(device, profiling=profiling)
         self.progress = progress
-        if progress:
+        if progress and sys.stderr is not None and sys.stderr.isatty():   # a terminal: logs keep one line per error
             from .runtime import cache_dir
             self.runtime.on_first_build = lambda: print(
                 f"yolo-cl: compiling OpenCL kernels for {self.runtime.device_name} (once: they are cached under "
