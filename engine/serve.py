@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import struct
 import sys
@@ -443,10 +444,23 @@ def serve(fleet: Fleet, host: str = "127.0.0.1", port: int = 8080, limits: Optio
     if announce is not None:
         print(f"yolo-cl serve: listening on http://{shown}:{bound} ({len(fleet.detectors)} device(s), "
               f"{len(fleet.streams)} stream(s))", file=announce, flush=True)
+    old = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
         server.run(sockets=[sock])
+    except _Terminated:
+        pass
     finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
         sock.close()
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: uvicorn has shut down gracefully and re-raised the signal to us."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated
 
 
 PAGE = """<!doctype html>
