@@ -703,7 +703,9 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--thresh", type=_fraction, default=0.25, help="streams' confidence threshold (default 0.25)")
     s.add_argument("--nms", type=_fraction, default=0.45, help="streams' NMS IoU threshold (default 0.45)")
     s.add_argument("--max-batch", type=_positive, default=8, help="images per batched forward pass (default 8)")
-    s.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits to fill (default 5 ms)")
+    s.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="how long an idle device waits for a batch to fill (default 0: run at once; under load "
+                        "requests queue while the device works, so batches fill anyway)")
     s.add_argument("--max-queue", type=_positive, default=64,
                    help="requests that may wait; past that the answer is 503 at once (default 64)")
     s.add_argument("--max-body-mb", type=float, default=16.0, help="request body limit in MiB (default 16)")

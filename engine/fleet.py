@@ -74,10 +74,12 @@ class Batcher:
     The worker takes the oldest request, waits until ``max_batch`` are queued or ``max_wait_ms``
     has passed since that request arrived, and runs what it has as one ``detect_batch`` per
     (thresh, nms) pair. A request whose future was cancelled (its client gave up) is skipped.
-    ``on_batch(size, seconds)`` is called after each batch (metrics).
+    ``on_batch(size, seconds)`` is called after each batch (metrics). Before taking requests
+    the worker builds the executors for every batch size up to ``max_batch`` (``ready`` is set
+    then), so no request waits for a kernel compile.
     """
 
-    def __init__(self, detector, max_batch: int = 8, max_wait_ms: float = 5.0,
+    def __init__(self, detector, max_batch: int = 8, max_wait_ms: float = 0.0,
                  on_batch: Optional[Callable[[int, float], None]] = None) -> None:
         self.detector = detector
         self.max_batch, self.max_wait = max(1, int(max_batch)), max(0.0, float(max_wait_ms)) / 1000.0
@@ -86,6 +88,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self.busy = 0             # requests in the batch being run
+        self.ready = threading.Event()
         self._thread = threading.Thread(target=self._work, name="yolo-cl-batcher", daemon=True)
         self._thread.start()
 
@@ -118,7 +121,19 @@ class Batcher:
             self.busy = n
             return batch
 
+    def _warm(self) -> None:
+        try:
+            for b in range(1, self.max_batch + 1):
+                if self._closed:
+                    break
+                self.detector.executor(b)
+        except YoloClError:
+            pass                  # the same error reaches the first request of that size
+        finally:
+            self.ready.set()
+
     def _work(self) -> None:
+        self._warm()
         while True:
             batch = self._take()
             if batch is None:
@@ -322,7 +337,7 @@ class Fleet:
     ``Fleet(detectors)`` takes ready ones. Use as a context manager or call ``close``.
     """
 
-    def __init__(self, detectors: Sequence, *, max_batch: int = 8, max_wait_ms: float = 5.0, max_queue: int = 64,
+    def __init__(self, detectors: Sequence, *, max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64,
                  on_batch: Optional[Callable[[int, float], None]] = None) -> None:
         if not detectors:
             raise YoloClError("a Fleet needs at least one Detector")
@@ -335,13 +350,18 @@ class Fleet:
 
     @classmethod
     def open(cls, model: Union[str, Path] = "yolov3-tiny", weights=None, *, devices: Optional[str] = None,
-             max_batch: int = 8, max_wait_ms: float = 5.0, max_queue: int = 64, **detector_opts) -> "Fleet":
+             max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64, **detector_opts) -> "Fleet":
         """Build one Detector per device of ``devices`` (see ``device_specs``) and a Fleet over them."""
         from .detector import Detector
         dets = [Detector(model, weights, device=spec, **detector_opts) for spec in device_specs(devices)]
         return cls(dets, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue)
 
     # -- single images -----------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether every device has built its executors for every batch size."""
+        return all(b.ready.is_set() for b in self.batchers)
+
     @property
     def queued(self) -> int:
         """Requests waiting on every device."""

@@ -401,8 +401,10 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "devices": [d.runtime.device_name for d in fleet.detectors],
-                             "queued": fleet.queued, "streams": len(fleet.streams)})
+        ready = fleet.ready
+        return JSONResponse({"status": "ok" if ready else "warming", "devices": [d.runtime.device_name for d in fleet.detectors],
+                             "queued": fleet.queued, "streams": len(fleet.streams)},
+                            status_code=200 if ready else 503)
 
     async def metrics_page(request: Request) -> Response:
         return PlainTextResponse(metrics.render(fleet), media_type="text/plain; version=0.0.4")

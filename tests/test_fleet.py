@@ -125,7 +125,7 @@ def test_requests_batch_across_threads_on_both_devices(dets, frames):
 
 
 def test_full_queue_refuses_at_once(dets, frames):
-    fleet = Fleet(dets[:1], max_batch=64, max_wait_ms=2000, max_queue=1)
+    fleet = Fleet(dets[:1], max_batch=2, max_wait_ms=2000, max_queue=1)
     try:
         futures = [fleet.submit(frames[0])]
         with pytest.raises(QueueFull, match="queue is full"):
@@ -137,7 +137,7 @@ def test_full_queue_refuses_at_once(dets, frames):
 
 
 def test_different_thresholds_in_one_batch(dets, frames):
-    with Fleet(dets[:1], max_batch=8, max_wait_ms=200) as fleet:
+    with Fleet(dets[:1], max_batch=2, max_wait_ms=500) as fleet:
         low, high = fleet.submit(frames[0], 0.05), fleet.submit(frames[0], 0.6)
         low, high = low.result(60), high.result(60)
     assert [d.to_dict() for d in low] == [d.to_dict() for d in dets[0].detect(frames[0], 0.05)]

@@ -42,7 +42,11 @@ class Server:
             m = re.search(r"listening on (http://\S+)", line)
             if m:
                 self.url = m.group(1)
-                return
+                while time.monotonic() < deadline:      # executors for every batch size built
+                    if call(self.url + "/healthz")[0] == 200:
+                        return
+                    time.sleep(0.2)
+                break
             if not line and self.proc.poll() is not None:
                 break
         self.stop()
