@@ -711,6 +711,10 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--max-body-mb", type=float, default=16.0, help="request body limit in MiB (default 16)")
     s.add_argument("--max-pixels", type=_positive, default=40_000_000, help="image size limit (default 40e6)")
     s.add_argument("--timeout", type=float, default=30.0, help="per-request time limit in seconds (default 30)")
+    s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="serve POST /detect on Ray Serve (pip install \"yolo-cl[ray]\"): a local Ray instance, or the "
+                        "cluster at ADDRESS; one deployment per device (resource yolo_cl_device_K)")
+    s.add_argument("--replicas", type=_positive, default=1, help="--ray: replicas per device deployment (default 1)")
     s.set_defaults(func=cmd_serve)
 
 
@@ -720,6 +724,8 @@ def cmd_serve(args) -> int:
     from .serve import Limits, serve
     if args.max_wait_ms < 0 or args.timeout <= 0 or args.max_body_mb <= 0:
         raise YoloClError("--max-wait-ms must be >= 0, --timeout and --max-body-mb > 0")
+    if args.ray is not None:
+        return _serve_on_ray(args)
     fleet = Fleet(_detectors(args, args.devices), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                   max_queue=args.max_queue)
     try:
@@ -729,6 +735,27 @@ def cmd_serve(args) -> int:
         serve(fleet, args.host, args.port, limits)
     finally:
         fleet.close()
+    return 0
+
+
+def _serve_on_ray(args) -> int:
+    """``serve --ray``: the same POST /detect on Ray Serve, one deployment per device."""
+    from .fleet import device_specs
+    from .serve import Limits
+    if args.source:
+        raise YoloClError("--source streams run on the embedded server; leave out --ray for them")
+    if args.cfg and args.model:
+        raise YoloClError("give either --model or --cfg, not both")
+    try:
+        from .ray import run_serve
+    except ImportError as e:
+        raise YoloClError(f"--ray needs Ray Serve: pip install \"yolo-cl[ray]\" ({e})") from None
+    devices = device_specs(args.devices) if args.devices else [args.device]
+    limits = Limits(max_body=int(args.max_body_mb * MIB), max_pixels=args.max_pixels, timeout=args.timeout)
+    run_serve(args.ray or None, args.host, args.port, devices, model=args.cfg or args.model or DEFAULT_MODEL,
+              weights=args.weights, replicas=args.replicas, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+              max_queue=args.max_queue, limits=limits, names=args.names, input_size=args.size,
+              precision=args.precision, fit=_fit(args))
     return 0
 
 

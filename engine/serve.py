@@ -65,6 +65,10 @@ class LimitExceeded(ImageError):
     """A request over a size limit (HTTP 413)."""
 
 
+class UnsupportedFormat(ImageError):
+    """Not one of the image formats the server decodes (HTTP 415)."""
+
+
 def image_size(data: bytes) -> Optional[tuple]:
     """(width, height) from a JPEG, PNG, BMP or WebP header without decoding; None for other data."""
     if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24 and data[12:16] == b"IHDR":
@@ -110,7 +114,7 @@ def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
         raise ImageError("empty body: send an image (raw bytes, or the multipart field 'file')")
     size = image_size(data)
     if size is None:
-        raise ImageError("not a JPEG, PNG, BMP or WebP image")
+        raise UnsupportedFormat("not a JPEG, PNG, BMP or WebP image")
     w, h = size
     if w < 1 or h < 1:
         raise ImageError(f"the image header says {w}x{h} pixels")
@@ -250,7 +254,7 @@ class Metrics:
 
 
 # -- the application ------------------------------------------------------------------------------
-def _error(status: int, message: str) -> JSONResponse:
+def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
 
 
@@ -280,6 +284,27 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def read_image_request(request: Request, limits: Limits) -> tuple:
+    """(BGR image, thresh, nms, filename) of a ``POST /detect`` request, within ``limits``;
+    HTTPException 400, 413 or 415 otherwise."""
+    thresh, nms = _fraction(request, "thresh", 0.25), _fraction(request, "nms", 0.45)
+    body = await _read_body(request, limits.max_body)
+    ctype = request.headers.get("content-type", "")
+    filename = "request"
+    try:
+        if ctype.lower().startswith("multipart/form-data"):
+            body, filename = multipart_file(body, ctype)
+            filename = filename or "request"
+        image = await run_in_threadpool(decode_image, body, limits.max_pixels)
+    except LimitExceeded as e:
+        raise HTTPException(413, str(e)) from None
+    except UnsupportedFormat as e:
+        raise HTTPException(415, str(e)) from None
+    except ImageError as e:
+        raise HTTPException(400, str(e)) from None
+    return image, thresh, nms, filename
+
+
 def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[Metrics] = None) -> Starlette:
     """The Starlette application serving ``fleet``. The caller owns the Fleet (and closes it)."""
     limits = limits or Limits()
@@ -296,12 +321,12 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         t0 = time.monotonic()
         if metrics.in_flight >= max_in_flight:
             metrics.count(503)
-            return _error(503, f"busy: {metrics.in_flight} requests in flight; try again later")
+            return error_response(503, f"busy: {metrics.in_flight} requests in flight; try again later")
         metrics.in_flight += 1
         try:
             resp = await _detect(request, t0)
         except HTTPException as e:
-            resp = _error(e.status_code, e.detail)
+            resp = error_response(e.status_code, e.detail)
         finally:
             metrics.in_flight -= 1
         metrics.count(resp.status_code)
@@ -310,30 +335,18 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         return resp
 
     async def _detect(request: Request, t0: float) -> Response:
-        thresh, nms = _fraction(request, "thresh", 0.25), _fraction(request, "nms", 0.45)
-        body = await _read_body(request, limits.max_body)
-        ctype = request.headers.get("content-type", "")
-        filename = "request"
+        image, thresh, nms, filename = await read_image_request(request, limits)
         try:
-            if ctype.lower().startswith("multipart/form-data"):
-                body, filename = multipart_file(body, ctype)
-                filename = filename or "request"
-            image = await run_in_threadpool(decode_image, body, limits.max_pixels)
             future = fleet.submit(image, thresh, nms)
         except QueueFull as e:
-            return _error(503, str(e))
-        except LimitExceeded as e:
-            return _error(413, str(e))
-        except ImageError as e:
-            return _error(415 if "not a JPEG" in str(e) else 400, str(e))
-        del body
+            return error_response(503, str(e))
         left = limits.timeout - (time.monotonic() - t0)
         try:
             dets = await asyncio.wait_for(asyncio.wrap_future(future), max(0.001, left))
         except asyncio.TimeoutError:
-            return _error(504, f"no answer within {limits.timeout:g} s")
+            return error_response(504, f"no answer within {limits.timeout:g} s")
         except YoloClError as e:
-            return _error(500, str(e))
+            return error_response(500, str(e))
         counter["n"] += 1
         h, w = image.shape[:2]
         return JSONResponse(json_frame(counter["n"], filename, dets, w, h, fleet.detectors[0].fit))
@@ -413,10 +426,10 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         return HTMLResponse(PAGE)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return _error(exc.status_code, exc.detail)
+        return error_response(exc.status_code, exc.detail)
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        return _error(500, f"internal error: {type(exc).__name__}")
+        return error_response(500, f"internal error: {type(exc).__name__}")
 
     routes = [Route("/", index), Route("/healthz", healthz), Route("/metrics", metrics_page),
               Route("/detect", detect, methods=["POST"]), Route("/streams", streams),
