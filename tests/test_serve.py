@@ -9,6 +9,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +43,7 @@ class Server:
             m = re.search(r"listening on (http://\S+)", line)
             if m:
                 self.url = m.group(1)
+                threading.Thread(target=self.proc.stderr.read, daemon=True).start()   # keep the pipe from filling
                 while time.monotonic() < deadline:      # executors for every batch size built
                     if call(self.url + "/healthz")[0] == 200:
                         return

@@ -12,6 +12,7 @@ Measures, in this order:
 
     python tools/bench_serve.py --size 160 --batch 4 --concurrency 32 --seconds 20 --streams 4
     python tools/bench_serve.py --size 416 --batch 8 --devices all        # on a GPU host
+    python tools/bench_serve.py --size 160 --batch 4 --ray --skip streams  # the same load on Ray Serve
 
 Prints one line per figure and, with ``--json FILE``, writes them all.
 """
@@ -61,18 +62,28 @@ def bench_detector(det, image: np.ndarray, batch: int, seconds: float) -> dict:
 
 
 def start_server(args) -> tuple:
-    cmd = [sys.executable, "-m", "yolo_cl", "serve", "--port", "0", "--max-batch", str(args.batch),
+    port = "0"
+    if args.ray:                             # Ray Serve needs the port named
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "yolo_cl", "serve", "--port", port, "--max-batch", str(args.batch),
            "--max-queue", str(max(64, 2 * args.concurrency)), "--max-wait-ms", str(args.max_wait_ms)]
     for name in ("size", "precision", "model", "device", "devices"):
         v = getattr(args, name)
         if v is not None:
             cmd += [f"--{name}", str(v)]
+    if args.ray:
+        cmd.append("--ray")
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     while True:
         line = proc.stderr.readline()
-        m = re.search(r"listening on (http://\S+)", line)
+        m = re.search(r"listening on (http://[^\s)]+)", line)
         if m:
+            import threading
             import httpx
+            threading.Thread(target=proc.stderr.read, daemon=True).start()    # keep the pipe from filling
             while httpx.get(m.group(1) + "/healthz", timeout=60).status_code != 200:   # executors built
                 time.sleep(0.2)
             return proc, m.group(1)
@@ -158,6 +169,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
     ap.add_argument("--clip", type=Path, default=DEFAULT_CLIP)
+    ap.add_argument("--ray", action="store_true", help="benchmark the server on Ray Serve (serve --ray)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: detector,serve,streams")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
