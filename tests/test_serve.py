@@ -242,7 +242,7 @@ def test_load_every_request_answered_memory_flat(server):
     asyncio.run(_burst(server.url, data, 100))          # warm up: every batch size compiled, pools filled
     before = server.rss_mib()
     codes: dict = {}
-    for _ in range(3):
+    for _ in range(2):
         for status, body in asyncio.run(_burst(server.url, data, 300)):
             codes[status] = codes.get(status, 0) + 1
             if status == 200:
@@ -250,7 +250,7 @@ def test_load_every_request_answered_memory_flat(server):
             else:
                 assert status == 503 and "error" in body
     after = server.rss_mib()
-    assert sum(codes.values()) == 900 and set(codes) <= {200, 503}
+    assert sum(codes.values()) == 600 and set(codes) <= {200, 503}
     assert codes.get(200, 0) >= 20 and codes.get(503, 0) > 0, codes
     assert after - before < 150, f"server memory grew from {before:.0f} to {after:.0f} MiB"
 
