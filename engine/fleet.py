@@ -404,7 +404,7 @@ class Fleet:
             run = StreamRun(sid, source, k, self.detectors[k], thresh=thresh, nms=nms, batch=batch, live=live,
                             loop=loop, out=out, jsonl=jsonl, name=name)
             self.streams[sid] = run
-        return run.start()
+            return run.start()           # running before the next placement counts it
 
     def total_fps(self) -> float:
         """Frames per second summed over the streams still running (or all, once all ended)."""

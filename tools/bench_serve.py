@@ -6,7 +6,8 @@ Measures, in this order:
    latency (ms, p50) — the device-bound references, in this process;
 2. ``POST /detect`` on a real ``yolo-cl serve`` subprocess (``--max-batch`` = ``--batch``):
    latency one request at a time (p50; minus 1.'s p50 = the added latency per request), then
-   throughput with ``--concurrency`` clients for ``--seconds`` (images/s, p50/p99, 503s);
+   throughput with ``--concurrency`` clients (images/s, p50/p99, 503s). 1. and 2. alternate in
+   ``--rounds`` slices of ``--seconds`` in all, so both see the same load on a shared machine;
 3. ``--streams`` N copies of a video file through one Fleet (every frame, as fast as the
    device allows) vs one copy alone: total fps and the ratio.
 
@@ -43,22 +44,34 @@ def pct(values: list, q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def bench_detector(det, image: np.ndarray, batch: int, seconds: float) -> dict:
-    """detect_batch images/s at ``batch``, and detect's p50 latency."""
-    det.detect_batch([image] * batch)
-    det.detect(image)
+def detector_throughput(det, image: np.ndarray, batch: int, seconds: float) -> tuple:
+    """(images, seconds) of back-to-back detect_batch calls at ``batch``."""
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         det.detect_batch([image] * batch)
         n += batch
-    batch_ips = n / (time.perf_counter() - t0)
-    lat = []
+    return n, time.perf_counter() - t0
+
+
+def paired_latency(det, client, url: str, data: bytes, image: np.ndarray, seconds: float) -> tuple:
+    """detect, decoding the encoded image, and POST /detect one at a time, alternating (same
+    conditions): three lists of ms. The POST includes the decode, as a client's request does."""
+    dl, sl, cl = [], [], []
+    buf = np.frombuffer(data, np.uint8)
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds / 2 or len(lat) < 5:
+    while time.perf_counter() - t0 < seconds or len(dl) < 5:
         t = time.perf_counter()
         det.detect(image)
-        lat.append((time.perf_counter() - t) * 1000)
-    return {"detect_batch_ips": batch_ips, "detect_p50_ms": statistics.median(lat)}
+        dl.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        cv2.imdecode(buf, cv2.IMREAD_COLOR)
+        cl.append((time.perf_counter() - t) * 1000)
+        if client is not None:
+            t = time.perf_counter()
+            r = client.post(url + "/detect", content=data)
+            assert r.status_code == 200, r.text
+            sl.append((time.perf_counter() - t) * 1000)
+    return dl, sl, cl
 
 
 def start_server(args) -> tuple:
@@ -91,12 +104,12 @@ def start_server(args) -> tuple:
             raise SystemExit(f"the server did not start (exit {proc.returncode})")
 
 
-async def _load(url: str, data: bytes, concurrency: int, seconds: float) -> dict:
+async def _load(url: str, data: bytes, concurrency: int, seconds: float) -> tuple:
+    """(answered, seconds, latencies ms, 503s) of ``concurrency`` clients posting back to back."""
     import httpx
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     lat, busy = [], 0
     async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-        await asyncio.gather(*(client.post(url + "/detect", content=data) for _ in range(concurrency)))   # warm-up
         end = time.perf_counter() + seconds
 
         async def worker() -> None:
@@ -114,30 +127,47 @@ async def _load(url: str, data: bytes, concurrency: int, seconds: float) -> dict
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-    return {"serve_ips": len(lat) / wall, "serve_p50_ms": pct(lat, 50), "serve_p99_ms": pct(lat, 99),
-            "serve_503": busy, "concurrency": concurrency}
+    return len(lat), wall, lat, busy
 
 
-def bench_server(args, data: bytes) -> dict:
+def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set) -> dict:
+    """Detector and server measured in alternating rounds, so both see the same machine load."""
     import httpx
-    proc, url = start_server(args)
+    proc = url = client = None
+    if "serve" not in skip:
+        proc, url = start_server(args)
+        client = httpx.Client(timeout=120)
     try:
-        lat = []
-        with httpx.Client(timeout=120) as client:
-            for _ in range(3):
-                client.post(url + "/detect", content=data)
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < args.seconds / 2 or len(lat) < 5:
-                t = time.perf_counter()
-                r = client.post(url + "/detect", content=data)
-                assert r.status_code == 200, r.text
-                lat.append((time.perf_counter() - t) * 1000)
-        out = {"serve_single_p50_ms": statistics.median(lat)}
-        out.update(asyncio.run(_load(url, data, args.concurrency, args.seconds)))
-        return out
+        det.detect_batch([image] * args.batch)
+        if client is not None:
+            asyncio.run(_load(url, data, args.concurrency, 1.0))          # warm-up
+        slice_s = args.seconds / args.rounds
+        dn = dt = sn = st = busy = 0
+        dl, sl, cl, load_lat = [], [], [], []
+        for _ in range(args.rounds):
+            n, t = detector_throughput(det, image, args.batch, slice_s)
+            dn, dt = dn + n, dt + t
+            a, b, c = paired_latency(det, client, url, data, image, slice_s / 2)
+            dl += a
+            sl += b
+            cl += c
+            if client is not None:
+                n, t, lat, b503 = asyncio.run(_load(url, data, args.concurrency, slice_s))
+                sn, st, busy = sn + n, st + t, busy + b503
+                load_lat += lat
+        res = {"detect_batch_ips": dn / dt, "detect_p50_ms": statistics.median(dl),
+               "decode_p50_ms": statistics.median(cl)}
+        if client is not None:
+            res.update({"serve_single_p50_ms": statistics.median(sl), "serve_ips": sn / st,
+                        "serve_p50_ms": pct(load_lat, 50), "serve_p99_ms": pct(load_lat, 99), "serve_503": busy,
+                        "concurrency": args.concurrency})
+        return res
     finally:
-        proc.terminate()
-        proc.wait(30)
+        if client is not None:
+            client.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
 
 
 def bench_streams(dets: list, clip: Path, n: int) -> dict:
@@ -166,6 +196,7 @@ def main() -> None:
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=3, help="alternate detector and server this many times")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
     ap.add_argument("--clip", type=Path, default=DEFAULT_CLIP)
@@ -185,19 +216,17 @@ def main() -> None:
     dets = [yolo_cl.Detector(model, device=s, **opts) for s in specs]
     res = {"model": model, "size": args.size, "batch": args.batch, "device": dets[0].runtime.device_name,
            "devices": len(dets), "commit": _commit()}
-    if "detector" not in skip:
-        res.update(bench_detector(dets[0], image, args.batch, args.seconds))
+    if not {"detector", "serve"} <= skip:
+        res.update(bench_requests(args, dets[0], image, data, skip))
         print(f"detect_batch x{args.batch}: {res['detect_batch_ips']:.1f} img/s; detect p50 "
               f"{res['detect_p50_ms']:.2f} ms (device 0)")
     if "serve" not in skip:
-        res.update(bench_server(args, data))
-        print(f"POST /detect one at a time: p50 {res['serve_single_p50_ms']:.2f} ms"
-              + (f" (+{res['serve_single_p50_ms'] - res['detect_p50_ms']:.2f} ms over detect)"
-                 if "detect_p50_ms" in res else ""))
+        print(f"POST /detect one at a time: p50 {res['serve_single_p50_ms']:.2f} ms "
+              f"(+{res['serve_single_p50_ms'] - res['detect_p50_ms']:.2f} ms over detect, of which "
+              f"{res['decode_p50_ms']:.2f} ms decoding the JPEG; measured alternately)")
         print(f"POST /detect x{args.concurrency} clients: {res['serve_ips']:.1f} img/s, p50 {res['serve_p50_ms']:.1f} "
-              f"ms, p99 {res['serve_p99_ms']:.1f} ms, {res['serve_503']} answered 503"
-              + (f"; {res['serve_ips'] / res['detect_batch_ips']:.2f} x detect_batch" if "detect_batch_ips" in res
-                 else ""))
+              f"ms, p99 {res['serve_p99_ms']:.1f} ms, {res['serve_503']} answered 503; "
+              f"{res['serve_ips'] / res['detect_batch_ips']:.2f} x detect_batch")
     if "streams" not in skip:
         res.update(bench_streams(dets, args.clip, args.streams))
         print(f"streams: 1 alone {res['stream_1_fps']:.1f} fps; {args.streams} together "
