@@ -212,6 +212,7 @@ class Metrics:
         self.requests: dict = {}            # status code -> count
         self.latency = Histogram(LATENCY_BUCKETS)
         self.batch = Histogram(BATCH_BUCKETS)
+        self.batch_time = Histogram(LATENCY_BUCKETS)
         self.in_flight = 0
         self._lock = threading.Lock()
 
@@ -221,6 +222,7 @@ class Metrics:
 
     def on_batch(self, size: int, seconds: float) -> None:
         self.batch.observe(size)
+        self.batch_time.observe(seconds)
 
     def render(self, fleet: Fleet) -> str:
         out = ["# HELP yolo_cl_requests_total POST /detect answers by status code.",
@@ -231,6 +233,8 @@ class Metrics:
                 "# TYPE yolo_cl_request_seconds histogram"] + self.latency.lines("yolo_cl_request_seconds")
         out += ["# HELP yolo_cl_batch_size Images per detect_batch call.",
                 "# TYPE yolo_cl_batch_size histogram"] + self.batch.lines("yolo_cl_batch_size")
+        out += ["# HELP yolo_cl_batch_seconds Time of one batch on its device (detect_batch calls).",
+                "# TYPE yolo_cl_batch_seconds histogram"] + self.batch_time.lines("yolo_cl_batch_seconds")
         out += ["# HELP yolo_cl_queue_length Requests waiting for a batch.", "# TYPE yolo_cl_queue_length gauge",
                 f"yolo_cl_queue_length {fleet.queued}",
                 "# HELP yolo_cl_queue_capacity Requests that may wait before 503.",
