@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .darknet_json import darknet_box as _darknet_box, group_by_box, json_frame  # noqa: F401 - re-exported
+from .darknet_json import darknet_box as _darknet_box, group_by_box, json_frame
 from .errors import DeviceError, ImageError, YoloClError
 from .preprocess import FITS
 

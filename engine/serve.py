@@ -419,7 +419,8 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
 
     async def healthz(request: Request) -> Response:
         ready = fleet.ready
-        return JSONResponse({"status": "ok" if ready else "warming", "devices": [d.runtime.device_name for d in fleet.detectors],
+        return JSONResponse({"status": "ok" if ready else "warming",
+                             "devices": [d.runtime.device_name for d in fleet.detectors],
                              "queued": fleet.queued, "streams": len(fleet.streams)},
                             status_code=200 if ready else 503)
 
