@@ -28,6 +28,17 @@ typedef float dtype;
 #define A_MISH 6
 #define A_SWISH 7
 #define A_HARD_MISH 8
+#define A_ELU 9
+#define A_SELU 10
+#define A_GELU 11
+#define A_HARDTAN 12
+#define A_LHTAN 13
+#define A_RAMP 14
+#define A_PLSE 15
+#define A_STAIR 16
+#define A_LOGGY 17
+#define A_RELIE 18
+#define A_REVLEAKY 19
 
 #ifndef ACT
 #define ACT A_LINEAR
@@ -47,7 +58,14 @@ inline float yc_mish(float x) {
     return x > 20.0f ? x : x * n / (n + 2.0f);
 }
 
-/* `a` is always a compile-time constant, so the switch folds away. */
+/* Darknet's stair_activate: floor(x/2), plus x's fractional part where floor(x) is odd. */
+inline float yc_stair(float x) {
+    const int n = (int)floor(x);
+    return n % 2 == 0 ? floor(x / 2.0f) : (x - n) + floor(x / 2.0f);
+}
+
+/* `a` is always a compile-time constant, so the switch folds away. The formulas (and their
+ * constants) are Darknet's src/activations.h. */
 inline float yc_activate(float x, const int a) {
     switch (a) {
     case A_LEAKY: return x > 0.0f ? x : 0.1f * x;
@@ -58,6 +76,17 @@ inline float yc_activate(float x, const int a) {
     case A_MISH: return yc_mish(x);
     case A_SWISH: return x * yc_logistic(x);
     case A_HARD_MISH: return x > 0.0f ? x : (x > -2.0f ? x * x * 0.5f + x : 0.0f);
+    case A_ELU: return x >= 0.0f ? x : exp(x) - 1.0f;
+    case A_SELU: return x >= 0.0f ? 1.0507f * x : 1.0507f * 1.6732f * (exp(x) - 1.0f);
+    case A_GELU: return 0.5f * x * (1.0f + tanh(0.797885f * x + 0.035677f * x * x * x));
+    case A_HARDTAN: return fmin(fmax(x, -1.0f), 1.0f);
+    case A_LHTAN: return x < 0.0f ? 0.001f * x : (x > 1.0f ? 0.001f * (x - 1.0f) + 1.0f : x);
+    case A_RAMP: return (x > 0.0f ? x : 0.0f) + 0.1f * x;
+    case A_PLSE: return x < -4.0f ? 0.01f * (x + 4.0f) : (x > 4.0f ? 0.01f * (x - 4.0f) + 1.0f : 0.125f * x + 0.5f);
+    case A_STAIR: return yc_stair(x);
+    case A_LOGGY: return 2.0f / (1.0f + exp(-x)) - 1.0f;
+    case A_RELIE: return x > 0.0f ? x : 0.01f * x;
+    case A_REVLEAKY: return x > 0.0f ? x : 0.1f * x;   /* Darknet's forward treats it as leaky */
     default: return x;
     }
 }

@@ -81,18 +81,38 @@ __kernel void yc_reorg(__global const dtype* restrict X, const int x_off, const 
 }
 
 /* Shortcut: out = ACT(x + sum of up to 3 other inputs), each added only where its flat
- * per-image index exists (Darknet's rule for inputs with fewer channels). Global (size, batch). */
+ * per-image index exists (Darknet's rule for inputs with fewer channels). With SC_ALPHA and
+ * SC_BETA defined: out = ACT(SC_ALPHA * x + SC_BETA * A1); with SC_WEIGHTS, each input is scaled
+ * by its per-channel factor from SW first. Global (size, batch). */
 __kernel void yc_add(__global const dtype* restrict X, const int x_off, const int x_bstride,
                      __global dtype* restrict Y, const int y_off, const int y_bstride,
                      __global const dtype* restrict A1, const int a1_off, const int a1_bstride, const int a1_size,
                      __global const dtype* restrict A2, const int a2_off, const int a2_bstride, const int a2_size,
-                     __global const dtype* restrict A3, const int a3_off, const int a3_bstride, const int a3_size)
+                     __global const dtype* restrict A3, const int a3_off, const int a3_bstride, const int a3_size
+#if defined(SC_WEIGHTS)
+                     , __global const float* restrict SW, const int sw_c, const int hw
+#endif
+                     )
 {
     const int i = get_global_id(0), b = get_global_id(1);
     float v = LD(X, x_off + b * x_bstride + i);
+#if defined(SC_WEIGHTS)
+    /* AlexeyAB's weighted shortcut (shortcut_multilayer_cpu): every input times its factor for the
+     * output channel, summed in input order. SW rows: this launch's source, A1, A2, A3. */
+    const int ch = i / hw;
+    v *= SW[ch];
+    if (i < a1_size) v += LD(A1, a1_off + b * a1_bstride + i) * SW[sw_c + ch];
+    if (i < a2_size) v += LD(A2, a2_off + b * a2_bstride + i) * SW[2 * sw_c + ch];
+    if (i < a3_size) v += LD(A3, a3_off + b * a3_bstride + i) * SW[3 * sw_c + ch];
+#elif defined(SC_ALPHA)
+    /* pjreddie's weighted shortcut (shortcut_cpu): out = alpha * out + beta * add, one add. */
+    v *= SC_ALPHA;
+    if (i < a1_size) v += SC_BETA * LD(A1, a1_off + b * a1_bstride + i);
+#else
     if (i < a1_size) v += LD(A1, a1_off + b * a1_bstride + i);
     if (i < a2_size) v += LD(A2, a2_off + b * a2_bstride + i);
     if (i < a3_size) v += LD(A3, a3_off + b * a3_bstride + i);
+#endif
     ST(Y, y_off + b * y_bstride + i, yc_activate(v, ACT));
 }
 
@@ -134,4 +154,232 @@ __kernel void yc_copy(__global const dtype* restrict X, const int x_off, const i
 {
     const int i = get_global_id(0), b = get_global_id(1);
     ST(Y, y_off + b * y_bstride + i, LD(X, x_off + b * x_bstride + i));
+}
+
+/* [activation] / [logistic]: out = ACT(x). Global (size, batch). */
+__kernel void yc_act(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                     __global dtype* restrict Y, const int y_off, const int y_bstride)
+{
+    const int i = get_global_id(0), b = get_global_id(1);
+    ST(Y, y_off + b * y_bstride + i, yc_activate(LD(X, x_off + b * x_bstride + i), ACT));
+}
+
+/* [batchnorm] folded to a per-channel affine map: out = ACT(x * S[c] + B[c]). Global (HW, C, batch). */
+__kernel void yc_affine(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                        __global dtype* restrict Y, const int y_off, const int y_bstride,
+                        __global const float* restrict S, __global const float* restrict Bias, const int HW)
+{
+    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const float v = LD(X, x_off + b * x_bstride + c * HW + n) * S[c] + Bias[c];
+    ST(Y, y_off + b * y_bstride + c * HW + n, yc_activate(v, ACT));
+}
+
+/* [crop] at inference (forward_crop_layer, train=0): the window at (DX, DY), times scale plus shift.
+ * Global (OH*OW, C, batch). */
+__kernel void yc_crop(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                      const int H, const int W,
+                      __global dtype* restrict Y, const int y_off, const int y_bstride,
+                      const int OH, const int OW, const int DY, const int DX, const float scale, const float shift)
+{
+    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const float v = LD(X, x_off + b * x_bstride + (c * H + oy + DY) * W + ox + DX);
+    ST(Y, y_off + b * y_bstride + c * OH * OW + n, v * scale + shift);
+}
+
+/* [local_avgpool]: maxpool's windows (starting at -PADDING/2), the mean of the cells inside the input.
+ * Global (OH*OW, C, batch). */
+__kernel void yc_local_avgpool(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                               const int H, const int W,
+                               __global dtype* restrict Y, const int y_off, const int y_bstride,
+                               const int OH, const int OW, const int SIZE, const int SX, const int SY,
+                               const int PADDING)
+{
+    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const int y0 = oy * SY - PADDING / 2, x0 = ox * SX - PADDING / 2;
+    const int base = x_off + b * x_bstride + c * H * W;
+    float s = 0.0f;
+    int count = 0;
+    for (int dy = 0; dy < SIZE; ++dy) {
+        const int iy = y0 + dy;
+        if (iy < 0 || iy >= H) continue;
+        for (int dx = 0; dx < SIZE; ++dx) {
+            const int ix = x0 + dx;
+            if (ix < 0 || ix >= W) continue;
+            s += LD(X, base + iy * W + ix);
+            ++count;
+        }
+    }
+    ST(Y, y_off + b * y_bstride + c * OH * OW + n, s / count);
+}
+
+/* [reorg3d] (reorg_cpu, forward=0, on the OUTPUT dims): output channel k, pixel (j, i) takes input
+ * channel k % C at (j*S + off/S, i*S + off%S), off = k / C. Global (OH*OW, C*S*S, batch). */
+__kernel void yc_reorg3d(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                         const int C, const int H, const int W,
+                         __global dtype* restrict Y, const int y_off, const int y_bstride, const int S)
+{
+    const int n = get_global_id(0), k = get_global_id(1), b = get_global_id(2);
+    const int OW = W / S, OH = H / S;
+    const int j = n / OW, i = n - j * OW;
+    const int c = k % C, off = k / C;
+    const int src = (c * H + j * S + off / S) * W + i * S + off % S;
+    ST(Y, y_off + b * y_bstride + k * OH * OW + n, LD(X, x_off + b * x_bstride + src));
+}
+
+/* [l2norm] (l2normalize_cpu): each pixel's channel vector divided by its Euclidean norm.
+ * Global (HW, batch). */
+__kernel void yc_l2norm(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                        __global dtype* restrict Y, const int y_off, const int y_bstride, const int C, const int HW)
+{
+    const int n = get_global_id(0), b = get_global_id(1);
+    const int xb = x_off + b * x_bstride + n, yb = y_off + b * y_bstride + n;
+    float sum = 0.0f;
+    for (int c = 0; c < C; ++c) {
+        const float v = LD(X, xb + c * HW);
+        sum += v * v;
+    }
+    const float norm = sqrt(sum);
+    for (int c = 0; c < C; ++c) ST(Y, yb + c * HW, LD(X, xb + c * HW) / norm);
+}
+
+/* Darknet's cross-channel activations on a conv output, in place, per pixel (global (HW, batch)):
+ * normalize_channels: positive values over their sum (+1e-4), the rest 0; with SOFTMAX,
+ * exp(x - m) / (1e-4 + sum exp(x - m)), m the channels' max with MAXVAL, else 0. */
+__kernel void yc_norm_channels(__global dtype* restrict Y, const int y_off, const int y_bstride,
+                               const int C, const int HW)
+{
+    const int n = get_global_id(0), b = get_global_id(1);
+    const int yb = y_off + b * y_bstride + n;
+    const float eps = 0.0001f;
+    float sum = eps;
+#ifdef SOFTMAX
+    float m = 0.0f;
+#ifdef MAXVAL
+    m = -FLT_MAX;
+    for (int c = 0; c < C; ++c) m = fmax(m, LD(Y, yb + c * HW));
+#endif
+    for (int c = 0; c < C; ++c) sum += exp(LD(Y, yb + c * HW) - m);
+    for (int c = 0; c < C; ++c) ST(Y, yb + c * HW, exp(LD(Y, yb + c * HW) - m) / sum);
+#else
+    for (int c = 0; c < C; ++c) {
+        const float v = LD(Y, yb + c * HW);
+        if (v > 0.0f) sum += v;
+    }
+    for (int c = 0; c < C; ++c) {
+        const float v = LD(Y, yb + c * HW);
+        ST(Y, yb + c * HW, v > 0.0f ? v / sum : 0.0f);
+    }
+#endif
+}
+
+/* [implicit]: every image gets the same learned constant V. Global (size, batch). */
+__kernel void yc_fill(__global const float* restrict V, __global dtype* restrict Y, const int y_off,
+                      const int y_bstride)
+{
+    const int i = get_global_id(0), b = get_global_id(1);
+    ST(Y, y_off + b * y_bstride + i, V[i]);
+}
+
+/* [connected]: out[o] = ACT(Bias[o] + sum_k Wt[o][k] x[k]) over the flattened input (batchnorm
+ * folded into Wt and Bias). One work-group of CONN_WG lanes per output. GPUs (CONN_WG 64): lane l
+ * sums k = l, l + 64, ... so neighbouring lanes read neighbouring weights (coalesced), then the
+ * partial sums are added in local memory. CPUs (CONN_WG 1): one work-item walks its row with
+ * float8 loads, 4x faster on PoCL than lanes striding across the row.
+ * Global (outputs * CONN_WG, batch), local (CONN_WG, 1). */
+#ifndef CONN_WG
+#define CONN_WG 64
+#endif
+__kernel __attribute__((reqd_work_group_size(CONN_WG, 1, 1)))
+void yc_connected(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                  __global dtype* restrict Y, const int y_off, const int y_bstride,
+                  __global const float* restrict Wt, __global const float* restrict Bias, const int K)
+{
+    const int lane = get_local_id(0), o = get_group_id(0), b = get_global_id(1);
+    const int xb = x_off + b * x_bstride;
+    __global const float* w = Wt + (size_t)o * K;
+#if CONN_WG == 1
+    float8 acc = 0.0f;
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+#ifdef HALF_STORAGE
+        acc += vload8(0, w + k) * vload_half8(0, X + xb + k);
+#else
+        acc += vload8(0, w + k) * vload8(0, X + xb + k);
+#endif
+    }
+    float s = (acc.s0 + acc.s1) + (acc.s2 + acc.s3) + (acc.s4 + acc.s5) + (acc.s6 + acc.s7);
+    for (; k < K; ++k) s += w[k] * LD(X, xb + k);
+#else
+    float s = 0.0f;
+    for (int k = lane; k < K; k += CONN_WG) s += w[k] * LD(X, xb + k);
+    __local float part[CONN_WG];
+    part[lane] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int step = CONN_WG / 2; step > 0; step >>= 1) {
+        if (lane < step) part[lane] += part[lane + step];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    s = part[0];
+#endif
+    if (lane == 0) ST(Y, y_off + b * y_bstride + o, yc_activate(s + Bias[o], ACT));
+}
+
+/* [deconvolutional] as a gather: output (f, oy, ox) sums Wt[f][c][ky][kx] x[c][iy][ix] over the taps
+ * with oy = iy*S + ky - PAD (and the same in x): what Darknet's GEMM + col2im scatters there.
+ * Batchnorm folded into Wt and Bias. Global (OH*OW, F, batch). */
+__kernel void yc_deconv(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                        const int C, const int H, const int W,
+                        __global dtype* restrict Y, const int y_off, const int y_bstride, const int OH, const int OW,
+                        __global const float* restrict Wt, __global const float* restrict Bias,
+                        const int SIZE, const int S, const int PAD)
+{
+    const int n = get_global_id(0), f = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const int xb = x_off + b * x_bstride;
+    float s = Bias[f];
+    for (int ky = 0; ky < SIZE; ++ky) {
+        const int ty = oy + PAD - ky;
+        if (ty < 0 || ty % S) continue;
+        const int iy = ty / S;
+        if (iy >= H) continue;
+        for (int kx = 0; kx < SIZE; ++kx) {
+            const int tx = ox + PAD - kx;
+            if (tx < 0 || tx % S) continue;
+            const int ix = tx / S;
+            if (ix >= W) continue;
+            __global const float* w = Wt + ((size_t)f * C * SIZE + ky) * SIZE + kx;
+            for (int c = 0; c < C; ++c) s += w[c * SIZE * SIZE] * LD(X, xb + (c * H + iy) * W + ix);
+        }
+    }
+    ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
+}
+
+/* [local] (forward_local_layer): output (f, oy, ox) = Bias[f][oy][ox] + the window at (oy*S - PAD,
+ * ox*S - PAD) (zeros outside) dotted with that pixel's own filter Wt[oy*OW + ox][f][c][ky][kx].
+ * Global (OH*OW, F, batch). */
+__kernel void yc_local(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                       const int C, const int H, const int W,
+                       __global dtype* restrict Y, const int y_off, const int y_bstride, const int OH, const int OW,
+                       const int F, __global const float* restrict Wt, __global const float* restrict Bias,
+                       const int SIZE, const int S, const int PAD)
+{
+    const int n = get_global_id(0), f = get_global_id(1), b = get_global_id(2);
+    const int oy = n / OW, ox = n - oy * OW;
+    const int xb = x_off + b * x_bstride;
+    __global const float* w = Wt + ((size_t)n * F + f) * C * SIZE * SIZE;
+    float s = Bias[f * OH * OW + n];
+    for (int c = 0; c < C; ++c) {
+        for (int ky = 0; ky < SIZE; ++ky) {
+            const int iy = oy * S + ky - PAD;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < SIZE; ++kx) {
+                const int ix = ox * S + kx - PAD;
+                if (ix < 0 || ix >= W) continue;
+                s += w[(c * SIZE + ky) * SIZE + kx] * LD(X, xb + (c * H + iy) * W + ix);
+            }
+        }
+    }
+    ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
 }

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import YoloClError
-from .weights import ConvParams
+from .weights import ConvParams, conv_param_count, read_layer
 
 COMPARE = (None, "opencv", "opencv-opencl")   # opencv: the device's natural OpenCV target; -opencl: always OpenCL
 
@@ -85,13 +85,14 @@ def device_peak(rt, refresh: bool = False) -> tuple:
     """(GFLOP/s, 'measured' | 'cached'): the cached peak of this device and driver, measured if absent."""
     import yaml
     from .runtime import atomic_write, cache_dir
+    from .userfiles import read_text
     path = cache_dir() / "peak.yaml"
     key = f"{rt.device_name} | {rt.driver} | {PEAK_VERSION}"
     data = {}
     try:
-        loaded = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        loaded = yaml.safe_load(read_text(path, "peak cache", 1 << 20)) if path.is_file() else {}
         data = loaded if isinstance(loaded, dict) else {}
-    except (OSError, yaml.YAMLError):
+    except (YoloClError, yaml.YAMLError):
         data = {}
     v = data.get(key)
     if isinstance(v, (int, float)) and v > 0 and not refresh:
@@ -113,6 +114,8 @@ def random_params(layers: list, seed: int = 0) -> dict:
     out = {}
     for l in layers:
         if l.kind != "convolutional":
+            if conv_param_count(l):
+                out[l.index] = read_layer(l, _filler, False)
             continue
         p = l.p
         cin = p["in_c"] // p["groups"]
@@ -127,13 +130,24 @@ def random_params(layers: list, seed: int = 0) -> dict:
     return out
 
 
+def _filler(n: int) -> np.ndarray:
+    """A non-conv layer's parameter block for speed runs: small and positive (variances must be)."""
+    return np.full(n, 1 / math.sqrt(n), np.float32)
+
+
 def write_darknet_weights(path: Path, layers: list, params: dict) -> None:
-    """``params`` as a Darknet .weights file (format 0.2: 64-bit ``seen``), conv layers in order."""
+    """``random_params``' ``params`` as a Darknet .weights file (format 0.2: 64-bit ``seen``), in cfg order."""
     with open(path, "wb") as f:
         f.write(np.array([0, 2, 0], "<i4").tobytes())
         f.write(np.array([0], "<u8").tobytes())
+
+        def written(block: np.ndarray) -> np.ndarray:
+            f.write(block.astype("<f4").tobytes())
+            return block
         for l in layers:
             if l.kind != "convolutional":
+                if conv_param_count(l):   # the blocks random_params made, regenerated in file order
+                    read_layer(l, lambda n: written(_filler(n)), False)
                 continue
             cp = params[l.index]
             f.write(cp.biases.astype("<f4").tobytes())

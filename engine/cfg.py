@@ -3,14 +3,23 @@
 The parser knows which sections exist and reads values lazily through typed getters,
 so every error (unknown section, bad number, value out of range) names the file and
 the line it came from. Options Darknet uses only for training are accepted and ignored.
+
+Every getter marks its key as heard; after the layers are built, :func:`unheard` lists the
+keys nothing read and no Darknet reads either (Darknet's "Unused field"), and keys written
+twice (Darknet's ``option_find`` walks the list from the front, so the first value wins).
+Keys match case-sensitively, as Darknet's ``strcmp`` does: ``Filters=`` is unused there too.
+Encoding follows Darknet, which never decodes text: bytes after ``#`` or ``;`` are ignored
+whatever they are; a key, value or section header must be UTF-8.
 """
 from __future__ import annotations
 
+import logging
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, TypeVar, Union
 
+from .darknet_keys import WEIGHT_SKIPS, darknet_reads
 from .errors import CfgError
 
 # Darknet's section names and their aliases -> canonical kind.
@@ -29,12 +38,17 @@ SECTION_KINDS = {
     "softmax": "softmax", "soft": "softmax",
     "yolo": "yolo",
     "region": "region",
+    "gaussian_yolo": "gaussian_yolo", "detection": "detection",
+    "connected": "connected", "conn": "connected",
+    "deconvolutional": "deconvolutional", "deconv": "deconvolutional",
+    "crop": "crop", "batchnorm": "batchnorm", "activation": "activation", "logistic": "logistic",
+    "local_avgpool": "local_avgpool", "local_avg": "local_avgpool",
+    "reorg3d": "reorg3d", "l2norm": "l2norm", "empty": "empty", "silence": "empty", "cost": "cost", "local": "local",
+    "implicit": "implicit", "implicit_add": "implicit_add", "implicit_mul": "implicit_mul",
 }
 # Sections Darknet has but yolo-cl does not run: named so the error can say so.
-UNSUPPORTED = {"connected", "crnn", "rnn", "gru", "lstm", "conv_lstm", "history", "local", "deconvolutional",
-               "deconv", "crop", "cost", "detection", "normalization", "lrn", "batchnorm", "gaussian_yolo",
-               "implicit_add", "implicit_mul", "contrastive", "empty", "silence", "activation", "reorg3d",
-               "l2norm", "logistic"}
+UNSUPPORTED = {"crnn", "rnn", "gru", "lstm", "conv_lstm", "history", "normalization", "lrn",
+               "contrastive"}
 
 MAX_CFG_BYTES = 4 << 20
 MAX_SECTIONS = 10000
@@ -42,6 +56,7 @@ MAX_SHOWN = 40   # characters of a user's text quoted in an error message
 
 T = TypeVar("T")
 _REQUIRED = object()
+log = logging.getLogger("yolo_cl.cfg")
 
 
 @dataclass
@@ -53,6 +68,9 @@ class Section:
     line: int
     options: dict = field(default_factory=dict)  # key -> (raw value, line number)
     index: int = -1  # layer index (net = -1)
+    heard: set = field(default_factory=set)       # keys some getter has read
+    repeats: list = field(default_factory=list)   # (key, raw value, line) of keys written again
+    notes: dict = field(default_factory=dict)     # key -> what a fork-dependent key does here
 
     def where(self, key: Optional[str] = None) -> str:
         """``file:line`` of an option (or of the section header)."""
@@ -63,11 +81,16 @@ class Section:
         """A CfgError located at ``key`` (or the header), naming the section."""
         return CfgError(f"{self.where(key)}: [{self.kind}]: {msg}")
 
+    def note(self, key: str, msg: str) -> None:
+        """Record a one-line note about ``key`` (reported once with :func:`unheard`'s warnings)."""
+        self.notes[key] = msg
+
     def has(self, key: str) -> bool:
         return key in self.options
 
     def _get(self, key: str, default, conv: Callable[[str], T], what: str,
              lo: Optional[float], hi: Optional[float]) -> T:
+        self.heard.add(key)
         if key not in self.options:
             if default is _REQUIRED:
                 raise self.error(f"missing required option '{key}'")
@@ -145,10 +168,27 @@ def _to_float(s: str) -> float:
     return v
 
 
+def _lines(path: str, data: Union[bytes, str]):
+    """(line number, text without its comment) of each line; only the text before a comment must be UTF-8.
+
+    ``#`` and ``;`` are ASCII, so they never occur inside a UTF-8 sequence: cutting the bytes
+    there first and decoding the rest accepts any bytes in comments (a Latin-1 author's name)."""
+    sep = b"\n" if isinstance(data, bytes) else "\n"
+    for lineno, raw in enumerate(data.split(sep), 1):
+        if isinstance(raw, bytes):
+            raw = raw.split(b"#", 1)[0].split(b";", 1)[0]
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise CfgError(f"{path}:{lineno}: not valid UTF-8 text (only comments may hold other bytes)") from None
+        yield lineno, raw.split("#", 1)[0].split(";", 1)[0].strip().replace("\x00", "")
+
+
 def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
     """Parse a cfg file (or ``text`` attributed to ``source``) into sections; the first is ``[net]``."""
     p = Path(source)
     path = show(str(source), 300)
+    data: Union[bytes, str]
     if text is None:
         if regular_file_size(p, path, CfgError, "cfg file") > MAX_CFG_BYTES:
             raise CfgError(f"{path}: cfg file is larger than {MAX_CFG_BYTES >> 20} MiB; not a Darknet cfg")
@@ -156,14 +196,10 @@ def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
             data = p.read_bytes()
         except OSError as e:
             raise CfgError(f"{path}: cannot read cfg file ({e.strerror})") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data[:e.start].count(b"\n") + 1
-            raise CfgError(f"{path}:{line}: cfg file is not valid UTF-8 text") from None
+    else:
+        data = text
     sections: list = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].split(";", 1)[0].strip().replace("\x00", "")
+    for lineno, line in _lines(path, data):
         if not line:
             continue
         if line.startswith("["):
@@ -183,10 +219,14 @@ def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
         if not sections:
             raise CfgError(f"{path}:{lineno}: option before the first [section]")
         key, value = line.split("=", 1)
-        key = key.strip().lower()
+        key = "".join(key.split())   # Darknet's strip() drops every blank; keys stay case-sensitive (strcmp)
         if not key:
             raise CfgError(f"{path}:{lineno}: empty option name")
-        sections[-1].options[key] = (value.strip(), lineno)
+        s = sections[-1]
+        if key in s.options:
+            s.repeats.append((key, value.strip(), lineno))   # Darknet's option_find: the first one wins
+        else:
+            s.options[key] = (value.strip(), lineno)
     if not sections:
         raise CfgError(f"{path}: no sections; not a Darknet cfg")
     if sections[0].kind != "net":
@@ -197,4 +237,44 @@ def parse_cfg(source: Union[str, Path], text: Optional[str] = None) -> list:
         s.index = i
     if len(sections) == 1:
         raise CfgError(f"{path}: the cfg has no layers after [net]")
+    for s in sections[1:]:
+        for key in WEIGHT_SKIPS:
+            if key in s.options and s.int(key) != 0:
+                raise s.error(f"'{key}' makes Darknet skip weights of this layer; yolo-cl reads every layer's "
+                              "weights, so it is not supported", key)
     return sections
+
+
+def unheard(sections: list) -> list:
+    """One warning line per key that nothing read and no Darknet reads, per repeated key and per note.
+
+    Call it after the layers are built (so every getter has run). Darknet prints "Unused field"
+    for the same keys of a layer section; it never checks [net], where yolo-cl warns too so that
+    a typo there (``widht=``) is seen."""
+    out = []
+    for s in sections:
+        known = darknet_reads(s.kind)
+        spelled = {k.lower(): k for k in known | s.heard}
+        what = f"[{s.kind}]" if s.index < 0 else f"layer {s.index} [{s.kind}]"
+        for key, (value, line) in s.options.items():
+            if key not in s.heard and key not in known:
+                why = (f"Darknet matches keys case-sensitively: '{spelled[key.lower()]}'?" if key.lower() in spelled
+                       else "no Darknet reads it")
+                out.append((line, f"{s.path}:{line}: warning: {what}: unused key '{show(key)}={show(value)}' ({why})"))
+        for key, msg in s.notes.items():
+            line = s.options[key][1] if key in s.options else s.line
+            out.append((line, f"{s.path}:{line}: note: {what}: {msg}"))
+        for key, value, line in s.repeats:
+            if s.index < 0 and key not in s.heard:
+                continue   # a training key repeated in [net] (the "# Testing / # Training" idiom): Darknet is silent
+            out.append((line, f"{s.path}:{line}: warning: {what}: '{show(key)}' is repeated (first on line "
+                              f"{s.options[key][1]}); Darknet uses the first value, so '{show(value)}' is ignored"))
+    return [msg for _, msg in sorted(out, key=lambda t: t[0])]
+
+
+def warn_unheard(sections: list) -> list:
+    """Log :func:`unheard`'s lines on the ``yolo_cl.cfg`` logger (call once per parsed cfg); return them."""
+    lines = unheard(sections)
+    for msg in lines:
+        log.warning(msg)
+    return lines

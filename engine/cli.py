@@ -1,11 +1,13 @@
-"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune`` and ``bench``.
+"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune``, ``bench``, ``map``, ``valid`` and ``download``.
 
 ``detect`` prints what Darknet's ``detector test -ext_output`` prints (or, with ``--json``,
 one document in the layout of Darknet's ``-out`` file) and can save annotated copies;
 video files, cameras and stream URLs are handed to :mod:`yolo_cl.video`. ``info`` shows
 the fused graph and its memory plan without touching a device; ``devices`` lists the
 OpenCL devices. Every yolo-cl error ends the command with one ``yolo-cl: error:`` line
-and exit status 2; a partly failed ``detect`` (some images unreadable) exits with 1.
+and exit status 2; a partly failed ``detect`` (some images unreadable) exits with 1; Ctrl-C
+ends the whole run with 130, its finished outputs in place. Output paths are checked before
+any input is read; third-party warnings reach stderr only with ``--verbose``.
 """
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .darknet_json import darknet_box as _darknet_box, group_by_box, json_frame
-from .errors import DeviceError, ImageError, YoloClError
+from .errors import DeviceError, ImageError, LimitError, YoloClError
 from .preprocess import FITS
+from .userfiles import MAX_IMAGE_FILE_BYTES, display, escape, read_bytes
+from .writers import check_output_dir, check_output_file, write_file
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".dib", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm",
               ".pnm", ".jp2", ".sr", ".ras", ".exr", ".hdr", ".pic"}
@@ -38,6 +42,14 @@ MIB = 2.0 ** 20
 
 
 # -- argument types ---------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors escaped: they quote the user's arguments, which may hold
+    terminal escapes or bytes that are not UTF-8."""
+
+    def error(self, message: str):
+        super().error(escape(message))
+
+
 def parse_size(text: str):
     """``416`` -> 416, ``608x416`` -> (608, 416): the network input size (width x height)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*", text)
@@ -83,11 +95,15 @@ def _count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
     from . import __version__
-    parser = argparse.ArgumentParser(prog="yolo-cl", description="Darknet-compatible YOLO inference on OpenCL.")
+    parser = _Parser(prog="yolo-cl", description="Darknet-compatible YOLO inference on OpenCL.")
     parser.add_argument("--version", action="version", version=f"yolo-cl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _Parser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="also show third-party warnings (OpenCV, libpng, FFmpeg, NumPy) on stderr")
 
-    d = sub.add_parser("detect", help="detect objects in images, folders, globs, videos, cameras or streams",
+    d = sub.add_parser("detect", parents=[common],
+                       help="detect objects in images, folders, globs, videos, cameras or streams",
                        description="Detect objects. Image sources print Darknet's -ext_output lines; video files, "
                                    "camera indices (0) and rtsp/http(s) URLs are streamed.")
     d.add_argument("sources", nargs="+", metavar="SOURCE",
@@ -114,12 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--show", action="store_true", help="streams: show frames in a window")
     d.add_argument("--live", action="store_true", default=None,
                    help="streams: treat the source as live, dropping late frames (default: cameras and URLs)")
+    d.add_argument("--track", action="store_true",
+                   help="streams: give each detection a track id that follows its object across frames")
+    d.add_argument("--track-age", type=_positive, default=30, metavar="N",
+                   help="with --track: frames a track survives without a detection (default 30)")
     d.add_argument("--reconnect", type=_count, default=None, metavar="N",
                    help="streams: reconnect up to N times after a live source drops")
     d.set_defaults(func=cmd_detect)
     _add_fleet_options(d)
 
-    i = sub.add_parser("info", help="show a model's fused graph and memory plan (no device needed)")
+    i = sub.add_parser("info", parents=[common],
+                       help="show a model's fused graph and memory plan (no device needed)")
     i.add_argument("model", nargs="?", metavar="MODEL", help="zoo model name or cfg path")
     i.add_argument("--cfg", help="Darknet .cfg file (instead of MODEL)")
     i.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
@@ -127,10 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
     i.set_defaults(func=cmd_info)
 
-    v = sub.add_parser("devices", help="list OpenCL platforms and devices")
+    v = sub.add_parser("devices", parents=[common], help="list OpenCL platforms and devices")
     v.set_defaults(func=cmd_devices)
 
-    t = sub.add_parser("tune", help="tune the conv kernels of a model for a device (saved to the tuning database)",
+    t = sub.add_parser("tune", parents=[common],
+                       help="tune the conv kernels of a model for a device (saved to the tuning database)",
                        description="Find fast, checked kernel configs for every conv shape of MODEL and store them "
                                    "in the user tuning database (inference only reads it).")
     t.add_argument("model", metavar="MODEL", help="zoo model name or cfg path")
@@ -147,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--jobs", type=_positive, help="compile this many candidates at once (default: CPUs, at most 16)")
     t.set_defaults(func=cmd_tune)
 
-    b = sub.add_parser("bench", help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
+    b = sub.add_parser("bench", parents=[common],
+                       help="per-layer device time, GFLOP/s and latency, optionally against OpenCV DNN")
     b.add_argument("model", metavar="MODEL", help="zoo model name or cfg path (no weights: random ones)")
     b.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     b.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
@@ -160,8 +183,54 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=_positive, default=20, help="timed runs (default 20)")
     b.add_argument("--peak", type=float, metavar="GFLOPS", help="device peak (default: measured once and cached)")
     b.set_defaults(func=cmd_bench)
-    _add_serve_parser(sub)
+
+    m = sub.add_parser("map", parents=[common], help="mAP of a model on a labelled image set, as 'darknet detector map'",
+                       description="Detect on every image of a Darknet .data file's valid= list and print per-class "
+                                   "AP, precision/recall/F1, TP/FP/FN, average IoU, mAP@IoU and mAP@0.50:0.95.")
+    _eval_options(m)
+    m.add_argument("--iou-thresh", type=_fraction, default=0.5, help="IoU a detection needs to match (default 0.5)")
+    m.add_argument("--points", type=int, choices=(0, 11, 101), default=0,
+                   help="0: area under the PR curve (Darknet's default), 11: VOC2007, 101: COCO's interpolation")
+    m.add_argument("--thresh", type=_fraction, default=0.25,
+                   help="confidence for the precision/recall/F1 and TP/FP/FN lines (default 0.25)")
+    m.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    m.add_argument("--plot", metavar="DIR", help="write a precision-recall curve per class (PNG) into DIR")
+    m.add_argument("--coco", metavar="INSTANCES", help="also run COCO's evaluator (pycocotools) against this "
+                   "instances JSON file and print its twelve numbers")
+    m.set_defaults(func=cmd_map)
+
+    va = sub.add_parser("valid", parents=[common], help="COCO results JSON for a labelled image set, as 'darknet detector valid'",
+                        description="Detect on every image of a .data file's valid= list at Darknet's evaluation "
+                                    "threshold and write COCO's results format (for pycocotools or the COCO server).")
+    _eval_options(va)
+    va.add_argument("--out", metavar="FILE", required=True, help="results JSON file to write")
+    va.set_defaults(func=cmd_valid)
+
+    dl = sub.add_parser("download", parents=[common], help="download a zoo model's published weights into the user cache",
+                        description="Fetch MODEL's weights from the URL in models/zoo.yaml (resuming an interrupted "
+                                    "download), verify the checksum and store them in ~/.cache/yolo-cl/weights.")
+    dl.add_argument("model", metavar="MODEL", help="zoo model name (e.g. yolov4)")
+    dl.add_argument("--url", help="download from this URL instead (a mirror)")
+    dl.add_argument("--checksum", metavar="ALG:HEX", help="expected sha256:HEX or sha1:HEX (default: the zoo's)")
+    dl.add_argument("--out", metavar="FILE", help="write here instead of the user cache")
+    dl.set_defaults(func=cmd_download)
+    _add_serve_parser(sub, common)
     return parser
+
+
+def _eval_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``map`` and ``valid``: the data set and the model."""
+    p.add_argument("data", metavar="DATA", help="Darknet .data file (classes=, valid=, names=)")
+    p.add_argument("--model", help=f"zoo model name or cfg path (default: {DEFAULT_MODEL}, bundled)")
+    p.add_argument("--cfg", help="Darknet .cfg file (instead of --model)")
+    p.add_argument("--weights", help="Darknet .weights file")
+    p.add_argument("--names", help="class names file (default: the .data file's names=)")
+    p.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
+    p.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
+    p.add_argument("--letterbox", action="store_true", help="short for --fit letterbox")
+    p.add_argument("--fit", choices=FITS, help="resize mode (default: the cfg's letter_box)")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
+    p.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -171,8 +240,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:          # --help, --version, usage errors: argparse has printed them
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    for stream in (sys.stdout, sys.stderr):       # a non-UTF-8 file name never crashes a print
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
+    from .noise import routed
     try:
-        with warnings.catch_warnings():
+        with routed(getattr(args, "verbose", False)), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Non-empty compiler output")
             return args.func(args)
     except YoloClError as e:
@@ -189,7 +264,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _error(message: str) -> None:
-    print(f"yolo-cl: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    """One ``yolo-cl: error:`` line: control characters (newlines too) and raw bytes escaped."""
+    print(f"yolo-cl: error: {escape(message.strip())}", file=sys.stderr, flush=True)
 
 
 # -- detect -----------------------------------------------------------------------------------
@@ -204,6 +280,13 @@ def is_stream(source: str) -> bool:
 
 def expand_source(source: str) -> list:
     """One SOURCE -> [(kind, path)] with kind 'image' or 'stream'; folders and globs expand, sorted."""
+    try:
+        return _expand(source)
+    except OSError as e:             # a name too long for the file system, a loop of links …
+        raise ImageError(f"{display(source)}: cannot read ({e.strerror or e})") from None
+
+
+def _expand(source: str) -> list:
     if is_stream(source):
         return [("stream", source)]
     p = Path(source)
@@ -231,19 +314,17 @@ def expand_source(source: str) -> list:
 def read_image(path: str) -> np.ndarray:
     """Decode an image file as BGR (OpenCV, so EXIF orientation applies as in Darknet's OpenCV build)."""
     import cv2
-    if os.path.exists(path) and not os.path.isfile(path):   # a FIFO or device could block forever
-        raise ImageError(f"{path}: not a regular file")
-    try:
-        data = np.fromfile(path, np.uint8)
-    except OSError as e:
-        raise ImageError(f"{path}: cannot read ({e.strerror or e})") from None
+    from .limits import check_image_pixels
+    raw = read_bytes(path, "image", MAX_IMAGE_FILE_BYTES, ImageError)
+    check_image_pixels(raw, display(path))
+    data = np.frombuffer(raw, np.uint8)
     try:
         img = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
     except cv2.error as e:           # e.g. a header claiming more pixels than OpenCV's limit
-        raise ImageError(f"{path}: not an image OpenCV can decode ({getattr(e, 'err', '') or 'decoder error'})") \
-            from None
+        raise ImageError(f"{display(path)}: not an image OpenCV can decode "
+                         f"({getattr(e, 'err', '') or 'decoder error'})") from None
     if img is None:
-        raise ImageError(f"{path}: not an image OpenCV can decode")
+        raise ImageError(f"{display(path)}: not an image OpenCV can decode")
     return img
 
 
@@ -272,11 +353,18 @@ def _fit(args) -> Optional[str]:
 
 def _make_detector(args):
     from .detector import Detector
+    from .zoo import resolve
     if args.cfg and args.model:
         raise YoloClError("give either --model or --cfg, not both")
     model = args.cfg or args.model or DEFAULT_MODEL
+    zoo = resolve(model) if not args.cfg and args.weights is None else None
+    if zoo is not None and zoo[1] is None:       # a zoo model whose weights are not here yet: fetch them
+        from .download import download
+        print(f"yolo-cl: {model}: downloading its published weights (once; 'yolo-cl download' does only this)",
+              file=sys.stderr)
+        args.weights = str(download(model))
     return Detector(model, args.weights, names=args.names, input_size=args.size, precision=args.precision,
-                    device=args.device, fit=_fit(args))
+                    device=args.device, fit=_fit(args), progress=True)
 
 
 class _OutputNames:
@@ -294,12 +382,18 @@ class _OutputNames:
         elif URL_RE.match(source):
             stem = "stream"
         else:
-            stem = src.stem or "image"
+            stem = _short(src.stem) or "image"
         name, k = f"{stem}{ext}", 1
         while name in self.used or _same_file(self.dir / name, src):
             name, k = f"{stem}_{k}{ext}", k + 1
         self.used.add(name)
         return self.dir / name
+
+
+def _short(stem: str, limit: int = 200) -> str:
+    """A file stem cut to ``limit`` bytes, so the output name (stem, ``_N``, extension) stays legal."""
+    raw = stem.encode(errors="surrogateescape")
+    return stem if len(raw) <= limit else raw[:limit].decode(errors="surrogateescape")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -310,22 +404,42 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def write_image(path: Path, image: np.ndarray) -> None:
-    """Encode and write atomically (a reader never sees half a file)."""
+    """Encode and write atomically (a reader never sees half a file); a failed write raises OutputError."""
     import cv2
-    from .runtime import atomic_write
     ok, buf = cv2.imencode(path.suffix, image)
     if not ok:
-        raise ImageError(f"{path}: OpenCV cannot encode this image format")
-    try:
-        atomic_write(path, buf.tobytes())
-    except OSError as e:
-        raise ImageError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise ImageError(f"{display(path)}: OpenCV cannot encode this image format")
+    write_file(path, buf.tobytes(), "annotated image")
+
+
+def check_detect_outputs(args) -> Optional[Path]:
+    """Check --out and --jsonl before any input is read; returns the video file --out names, if it does."""
+    out_file = None
+    if args.out:
+        if Path(args.out).suffix.lower() in VIDEO_EXTS:
+            out_file = check_output_file(args.out, "output video")
+        else:
+            check_output_dir(args.out)
+    if args.jsonl:
+        check_output_file(args.jsonl, "JSON lines")
+    return out_file
 
 
 def cmd_detect(args) -> int:
     """Detect in every source; images print Darknet-style lines (or JSON), streams go to yolo_cl.video."""
-    from .draw import draw
     _fit(args)
+    out_file = check_detect_outputs(args)
+    frames: list = []
+    try:
+        return _detect(args, out_file, frames)
+    except KeyboardInterrupt:        # Ctrl-C between frames or images: what is done stays done
+        if args.json:
+            print(json.dumps(frames, indent=1, allow_nan=False))
+        return 130
+
+
+def _detect(args, out_file: Optional[Path], frames: list) -> int:
+    from .draw import draw
     failures = 0
     items = []
     for src in args.sources:
@@ -336,22 +450,14 @@ def cmd_detect(args) -> int:
             failures += 1
     if not items:
         return 1
-    detector = _make_detector(args)
-    out_names = None
-    out_file = Path(args.out) if args.out and Path(args.out).suffix.lower() in VIDEO_EXTS else None
     if out_file is not None and (len(items) != 1 or items[0][0] == "image"):
-        raise YoloClError(f"--out {out_file}: a video file name needs exactly one video, camera or stream source; "
-                          "give a folder for images or several sources")
-    if args.out and out_file is None:
-        out_dir = Path(args.out)
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise YoloClError(f"{out_dir}: cannot create output folder ({e.strerror or e})") from None
-        out_names = _OutputNames(out_dir)
-    if args.show and any(kind == "image" for kind, _ in items):
-        print("yolo-cl: note: --show applies to video and camera sources only", file=sys.stderr)
-    frames: list = []
+        raise YoloClError(f"--out {display(out_file)}: a video file name needs exactly one video, camera or stream "
+                          "source; give a folder for images or several sources")
+    out_names = _OutputNames(Path(args.out)) if args.out and out_file is None else None
+    detector = _make_detector(args)
+    for flag, on in (("--show", args.show), ("--track", args.track)):
+        if on and any(kind == "image" for kind, _ in items):
+            print(f"yolo-cl: note: {flag} applies to video and camera sources only", file=sys.stderr)
     pending: list = []            # consecutive image paths, run args.batch at a time
 
     def flush_images() -> None:
@@ -363,7 +469,7 @@ def cmd_detect(args) -> int:
                 try:
                     images.append(read_image(path))
                     paths.append(path)
-                except ImageError as e:
+                except (ImageError, LimitError) as e:
                     _error(str(e))
                     failures += 1
             if not images:
@@ -376,14 +482,14 @@ def cmd_detect(args) -> int:
                 if args.json:
                     frames.append(json_frame(len(frames) + 1, path, dets, w, h, detector.fit))
                 else:
-                    print(f"{path}: Predicted in {ms:f} milli-seconds.")
+                    print(f"{display(path)}: Predicted in {ms:f} milli-seconds.")
                     for line in format_detections(dets):
                         print(line)
                     sys.stdout.flush()
                 if out_names is not None:
                     try:
                         write_image(out_names.path_for(path), draw(img, dets))
-                    except ImageError as e:
+                    except ImageError as e:   # cannot encode; a failed write (OutputError) ends the run
                         _error(str(e))
                         failures += 1
 
@@ -393,15 +499,19 @@ def cmd_detect(args) -> int:
             continue
         flush_images()
         video = out_names.path_for(src, VIDEO_OUT_EXTS, ".mp4") if out_names is not None else out_file
-        failures += _run_stream(detector, src, argparse.Namespace(**{**vars(args), "out": video}))
+        rc = _run_stream(detector, src, argparse.Namespace(**{**vars(args), "out": video}))
+        if rc == 130:                # Ctrl-C ends the whole run, not only this source
+            raise KeyboardInterrupt
+        failures += rc
     flush_images()
     if args.json:
-        print(json.dumps(frames, indent=1))
+        print(json.dumps(frames, indent=1, allow_nan=False))
     return 1 if failures else 0
 
 
 def _run_stream(detector, source: str, args) -> int:
-    """Hand a video/camera/URL source to yolo_cl.video; returns the number of failures (0 or 1).
+    """Hand a video/camera/URL source to yolo_cl.video; returns the number of failures (0 or 1), or 130
+    after Ctrl-C.
 
     There ``args.out`` is the annotated video's file (in the --out folder), not the folder.
     """
@@ -416,6 +526,8 @@ def _run_stream(detector, source: str, args) -> int:
     except ImageError as e:          # this source cannot be opened: report it, go on with the others
         _error(str(e))
         return 1
+    if rc == 130:
+        return 130
     return 1 if isinstance(rc, int) and not isinstance(rc, bool) and rc != 0 else 0
 
 
@@ -456,6 +568,12 @@ def _destination(node, graph) -> str:
     return ""
 
 
+def _names(node, graph) -> str:
+    """The names (for ``forward(outputs=...)``) of the layers a node computes: ``[conv_12 shortcut_13]``."""
+    from .outputs import layer_name
+    return "[" + " ".join(layer_name(graph.layers[i]) for i in node.layers) + "]"
+
+
 def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
     """Totals of a fused graph: GFLOPs, fusions, and memory (pool peak vs naive, workspace, weights) in bytes."""
     from .kernels import workspace_elems
@@ -482,13 +600,15 @@ def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
 
 def cmd_info(args) -> int:
     """Print the fused graph node by node, then totals and the memory plan. Needs no OpenCL device."""
-    from .cfg import parse_cfg
+    from .cfg import parse_cfg, warn_unheard
     from .graph import build_graph
     from .layers import build_layers, parse_net
+    from .outputs import layer_name
     name, cfg_path = _model_cfg(args.model, args.cfg)
     sections = parse_cfg(cfg_path)
     net = parse_net(sections[0], args.size)
     layers = build_layers(sections, net)
+    warn_unheard(sections)
     graph = build_graph(net, layers, None)
     itemsize = 2 if args.precision == "fp16" else 4
     print(f"model:  {name} ({cfg_path})")
@@ -502,8 +622,12 @@ def cmd_info(args) -> int:
             ins.append("+" + _shape(node.attrs["residual"]))
         line = (f"{k:>4}  {node.label:<8} {node.describe():<28} {', '.join(ins):<26} -> {_shape(node.output):<14} "
                 f"{node.flops / 1e9:>8.3f}")
-        dest = _destination(node, graph)
+        dest = " ".join(d for d in (_destination(node, graph), _names(node, graph)) if d)
         print(f"{line}  {dest}" if dest else line)
+    computed = {i for n in graph.nodes for i in n.layers}
+    views = [layer_name(l) for l in layers if l.index not in computed]
+    if views:
+        print(f"views (no node of their own; forward(outputs=...) reads them too): {' '.join(views)}")
     r = graph_report(graph, args.batch, itemsize)
     print()
     print(f"total: {r['gflops']:.3f} GFLOPs per image; {len(graph.nodes)} nodes from {len(layers)} layers; "
@@ -519,7 +643,9 @@ def cmd_info(args) -> int:
 # -- devices ----------------------------------------------------------------------------------
 def cmd_tune(args) -> int:
     """Tune a model's conv shapes on one device; configs go to the tuning database."""
-    from .tuner import tune_model
+    from .tuner import check_db_writable, tune_model, user_db_path
+    db = check_output_file(args.db, "tuning database") if args.db else user_db_path()   # before tuning
+    check_db_writable(db)
     tune_model(args.model, args.size, args.batch, args.precision, args.device, args.budget, args.db, args.clock,
                args.exhaustive, jobs=args.jobs)
     return 0
@@ -531,6 +657,120 @@ def cmd_bench(args) -> int:
     report = run_bench(args.model, args.size, args.batch, args.precision, args.device, args.compare, args.repeat,
                        args.weights, args.peak)
     print(report.render())
+    return 0
+
+
+# -- map / valid -------------------------------------------------------------------------------
+def _run_eval(args, spec, collect) -> tuple:
+    """Detect on every image of ``spec``'s list at Darknet's evaluation thresholds; ``collect(path, image,
+    detections)`` takes each result. Returns (images done, interrupted); a progress bar goes to stderr."""
+    from tqdm import tqdm
+    from .evaluate import DARKNET_NMS, DARKNET_THRESH, image_paths
+    paths = image_paths(spec)
+    if args.names is None and spec.names is not None:
+        args.names = str(spec.names)
+    detector = _make_detector(args)
+    if detector.classes != spec.classes:
+        raise YoloClError(f"{spec.path}: classes = {spec.classes}, but the model has {detector.classes}")
+    done = 0
+    bar = tqdm(total=len(paths), desc="evaluating", unit="img", file=sys.stderr, disable=None, leave=False)
+    try:
+        for start in range(0, len(paths), args.batch):
+            chunk = paths[start:start + args.batch]
+            images = [read_image(p) for p in chunk]
+            results = detector.detect_batch(images, DARKNET_THRESH, DARKNET_NMS, nms_kind="default")
+            for path, img, dets in zip(chunk, images, results):
+                collect(path, img, dets)
+            done += len(chunk)
+            bar.update(len(chunk))
+    except KeyboardInterrupt:
+        return done, True
+    finally:
+        bar.close()
+    return done, False
+
+
+def cmd_map(args) -> int:
+    """Darknet's ``detector map`` (plus mAP@0.50:0.95 and, with --coco, COCO's own numbers)."""
+    from .evaluate import (ImageRecord, coco_detections, coco_eval, detection_rows, evaluate_all, format_report,
+                           label_path, read_data, read_labels)
+    from .zoo import read_names
+    _fit(args)
+    spec = read_data(args.data)
+    records, coco, missing = [], [], []
+
+    def collect(path, img, dets) -> None:
+        h, w = img.shape[:2]
+        truths = read_labels(label_path(path), spec.classes)
+        if truths is None:
+            missing.append(path)
+            truths = np.zeros((0, 5))
+        records.append(ImageRecord(path, detection_rows(dets, w, h), truths))
+        if args.coco:
+            coco.extend(coco_detections(path, dets, w, h, spec.classes))
+
+    if args.plot:
+        _plot_dir(args.plot)
+    if args.coco:                    # fail before the images are read, not after
+        if not Path(args.coco).is_file():
+            raise YoloClError(f"--coco {display(args.coco)}: no such file")
+        try:
+            import pycocotools  # noqa: F401
+        except ImportError:
+            raise YoloClError("--coco needs pycocotools: pip install 'yolo-cl[eval]'") from None
+    _, interrupted = _run_eval(args, spec, collect)
+    if missing:
+        print(f"yolo-cl: warning: {len(missing)} of {len(records)} images have no label file and count as having "
+              f"no objects (e.g. {label_path(missing[0])})", file=sys.stderr)
+    names = read_names(args.names) if args.names else None
+    result = evaluate_all(records, spec.classes, names, args.iou_thresh, args.points, args.thresh)
+    result.partial = interrupted
+    if args.coco and records:
+        from .evaluate import coco_image_id
+        result.coco = coco_eval(args.coco, coco, [coco_image_id(r.path) for r in records])
+    if args.plot:
+        from .plots import pr_figures
+        pr_figures(args.plot, result)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1, allow_nan=False))
+    else:
+        print(format_report(result))
+    return 130 if interrupted else 0
+
+
+def cmd_valid(args) -> int:
+    """Darknet's ``detector valid`` with ``eval=coco``: one COCO results JSON file."""
+    from .evaluate import coco_detections, read_data
+    from .writers import check_output_file, write_file
+    _fit(args)
+    out = check_output_file(args.out, "results file")       # before any image is read
+    spec = read_data(args.data)
+    entries: list = []
+    done, interrupted = _run_eval(args, spec, lambda path, img, dets: entries.extend(
+        coco_detections(path, dets, img.shape[1], img.shape[0], spec.classes)))
+    if interrupted:
+        print(f"yolo-cl: interrupted after {done} images; {display(out)} not written", file=sys.stderr)
+        return 130
+    write_file(out, json.dumps(entries, allow_nan=False).encode(), "results file")
+    print(f"{display(out)}: {len(entries)} detections in {done} images", file=sys.stderr)
+    return 0
+
+
+def _plot_dir(folder: str) -> None:
+    """Check that --plot can work before any image is read: matplotlib present, folder creatable."""
+    from .plots import require
+    require()
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise YoloClError(f"{folder}: cannot create the plot folder ({e.strerror or e})") from None
+
+
+def cmd_download(args) -> int:
+    """Download a zoo model's weights (resumable, verified, atomic) and print where they are."""
+    from .download import download
+    path = download(args.model, args.url, args.checksum, Path(args.out) if args.out else None)
+    print(path)
     return 0
 
 
@@ -680,9 +920,9 @@ class _FleetStatus:
             self.stream.flush()
 
 
-def _add_serve_parser(sub) -> None:
+def _add_serve_parser(sub, common: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand."""
-    s = sub.add_parser("serve", help="serve detection over HTTP: POST /detect, live streams, a page, metrics",
+    s = sub.add_parser("serve", parents=[common], help="serve detection over HTTP: POST /detect, live streams, a page, metrics",
                        description="An HTTP server (pip install \"yolo-cl[serve]\"): POST /detect with an image, "
                                    "GET /streams/ID.mjpg for --source streams, GET / for the page, GET /metrics.")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")

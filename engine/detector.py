@@ -7,25 +7,32 @@ are serialised by a lock, so it is safe to share between threads.
 """
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import threading
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import numpy as np
 
 from . import postprocess as post
-from .cfg import parse_cfg
+from .cfg import parse_cfg, warn_unheard
 from .errors import ImageError, YoloClError
-from .executor import Executor
+from .executor import Executor, batch_bucket
 from .graph import BN_EPS, build_graph
 from .layers import build_layers, head_layers, parse_net
+from .outputs import head_output, layer_indices, layer_name
 from .preprocess import FITS, Placement, check_image, placement, to_blob
 from .runtime import Runtime
-from .weights import load_weights
+from .weights import load_weights, needs_weights
 from .zoo import default_names, read_names, resolve
 
 PRECISIONS = ("fp32", "fp16")
+MAX_EXECUTORS = 8     # (batch, size) executors kept, least recently used dropped first
+log = logging.getLogger("yolo_cl.detector")
 
 
 class Detector:
@@ -36,12 +43,16 @@ class Detector:
     overrides the cfg's network size; ``fit`` is ``stretch``, ``letterbox`` or ``crop`` (default:
     what the cfg's ``letter_box`` says). ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by
     default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
+    ``device_preprocess`` and ``device_decode`` resize the frame and decode [yolo] heads on the
+    device (default: on a GPU, not on a CPU device; YOLO_CL_HOST_PREPOST=1 / 0 turns both off /
+    on); off, the host does both (the reference path).
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
                  names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
-                 bn_eps: float = BN_EPS) -> None:
+                 bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
+                 device_decode: Optional[bool] = None, progress: bool = False) -> None:
         if precision not in PRECISIONS:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
@@ -49,9 +60,10 @@ class Detector:
         self._sections = parse_cfg(cfg_path)
         self.net = parse_net(self._sections[0], input_size)
         self.layers = build_layers(self._sections, self.net)
-        if weights_path is None:
+        self.cfg_warnings = warn_unheard(self._sections)   # unused and repeated keys, one line each
+        if weights_path is None and needs_weights(self.layers):
             raise YoloClError(f"{cfg_path}: no weights given (use --weights, or 'yolo-cl info' for shapes only)")
-        self._params = load_weights(weights_path, self.layers)
+        self._params = load_weights(weights_path, self.layers) if weights_path is not None else {}
         self.bn_eps = bn_eps
         self.graph = build_graph(self.net, self.layers, self._params, bn_eps)
         self._graphs: dict = {(self.net.width, self.net.height): self.graph}
@@ -70,14 +82,40 @@ class Detector:
         self.fit = fit
         self.precision = precision
         self.runtime = Runtime(device, profiling=profiling)
+        self.progress = progress
+        if progress:
+            from .runtime import cache_dir
+            self.runtime.on_first_build = lambda: print(
+                f"yolo-cl: compiling OpenCL kernels for {self.runtime.device_name} (once: they are cached under "
+                f"{cache_dir() / 'binaries'})", file=sys.stderr, flush=True)
         if tuning is None:
             from .tuner import TuningDatabase
             tuning = TuningDatabase.for_runtime(self.runtime, precision)
         self.tuning = tuning
-        self._executors: dict = {}
+        self._executors: OrderedDict = OrderedDict()
+        self._warned_nonfinite = False
         self._weights: dict = {}
         self._lock = threading.RLock()
+        # The device path pays on a GPU; on a CPU device the host's OpenCV resize and NumPy decode
+        # are faster than extra kernels sharing the same cores (YOLO_CL_HOST_PREPOST=0 forces it).
+        env = os.environ.get("YOLO_CL_HOST_PREPOST", "").strip()
+        on = env == "0" or (env != "1" and not self.runtime.is_cpu)
+        self.device_preprocess = (on if device_preprocess is None else bool(device_preprocess)) \
+            and self.net.channels == 3          # the preprocessing kernel writes RGB; grey models use the host path
+        decode = on if device_decode is None else bool(device_decode)
+        self.device_decode = decode and bool(self.heads) and all(h.kind == "yolo" for h in self.heads) \
+            and len({h.p["classes"] for h in self.heads}) == 1
+        self._device_path = None
         self.executor(1)   # build and compile everything now, not on the first frame
+        if self.device_preprocess:
+            self.device_path.decoder(self.executor(1))
+        if self.runtime.builds:
+            # A cold start: run once, so that drivers which finish code generation at a kernel's first
+            # launch (PoCL, per work-group size) do it here rather than in the first detection.
+            if self.heads:
+                self.detect(np.zeros((self.net.height, self.net.width, 3), np.uint8))
+            else:
+                self.forward(np.zeros((1, self.net.channels, self.net.height, self.net.width), np.float32))
 
     # -- execution ---------------------------------------------------------------------------
     @property
@@ -85,27 +123,40 @@ class Detector:
         """(width, height) of the network input."""
         return self.net.width, self.net.height
 
-    def graph_for(self, size: Optional[tuple] = None):
-        """The fused graph at network input ``size`` (width, height); built once per size."""
+    def graph_for(self, size: Optional[tuple] = None, keep: tuple = ()):
+        """The fused graph at network input ``size`` (width, height); built once per size.
+        ``keep``: layer indices whose outputs it returns instead of the heads' inputs."""
         size = tuple(size) if size is not None else self.input_size
+        key = size if not keep else (size, keep)
         with self._lock:
-            g = self._graphs.get(size)
+            g = self._graphs.get(key)
             if g is None:
                 net = replace(self.net, width=size[0], height=size[1])
-                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps)
-                self._graphs[size] = g
+                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps, keep)
+                self._graphs[key] = g
             return g
 
-    def executor(self, batch: int, size: Optional[tuple] = None) -> Executor:
-        """The executor for ``batch`` images at input ``size`` (built once, then reused)."""
+    def executor(self, batch: int, size: Optional[tuple] = None, keep: tuple = ()) -> Executor:
+        """The executor for ``batch`` images at input ``size`` (built once, then reused; at most
+        MAX_EXECUTORS are kept, the least recently used is released first). ``keep``: see ``graph_for``."""
         size = tuple(size) if size is not None else self.input_size
+        key = (batch, size) if not keep else (batch, size, keep)
         with self._lock:
-            ex = self._executors.get((batch, size))
+            ex = self._executors.get(key)
             if ex is None:
-                ex = Executor(self.runtime, self.graph_for(size), batch, self.precision == "fp16", self.tuning,
-                              self._weights)
-                self._executors[(batch, size)] = ex
+                while len(self._executors) >= MAX_EXECUTORS:
+                    self._executors.popitem(last=False)
+                ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision == "fp16", self.tuning,
+                              self._weights, progress=self.progress)
+                self._executors[key] = ex
+            else:
+                self._executors.move_to_end(key)
             return ex
+
+    @property
+    def layer_names(self) -> list:
+        """Each layer's name for ``forward(outputs=...)``: ``conv_0``, ``maxpool_1``, ..., ``yolo_16``."""
+        return [layer_name(l) for l in self.layers]
 
     def placement(self, img_w: int, img_h: int) -> Placement:
         """How an image of this size is laid out in the network input under the Detector's fit.
@@ -122,7 +173,8 @@ class Detector:
 
         Files yield every frame in order (``batch`` frames per forward pass); live sources
         (cameras, streams, or ``live=True``) yield the newest frame and skip stale ones. Other
-        options (``reconnect``, ``backoff``, ``timeout``, ``fps``, ``stats``): see ``yolo_cl.video.stream``.
+        options (``reconnect``, ``backoff``, ``timeout``, ``fps``, ``stats``, ``track``, ``track_age``): see
+        ``yolo_cl.video.stream``.
         """
         from .video import stream
         return stream(self, source, thresh=thresh, nms=nms, batch=batch, live=live, **opts)
@@ -132,62 +184,154 @@ class Detector:
         p = self.placement(img_w, img_h)
         return p.net_w, p.net_h
 
-    def forward(self, blob: np.ndarray) -> list:
+    def forward(self, blob: np.ndarray, outputs: Optional[Iterable] = None) -> list:
         """Raw head inputs (NCHW float32, one per [yolo]/[region] in cfg order) for an NCHW blob in [0, 1].
 
         The blob's height and width select the network size (the cfg's, or any other multiple
-        of the stride: the network is fully convolutional)."""
+        of the stride: the network is fully convolutional). ``outputs`` (layer indices, negative
+        from the end, or names such as ``conv_12`` / ``yolo_16``, see ``layer_names``) returns
+        those layers' outputs instead, as Darknet computes them: a [yolo]/[region] layer's
+        own activated output, not its raw input. The first call with a new list builds (and
+        keeps) one more executor in which those layers are not fused away."""
         blob = np.asarray(blob, dtype=np.float32)
         if blob.ndim == 3:
             blob = blob[None]
         if blob.ndim != 4:
             raise YoloClError(f"blob must be NCHW, got shape {blob.shape}")
+        size = (blob.shape[3], blob.shape[2])
+        if outputs is None:
+            with self._lock:
+                return self.executor(blob.shape[0], size).run(blob)
+        if isinstance(outputs, (str, int)):
+            raise YoloClError("outputs must be a list of layer indices or names, e.g. ['conv_12', -1]")
+        wanted = layer_indices(self.layers, outputs)
+        keep = tuple(dict.fromkeys(wanted))
         with self._lock:
-            return self.executor(blob.shape[0], (blob.shape[3], blob.shape[2])).run(blob)
+            ex = self.executor(blob.shape[0], size, keep)
+            got = dict(zip(keep, ex.run(blob)))
+        return [head_output(got[i], ex.graph.layers[i]) for i in wanted]
+
+    def forward_iter(self, blobs: Iterable) -> Iterator[list]:
+        """``forward`` over a sequence of NCHW blobs, two in flight: blob N+1 is copied into
+        pinned memory and enqueued while the device computes blob N. Yields each blob's heads."""
+        pending: list = []
+        slot = 0
+        for blob in blobs:
+            blob = np.asarray(blob, dtype=np.float32)
+            blob = blob[None] if blob.ndim == 3 else blob
+            if blob.ndim != 4:
+                raise YoloClError(f"blob must be NCHW, got shape {blob.shape}")
+            with self._lock:
+                ex = self.executor(blob.shape[0], (blob.shape[3], blob.shape[2]))
+                if len(pending) == 2:
+                    pex, pslot = pending.pop(0)
+                    outs = pex.collect(pslot)
+                else:
+                    outs = None
+                ex.submit(blob, slot)
+            pending.append((ex, slot))
+            slot ^= 1
+            if outs is not None:
+                yield outs
+        for pex, pslot in pending:
+            with self._lock:
+                outs = pex.collect(pslot)
+            yield outs
 
     # -- detection ---------------------------------------------------------------------------
     def detect(self, image_bgr: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> list:
         """Detections in one BGR image, boxes in its pixels."""
         return self.detect_batch([image_bgr], thresh, nms)[0]
 
-    def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45) -> list:
-        """Detections for several images, batched into one forward pass per network size; NMS per image."""
+    def detect_batch(self, images: Iterable, thresh: float = 0.25, nms: float = 0.45,
+                     nms_kind: Optional[str] = None) -> list:
+        """Detections for several images, batched into one forward pass per network size; NMS per image
+        (``nms_kind``: the last head's ``nms_kind`` by default; ``"default"`` is Darknet's do_nms_sort).
+
+        A pass runs at a power-of-two batch (the rest padded with zeros), see ``batch_bucket``."""
         imgs = [_checked(im, i) for i, im in enumerate(images)]
+        if self.device_preprocess:
+            return self.device_path.result(self.device_path.submit(imgs, thresh, nms, nms_kind))
         places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
             idx = [i for i, p in enumerate(places) if (p.net_w, p.net_h) == size]
-            blob = np.empty((len(idx), self.net.channels, size[1], size[0]), np.float32)
+            blob = np.zeros((batch_bucket(len(idx)), self.net.channels, size[1], size[0]), np.float32)
             for j, i in enumerate(idx):
                 to_blob(imgs[i], size[0], size[1], out=blob[j], place=places[i])
             outs = self.forward(blob)
             for j, i in enumerate(idx):
                 im = imgs[i]
-                results[i] = self.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], thresh, nms, places[i])
+                results[i] = self.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], thresh, nms, places[i],
+                                              nms_kind)
         return results
 
     def postprocess(self, heads: list, img_w: int, img_h: int, thresh: float = 0.25, nms: float = 0.45,
-                    place: Optional[Placement] = None) -> list:
+                    place: Optional[Placement] = None, nms_kind: Optional[str] = None) -> list:
         """Decode one image's raw heads, map boxes to its pixels through ``place``
         (default: the Detector's layout for that image size), apply NMS."""
         if not self.heads:
-            raise YoloClError(f"{self.cfg_path}: the network has no [yolo] or [region] layer to detect with")
+            raise YoloClError(f"{self.cfg_path}: the network has no [yolo], [region], [Gaussian_yolo] or [detection] "
+                              "layer to detect with")
         place = place if place is not None else self.placement(img_w, img_h)
         w, h = place.net_w, place.net_h
         all_boxes, all_probs = [], []
         for raw, head in zip(heads, self.heads):
-            if head.kind == "yolo":
-                boxes, _, probs = post.decode_yolo(raw, head.p, w, h, thresh)
-            else:
-                boxes, _, probs = post.decode_region(raw, head.p, thresh)
+            with np.errstate(over="ignore", invalid="ignore"):     # overflow is dropped below, with a warning
+                if head.kind == "yolo":
+                    boxes, _, probs = post.decode_yolo(raw, head.p, w, h, thresh)
+                elif head.kind == "gaussian_yolo":
+                    boxes, _, probs = post.decode_gaussian_yolo(raw, head.p, w, h, thresh)
+                elif head.kind == "detection":
+                    boxes, _, probs = post.decode_detection(raw, head.p, thresh)
+                else:
+                    boxes, _, probs = post.decode_region(raw, head.p, thresh)
             all_boxes.append(boxes)
             all_probs.append(probs)
         boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4))
         probs = np.concatenate(all_probs) if all_probs else np.zeros((0, self.classes))
+        return self.finish_detections(boxes, probs, img_w, img_h, thresh, nms, place, nms_kind)
+
+    def finish_detections(self, boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
+                          nms: float, place: Placement, nms_kind: Optional[str] = None) -> list:
+        """Decoded candidates (xywh relative to the network input, per-class probabilities) ->
+        detections in the image's pixels, after NMS; shared by the host and device decodes."""
         boxes = post.correct_boxes(boxes, place)
+        boxes, probs, dropped = post.finite_only(boxes, probs)
+        if dropped and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            log.warning("%s: dropped %d boxes with non-finite coordinates or scores (huge anchors, or weights "
+                        "that overflow); warning once", self.cfg_path, dropped)
         p = self.heads[-1].p
-        probs = post.nms(boxes, probs, nms, p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
+        probs = post.nms(boxes, probs, nms, nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
+
+    # -- frames in flight --------------------------------------------------------------------
+    @property
+    def device_path(self):
+        """The device pre/post-processing stages and their in-flight slots (made on first use)."""
+        with self._lock:
+            if self._device_path is None:
+                from .inflight import DevicePath
+                self._device_path = DevicePath(self, self.device_decode)
+            return self._device_path
+
+    def submit(self, images, thresh: float = 0.25, nms: float = 0.45):
+        """Start detecting in one BGR image or a list of them and return at once; ``result``
+        gives the detections. Up to three submissions are in flight, so the host prepares the
+        next frame while the device computes this one (the device path; with
+        ``device_preprocess=False`` the work is done here and ``result`` only returns it)."""
+        single = isinstance(images, np.ndarray)
+        imgs = [_checked(im, i) for i, im in enumerate([images] if single else images)]
+        if not self.device_preprocess:
+            return single, self.detect_batch(imgs, thresh, nms)
+        return single, self.device_path.submit(imgs, thresh, nms)
+
+    def result(self, handle) -> list:
+        """The detections of a ``submit``: a list for one image, a list of lists for several."""
+        single, pending = handle
+        out = pending if isinstance(pending, list) else self.device_path.result(pending)
+        return out[0] if single else out
 
     # -- reporting ---------------------------------------------------------------------------
     def memory_report(self, batch: int = 1) -> dict:

@@ -37,12 +37,15 @@ def _label(d, names: Optional[Sequence[str]]) -> str:
     return names[d.class_id] if names is not None and 0 <= d.class_id < len(names) else d.label
 
 
-def draw(image_bgr: np.ndarray, detections: Iterable, names: Optional[Sequence[str]] = None) -> np.ndarray:
+def draw(image_bgr: np.ndarray, detections: Iterable, names: Optional[Sequence[str]] = None,
+         trails: Optional[dict] = None) -> np.ndarray:
     """An annotated copy of ``image_bgr``; the input is left untouched.
 
     ``detections`` are :class:`yolo_cl.Detection` objects (or anything with ``class_id``,
     ``label``, ``confidence`` and ``box`` = (x1, y1, x2, y2) in pixels). ``names``, if
-    given, overrides each detection's label by class id.
+    given, overrides each detection's label by class id. A tracked detection's id leads its
+    label (``#7 person 91%``); ``trails`` (``Tracker.trails()``) draws each track's recent
+    centres as a line in its class's colour.
     """
     out = check_image(image_bgr).copy()
     h, w = out.shape[:2]
@@ -54,23 +57,50 @@ def draw(image_bgr: np.ndarray, detections: Iterable, names: Optional[Sequence[s
     groups: dict = {}
     for d in detections:
         groups.setdefault(tuple(d.box), []).append(d)
-    ordered = sorted((sorted(g, key=lambda d: -d.confidence) for g in groups.values()),
-                     key=lambda g: g[0].confidence)
-    # The least confident first, so the best detections end up on top.
-    for group in ordered:
-        d = group[0]
-        color = class_color(d.class_id)
-        x1, y1, x2, y2 = (int(round(v)) for v in d.box)
-        x1, x2 = np.clip([x1, x2], 0, w - 1)
-        y1, y2 = np.clip([y1, y2], 0, h - 1)
-        cv2.rectangle(out, (int(x1), int(y1)), (int(x2), int(y2)), color, thick, cv2.LINE_AA)
+    best_first = sorted((sorted(g, key=lambda d: -d.confidence) for g in groups.values()),
+                        key=lambda g: -g[0].confidence)
+    pad = max(1, thick)
+    if trails:
+        classes = {getattr(d, "track_id", None): d.class_id for g in best_first for d in g}
+        for tid, points in trails.items():
+            if tid in classes and len(points) > 1:
+                pts = np.round(np.asarray(points, np.float64)).astype(np.int32).reshape(-1, 1, 2)
+                cv2.polylines(out, [pts], False, class_color(classes[tid]), thick, cv2.LINE_AA)
+    tags, taken = [], []
+    for group in best_first:          # the best detections choose their tag's place first
         text = ", ".join(f"{_label(e, names)} {e.confidence * 100:.0f}%" for e in group)
+        if getattr(group[0], "track_id", None) is not None:
+            text = f"#{group[0].track_id} {text}"
         (tw, th), base = cv2.getTextSize(text, FONT, scale, text_thick)
-        pad = max(1, thick)
-        tag_h = th + base + 2 * pad
-        # The tag sits on top of the box, or just inside it when the box touches the top edge.
-        ty = int(y1) - tag_h if int(y1) - tag_h >= 0 else int(y1)
-        tx = int(min(max(0, int(x1) - thick // 2), max(0, w - tw - 2 * pad)))
-        cv2.rectangle(out, (tx, ty), (tx + tw + 2 * pad, ty + tag_h), color, cv2.FILLED)
+        x1, y1, x2, y2 = (int(np.clip(round(v), 0, lim - 1)) for v, lim in zip(group[0].box, (w, h, w, h)))
+        rect = _place_tag(x1, y1, x2, y2, tw + 2 * pad, th + base + 2 * pad, w, h, taken)
+        taken.append(rect)
+        tags.append((group[0], (x1, y1, x2, y2), text, rect, th))
+    for d, (x1, y1, x2, y2), text, (tx, ty, tx2, ty2), th in reversed(tags):   # the best drawn last, on top
+        color = class_color(d.class_id)
+        cv2.rectangle(out, (x1, y1), (x2, y2), color, thick, cv2.LINE_AA)
+        cv2.rectangle(out, (tx, ty), (tx2, ty2), color, cv2.FILLED)
         cv2.putText(out, text, (tx + pad, ty + pad + th), FONT, scale, _text_color(color), text_thick, cv2.LINE_AA)
     return out
+
+
+def _overlaps(a: tuple, b: tuple) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _place_tag(x1: int, y1: int, x2: int, y2: int, tw: int, th: int, w: int, h: int, taken: list) -> tuple:
+    """Where a ``tw`` x ``th`` tag of box (x1, y1, x2, y2) goes: above the box's top-left corner, else just
+    inside it, else below the box, else inside its bottom edge, else stepped down from the top until it
+    covers no tag placed before; the first candidate if nothing is free. Always inside the image."""
+    tx = int(min(max(0, x1), max(0, w - tw)))
+
+    def at(y: int) -> tuple:
+        y = int(min(max(0, y), max(0, h - th)))
+        return tx, y, tx + tw, y + th
+
+    candidates = [at(y1 - th) if y1 - th >= 0 else at(y1), at(y1), at(y2), at(y2 - th)]
+    candidates += [at(y) for y in range(y1 + th, y2 - th, th)]
+    for rect in candidates:
+        if not any(_overlaps(rect, t) for t in taken):
+            return rect
+    return candidates[0]

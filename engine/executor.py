@@ -9,6 +9,7 @@ buffer and a frame enqueues that one object (``YOLO_CL_COMMAND_BUFFER=0`` turns 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -21,6 +22,12 @@ from .graph import Graph
 from .kernels import BindContext, bind_node, workspace_elems
 from .limits import check_executor
 from .planner import plan_memory
+
+
+def batch_bucket(n: int) -> int:
+    """The batch an n-image ``detect_batch`` runs at: n rounded up to a power of two, so that
+    any mix of batch lengths builds at most log2(longest) + 1 executors."""
+    return 1 << max(0, int(n - 1).bit_length())
 
 
 @dataclass
@@ -39,9 +46,12 @@ class Executor:
     """A graph bound to a runtime for one batch size and storage precision."""
 
     def __init__(self, rt, graph: Graph, batch: int = 1, half: bool = False, tuning=None,
-                 weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None) -> None:
+                 weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
+                 progress: bool = False) -> None:
         """``command_buffer``: None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
-        is not 0), True requires one, False replays the launch list with one enqueue each."""
+        is not 0), True requires one, False replays the launch list with one enqueue each.
+        ``progress``: a progress bar over the layers on stderr when binding them takes more than a
+        second (it is compiling) and stderr is a terminal."""
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
         self.plan = plan_memory(graph, batch)
         item = 2 if half else 4
@@ -54,7 +64,9 @@ class Executor:
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
         self.workspace_bytes = ws * item if ws else 0
         self.launches = []
-        for node in graph.nodes:
+        from tqdm import tqdm
+        for node in tqdm(graph.nodes, desc="compiling kernels", unit="layer", delay=1.0, leave=False,
+                         disable=None if progress else True, file=sys.stderr):
             try:
                 self.launches.extend(bind_node(self.ctx, node))
             except YoloClError as e:
@@ -66,6 +78,7 @@ class Executor:
         self._out_bstride = [v.tensor.size * item for v in graph.outputs]
         self._in_offset = self.plan.offset(graph.input) * item
         self.events: list = []
+        self._slots: dict = {}         # submit/collect: pinned input and outputs per slot
         self.command_buffer = self._record(command_buffer)
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
@@ -100,8 +113,18 @@ class Executor:
         expect = self._host_in.shape
         if blob.shape != expect:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {expect}")
-        np.copyto(self._host_in, blob, casting="unsafe")
-        cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
+        if blob.dtype == self._host_in.dtype and blob.flags.c_contiguous:
+            src = blob                 # already laid out: no host copy (run waits before returning)
+        else:
+            np.copyto(self._host_in, blob, casting="unsafe")
+            src = self._host_in
+        cl.enqueue_copy(q, self.arena, src, dst_offset=self._in_offset, is_blocking=False)
+        return self.run_staged(profile, eager)
+
+    def enqueue(self, profile: bool = False, eager: bool = False) -> list:
+        """Enqueue the forward pass over whatever the arena's input region holds (in queue order);
+        returns the per-launch events when ``profile`` (none otherwise: no per-launch objects)."""
+        cl, q = self.rt.cl, self.rt.queue
         events = []
         if self.command_buffer is not None and not (profile or eager):
             self.command_buffer.enqueue()          # per-launch events need the launch list
@@ -111,6 +134,12 @@ class Executor:
                 ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
                 if profile:
                     events.append(ev)
+        return events
+
+    def run_staged(self, profile: bool = False, eager: bool = False) -> list:
+        """``run`` for an input already written into the arena (by the preprocessing kernel)."""
+        cl, q = self.rt.cl, self.rt.queue
+        events = self.enqueue(profile, eager)
         outs = []
         # Keep the read events alive until finish(): pyopencl waits for a dropped host-copy
         # event *holding the GIL*, which would stall every other Python thread for the
@@ -130,6 +159,42 @@ class Executor:
             outs.append(host.astype(np.float32, copy=True))
         self.events = events
         return outs
+
+    def submit(self, blob: np.ndarray, slot: int = 0):
+        """Start a forward pass of ``blob`` without waiting: the blob goes through pinned memory
+        of ``slot``, the outputs are read into that slot's pinned arrays; ``collect(slot)``
+        returns them. While the device runs one slot the host can fill another."""
+        cl, q = self.rt.cl, self.rt.queue
+        if blob.shape != self._host_in.shape:
+            raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {self._host_in.shape}")
+        st = self._slot(slot)
+        if st["reads"]:
+            st["reads"][-1].wait()     # the slot's previous outputs have arrived (and were collected)
+        np.copyto(st["in"], blob, casting="unsafe")
+        st["write"] = cl.enqueue_copy(q, self.arena, st["in"], dst_offset=self._in_offset, is_blocking=False)
+        self.enqueue()
+        # Read events are kept until the slot's next use: pyopencl waits for a dropped one holding the GIL.
+        st["reads"] = [cl.enqueue_copy(q, host.reshape(self.batch, -1)[b], self.arena,
+                                       src_offset=off + b * bs, is_blocking=False)
+                       for host, off, bs in zip(st["out"], self._out_offsets, self._out_bstride)
+                       for b in range(self.batch)]
+        q.flush()                      # a driver may hold commands back until a flush or a wait
+        return st["reads"][-1]
+
+    def collect(self, slot: int = 0) -> list:
+        """The outputs (float32 copies) of the last ``submit`` to ``slot``, once they have arrived."""
+        st = self._slot(slot)
+        st["reads"][-1].wait()
+        return [host.astype(np.float32, copy=True) for host in st["out"]]
+
+    def _slot(self, slot: int) -> dict:
+        st = self._slots.get(slot)
+        if st is None:
+            from .kernels.preprocess import pinned
+            st = self._slots[slot] = {"in": pinned(self.rt, self._host_in.shape, self._host_in.dtype)[1],
+                                      "out": [pinned(self.rt, h.shape, h.dtype)[1] for h in self._host_out],
+                                      "write": None, "reads": []}
+        return st
 
     def layer_times(self) -> list:
         """Per-launch device times of the last ``run(profile=True)`` (needs a profiling queue)."""

@@ -6,7 +6,9 @@ What happens here, and only here:
   become one node, the shortcut's add running in the conv's epilogue;
 - a multi-input ``[route]`` becomes one concat tensor that its producers write straight
   into (each into its channel slice), so no copy runs; ``[route]`` with ``groups`` and
-  ``[dropout]`` are just views.
+  ``[dropout]`` are just views;
+- layers whose outputs were asked for (``keep``) are not fused away: their output stays a
+  readable view, and the graph returns those views instead of the heads' inputs.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.
@@ -14,16 +16,24 @@ The graph is a list of nodes in execution order, each reading and writing *views
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
-from .layers import Layer, NetInfo, head_layers
+from .layers import CHANNEL_ACTIVATIONS, HEADS, Layer, NetInfo, head_layers
 
 BN_EPS = 1e-5   # Darknet's (normalize_cpu and fuse_conv_batchnorm); OpenCV's importer uses 1e-6
 # Layer kinds that produce a fresh tensor (and so can write into a concat slice).
 PRODUCERS = {"convolutional", "maxpool", "avgpool", "upsample", "reorg", "shortcut", "scale_channels", "sam",
-             "softmax"}
+             "softmax", "connected", "deconvolutional", "crop", "batchnorm", "activation", "logistic",
+             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul", "local"}
+# Layers whose output is their input: Darknet's [empty] shares its input's buffer, [cost] is skipped
+# at inference, [dropout] scales only in training, and the heads are decoded on the host.
+PASS_THROUGH = ("dropout", "empty", "cost") + HEADS
+# Element-wise one-input layers -> the node op that runs them.
+SIMPLE_OPS = {"avgpool": "avgpool", "upsample": "upsample", "reorg": "reorg", "softmax": "softmax",
+              "crop": "crop", "activation": "act", "logistic": "act", "local_avgpool": "local_avgpool",
+              "reorg3d": "reorg3d", "l2norm": "l2norm"}
 
 
 @dataclass(eq=False)
@@ -105,21 +115,44 @@ class Graph:
     outputs: list            # views: raw inputs of each [yolo]/[region] layer, or the last layer's output
     heads: list              # the [yolo]/[region] Layer records, aligned with outputs (empty if none)
     tensors: list
+    kept: tuple = ()         # the layer indices ``outputs`` belong to when built with ``keep``
 
     @property
     def flops(self) -> int:
         return sum(n.flops for n in self.nodes)
 
 
-def fold_batchnorm(params, eps: float = BN_EPS) -> tuple:
-    """Darknet's fuse_conv_batchnorm: fold BN into (weights, bias), computed in float64."""
-    w = params.weights.astype(np.float64)
+def fold_batchnorm(params, eps: float = BN_EPS, weights: Optional[np.ndarray] = None) -> tuple:
+    """Darknet's fuse_conv_batchnorm: fold BN into (weights, bias), computed in float64.
+
+    ``weights`` (default ``params.weights``) has one row per output channel along axis 0."""
+    w = (params.weights if weights is None else weights).astype(np.float64)
     b = params.biases.astype(np.float64)
     if params.scales is not None:
         k = params.scales.astype(np.float64) / np.sqrt(params.variance.astype(np.float64) + eps)
         b = b - k * params.mean.astype(np.float64)
-        w = w * k[:, None, None, None]
+        w = w * k.reshape((-1,) + (1,) * (w.ndim - 1))
     return w.astype(np.float32), b.astype(np.float32)
+
+
+def shortcut_weights(raw: np.ndarray, inputs: int, channels: int, normalization: str) -> np.ndarray:
+    """AlexeyAB's weighted shortcut: the (inputs, channels) factor of each input (the previous layer
+    first) per output channel, normalized as shortcut_multilayer_cpu does it in float32: ``relu``
+    w / (eps + sum relu(w)), ``softmax`` exp(w - max) / (eps + sum exp(w - max)), eps 0.0001. The
+    file's weights are (inputs,) for per_feature (Darknet's initial value, ones, without a file)
+    or (inputs, channels) for per_channel."""
+    w = np.asarray(raw, np.float32).reshape(inputs, -1)
+    w = np.broadcast_to(w, (inputs, channels)).astype(np.float32)
+    if normalization == "relu":
+        w = np.maximum(w, np.float32(0))
+    elif normalization == "softmax":
+        w = np.exp(w - w.max(axis=0)).astype(np.float32)
+    else:
+        return w
+    total = np.full(channels, 0.0001, np.float32)
+    for k in range(inputs):              # Darknet's order of summation
+        total = total + w[k]
+    return (w / total).astype(np.float32)
 
 
 def _consumers(layers: list) -> dict:
@@ -131,10 +164,12 @@ def _consumers(layers: list) -> dict:
     return uses
 
 
-def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: float = BN_EPS) -> Graph:
+def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: float = BN_EPS,
+                keep: Sequence[int] = ()) -> Graph:
     """Fuse layers into nodes. ``params`` maps conv layer index -> ConvParams (None: shapes only).
 
-    ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer."""
+    ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer.
+    ``keep``: layer indices whose outputs the graph returns (in that order), none fused away."""
     tensors: list = []
 
     def new_tensor(c: int, h: int, w: int, name: str) -> Tensor:
@@ -145,6 +180,11 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     uses = _consumers(layers)
     heads = head_layers(layers)
     by_index = {l.index: l for l in layers}
+    kept = set(keep)
+
+    def fuses(conv: Layer) -> bool:
+        """A conv whose output was asked for keeps it: its shortcut is not folded into its epilogue."""
+        return conv.index not in kept and _fuses_into_shortcut(conv, by_index, uses)
 
     # 1. Concat targets: each multi-input route claims producers that can write into its slices.
     slot: dict = {}      # producer layer index -> (route index, channel offset)
@@ -154,7 +194,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
         offset = 0
         for j in l.inputs:
             src = by_index[j]
-            if src.kind in PRODUCERS and j not in slot and not _fuses_into_shortcut(src, by_index, uses):
+            if src.kind in PRODUCERS and j not in slot and not fuses(src):
                 slot[j] = (l.index, offset)
             offset += src.c
 
@@ -163,7 +203,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     for l in layers:
         if l.kind == "shortcut":
             conv = by_index.get(l.inputs[0])
-            if conv is not None and _fuses_into_shortcut(conv, by_index, uses):
+            if conv is not None and fuses(conv):
                 fused_into[conv.index] = l
 
     graph_input = new_tensor(net.channels, net.height, net.width, "input")
@@ -189,7 +229,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
         i, p = l.index, l.p
         if i in fused_shortcuts:
             continue   # already emitted with its conv
-        if l.kind in ("dropout", "yolo", "region"):
+        if l.kind in PASS_THROUGH:
             view[i] = view[l.inputs[0]]
             continue
         if l.kind == "route":
@@ -215,9 +255,16 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
             view[i] = out
             continue
         out = out_view(l)
+        if not l.inputs:   # [implicit*]: a constant
+            attrs = dict(p, value=params[i].weights if params is not None else None)
+            nodes.append(Node("implicit", [i], [], out, attrs))
+            view[i] = out
+            continue
         x = view[l.inputs[0]]
         if l.kind == "convolutional":
             attrs = dict(p)
+            if p["activation"] in CHANNEL_ACTIVATIONS:
+                attrs["activation"] = "linear"      # the epilogue is per element; the channel norm follows
             if params is not None:
                 attrs["weights"], attrs["bias"] = fold_batchnorm(params[i], bn_eps)
             layers_done = [i]
@@ -230,32 +277,74 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
                 view[sc.index] = out
             k = (p["in_c"] // p["groups"]) * p["size"] ** 2
             nodes.append(Node("conv", layers_done, [x], out, attrs, 2 * p["filters"] * k * l.h * l.w))
+            if p["activation"] in CHANNEL_ACTIVATIONS:   # in place: one work-item owns a pixel's channels
+                nodes.append(Node("norm_channels", [i], [out], out, dict(mode=p["activation"])))
+        elif l.kind in ("connected", "deconvolutional", "batchnorm", "local"):
+            nodes.append(_weighted_node(l, x, out, params, bn_eps))
         elif l.kind == "maxpool":
             op = "maxpool_depth" if p["depth"] else "maxpool"
             nodes.append(Node(op, [i], [x], out, dict(p)))
         elif l.kind == "shortcut":
-            nodes.append(Node("add", [i], [x] + [view[j] for j in l.inputs[1:]], out, dict(p)))
+            attrs = dict(p)
+            if p.get("nweights"):
+                raw = params.get(i) if params is not None else None
+                attrs["sc_weights"] = shortcut_weights(np.ones(p["nweights"], np.float32) if raw is None else raw.weights,
+                                                       len(l.inputs), l.c, p["normalization"])
+            nodes.append(Node("add", [i], [x] + [view[j] for j in l.inputs[1:]], out, attrs))
         elif l.kind in ("scale_channels", "sam"):
             # inputs: [the scale (previous layer), the tensor being scaled (from)]
             nodes.append(Node(l.kind, [i], [x, view[l.inputs[1]]], out, dict(p)))
-        else:   # avgpool, upsample, reorg, softmax
-            nodes.append(Node(l.kind, [i], [x], out, dict(p)))
+        else:
+            nodes.append(Node(SIMPLE_OPS[l.kind], [i], [x], out, dict(p)))
         view[i] = out
 
-    if heads:
+    if keep:
+        outputs = [view[i] for i in keep]
+    elif heads:
         outputs = [view[h.inputs[0]] for h in heads]
     else:
         outputs = [view[layers[-1].index]]
-    return Graph(net, layers, nodes, graph_input, outputs, heads, tensors)
+    return Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
+
+
+def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps: float) -> Node:
+    """The node of a [connected], [deconvolutional], [local] or [batchnorm] layer, batchnorm folded into it.
+
+    A deconvolution's weights become (filters, channels, size, size); a [batchnorm] becomes a
+    per-channel affine ``x * scale + bias``."""
+    i, p = l.index, l.p
+    attrs = dict(p)
+    cp = params[i] if params is not None else None
+    if l.kind == "connected":
+        if cp is not None and cp.weights.shape[1] != p["inputs"]:
+            raise l.error(f"the weights are for {cp.weights.shape[1]} inputs, but at this network size the layer "
+                          f"gets {p['inputs']}: a network with [connected] layers runs only at its cfg's size")
+        if cp is not None:
+            attrs["weights"], attrs["bias"] = fold_batchnorm(cp, bn_eps)
+        return Node("connected", [i], [x], out, attrs, 2 * p["outputs"] * p["inputs"])
+    if l.kind == "deconvolutional":
+        if cp is not None:
+            attrs["weights"], attrs["bias"] = fold_batchnorm(cp, bn_eps, cp.weights.transpose(1, 0, 2, 3))
+        return Node("deconv", [i], [x], out, attrs, 2 * p["filters"] * p["in_c"] * p["size"] ** 2 * x.h * x.w)
+    if l.kind == "local":
+        if cp is not None:
+            attrs["weights"], attrs["bias"] = cp.weights, cp.biases
+        return Node("local", [i], [x], out, attrs, 2 * l.c * l.h * l.w * p["in_c"] * p["size"] ** 2)
+    if cp is not None:
+        scale, attrs["bias"] = fold_batchnorm(cp, bn_eps, np.ones(l.c, np.float32))
+        attrs["weights"] = scale
+    return Node("affine", [i], [x], out, attrs)
 
 
 def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
     """True if ``conv`` feeds only a single-source [shortcut] whose other input has its exact shape."""
-    if conv.kind != "convolutional" or len(uses[conv.index]) != 1:
+    if conv.kind != "convolutional" or len(uses[conv.index]) != 1 or conv.p["activation"] in CHANNEL_ACTIVATIONS:
         return False
     sc = by_index[uses[conv.index][0]]
     if sc.kind != "shortcut" or len(sc.inputs) != 2 or sc.inputs[0] != conv.index:
         return False
+    if (sc.p.get("alpha", 1.0), sc.p.get("beta", 1.0)) != (1.0, 1.0) or sc.p.get("nweights"):
+        return False                    # the conv epilogue adds unweighted
     other = sc.inputs[1]
     src = by_index.get(other)
     shape = (src.c, src.h, src.w) if src is not None else None

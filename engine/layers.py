@@ -13,8 +13,15 @@ from .cfg import Section, show
 from .errors import CfgError, LimitError
 from .limits import cap_source, check_layer, gib, max_bytes
 
-ACTIVATIONS = ("linear", "leaky", "relu", "relu6", "logistic", "tanh", "mish", "swish", "hard_mish")
+# Element-wise activations, in the order of their ids in cl/common.h (A_*): every layer with an
+# ``activation=`` key may use them, and a convolution runs them in its GEMM epilogue.
+ACTIVATIONS = ("linear", "leaky", "relu", "relu6", "logistic", "tanh", "mish", "swish", "hard_mish",
+               "elu", "selu", "gelu", "hardtan", "lhtan", "ramp", "plse", "stair", "loggy", "relie", "revleaky")
 ACT_ID = {name: i for i, name in enumerate(ACTIVATIONS)}
+# Darknet's cross-channel activations (activate_array_normalize_channels[_softmax]): per pixel over
+# the channels, so they run as a node of their own after the layer. Only [convolutional] applies
+# them; every other layer's activate() returns 0 for them, so there they are refused.
+CHANNEL_ACTIVATIONS = ("normalize_channels", "normalize_channels_softmax", "normalize_channels_softmax_maxval")
 
 MAX_SIDE = 16384      # largest network width/height we accept
 MAX_CHANNELS = 65536  # largest channel count of any tensor
@@ -76,8 +83,16 @@ def _input_size(value) -> tuple:
     return w, h
 
 
-def _activation(s: Section, default: str) -> str:
-    return s.str("activation", default, ACTIVATIONS)
+def _activation(s: Section, default: str, channel: bool = False) -> str:
+    """The ``activation`` key; ``channel`` admits the cross-channel ones (only [convolutional] runs them)."""
+    name = s.str("activation", default)
+    if name in CHANNEL_ACTIVATIONS and not channel:
+        raise s.error(f"activation '{name}' is only applied by [convolutional] layers; Darknet's [{s.kind}] "
+                      "outputs 0 for it", "activation")
+    if name not in ACTIVATIONS and name not in CHANNEL_ACTIVATIONS:
+        raise s.error(f"option 'activation={show(name)}' is not one of "
+                      f"{', '.join(ACTIVATIONS + CHANNEL_ACTIVATIONS)}", "activation")
+    return name
 
 
 def _refs(s: Section, idx: int, key: str) -> list:
@@ -127,7 +142,8 @@ def _conv(s, i, c, h, w, prev):
                       f"Darknet allocates {(w + 2 * padding - size) // sx + 1}x{(h + 2 * padding - size) // sy + 1}; "
                       "use an odd size with pad=1", "dilation")
     p = dict(filters=filters, size=size, stride_x=sx, stride_y=sy, pad=pad, dilation=dilation, groups=groups,
-             bn=bool(s.int("batch_normalize", 0, 0, 1)), activation=_activation(s, "logistic"), in_c=c, in_h=h, in_w=w)
+             bn=bool(s.int("batch_normalize", 0, 0, 1)), activation=_activation(s, "logistic", True),
+             in_c=c, in_h=h, in_w=w)
     return [prev], filters, oh, ow, p
 
 
@@ -172,12 +188,31 @@ def _route(s, i, c, h, w, prev, layers):
 
 def _shortcut(s, i, c, h, w, prev, layers):
     idx = _refs(s, i, "from")
-    if s.str("weights_type", "none") != "none":
-        raise s.error("weighted shortcuts (weights_type) are not supported", "weights_type")
+    # AlexeyAB's weighted shortcut: (len(from) + 1) weights, or that many per channel, from the weights file.
+    wtype = s.str("weights_type", "none", ("none", "per_feature", "per_layer", "per_channel"))
+    wtype = "per_feature" if wtype == "per_layer" else wtype
+    norm = s.str("weights_normalization", "none")   # Darknet reads it; it only matters with weights_type
+    if wtype != "none" and norm not in ("none", "relu", "avg_relu", "softmax"):
+        raise s.error(f"option 'weights_normalization={show(norm)}' is not one of none, relu, softmax",
+                      "weights_normalization")
+    nweights = {"none": 0, "per_feature": len(idx) + 1, "per_channel": (len(idx) + 1) * c}[wtype]
+    # pjreddie's Darknet: out = alpha * out + beta * from (shortcut_cpu); AlexeyAB's ignores both keys.
+    alpha, beta = s.float("alpha", 1.0), s.float("beta", 1.0)
+    if (alpha, beta) != (1.0, 1.0):
+        if nweights:
+            raise s.error("alpha/beta (pjreddie's Darknet) and weights_type (AlexeyAB's) do not go together",
+                          "weights_type")
+        if len(idx) > 1:
+            raise s.error("alpha/beta (pjreddie's weighted shortcut) take a single 'from' layer",
+                          "alpha" if s.has("alpha") else "beta")
+        s.note("alpha" if s.has("alpha") else "beta", f"alpha={alpha:g}, beta={beta:g} follow pjreddie's Darknet "
+               "(out = alpha*out + beta*from); AlexeyAB's ignores them")
     for j in idx:
         if (layers[j].h, layers[j].w) != (h, w):
             raise s.error(f"layer {j} is {layers[j].w}x{layers[j].h} but the input is {w}x{h}", "from")
-    return [prev] + idx, c, h, w, dict(activation=_activation(s, "linear"))
+    return [prev] + idx, c, h, w, dict(activation=_activation(s, "linear"), alpha=alpha, beta=beta,
+                                       weights_type=wtype, nweights=nweights,
+                                       normalization="relu" if norm == "avg_relu" else norm)
 
 
 def _upsample(s, i, c, h, w, prev):
@@ -220,6 +255,8 @@ def _dropout(s, i, c, h, w, prev):
 
 
 def _softmax(s, i, c, h, w, prev):
+    if s.has("tree"):
+        raise s.error("a hierarchical softmax ('tree', YOLO9000) is not supported", "tree")
     groups = s.int("groups", 1, 1, MAX_CHANNELS)
     if (c * h * w) % groups:
         raise s.error(f"groups={groups} does not divide the {c * h * w} inputs", "groups")
@@ -229,22 +266,18 @@ def _softmax(s, i, c, h, w, prev):
 def _yolo(s, i, c, h, w, prev):
     classes = s.int("classes", 20, 1, 100000)
     num = s.int("num", 1, 1, 1000)
-    mask = s.ints("mask", list(range(num)), 0, num - 1)
-    anchors = s.floats("anchors", [0.5] * (2 * num))
-    if len(anchors) < 2 * num:
-        raise s.error(f"'anchors' has {len(anchors)} values; num={num} needs {2 * num}", "anchors")
+    mask, anchors = _yolo_mask(s, num)
     if c != len(mask) * (classes + 5):
         raise s.error(f"input has {c} channels; {len(mask)} masks x ({classes} classes + 5) need "
                       f"{len(mask) * (classes + 5)}", "classes")
-    nms_kind = s.str("nms_kind", "default")
-    if nms_kind not in ("default", "greedynms", "diounms", "cornersnms"):
-        nms_kind = "default"
     return [prev], c, h, w, dict(classes=classes, mask=mask, anchors=anchors,
                                  scale_x_y=s.float("scale_x_y", 1.0), new_coords=bool(s.int("new_coords", 0, 0, 1)),
-                                 nms_kind=nms_kind, beta_nms=s.float("beta_nms", 0.6))
+                                 **_nms(s))
 
 
 def _region(s, i, c, h, w, prev):
+    if s.has("tree"):
+        raise s.error("a hierarchical softmax ('tree', YOLO9000) is not supported", "tree")
     classes = s.int("classes", 20, 1, 100000)
     coords = s.int("coords", 4, 4, 4)
     num = s.int("num", 1, 1, 1000)
@@ -258,8 +291,173 @@ def _region(s, i, c, h, w, prev):
                                  nms_kind="default", beta_nms=0.6)
 
 
+def _yolo_mask(s: Section, num: int) -> tuple:
+    """``mask`` and ``anchors`` of a [yolo]-like head (every anchor when there is no mask)."""
+    mask = s.ints("mask", list(range(num)), 0, num - 1)
+    anchors = s.floats("anchors", [0.5] * (2 * num))
+    if len(anchors) < 2 * num:
+        raise s.error(f"'anchors' has {len(anchors)} values; num={num} needs {2 * num}", "anchors")
+    return mask, anchors
+
+
+def _nms(s: Section) -> dict:
+    nms_kind = s.str("nms_kind", "default")
+    if nms_kind not in ("default", "greedynms", "diounms", "cornersnms"):
+        nms_kind = "default"
+    return dict(nms_kind=nms_kind, beta_nms=s.float("beta_nms", 0.6))
+
+
+def _gaussian_yolo(s, i, c, h, w, prev):
+    """Gaussian YOLOv3 head: per anchor x, y, w, h each as (mean, sigma), objectness, classes."""
+    classes = s.int("classes", 20, 1, 100000)
+    num = s.int("num", 1, 1, 1000)
+    mask, anchors = _yolo_mask(s, num)
+    if c != len(mask) * (classes + 9):
+        raise s.error(f"input has {c} channels; {len(mask)} masks x ({classes} classes + 9) need "
+                      f"{len(mask) * (classes + 9)}", "classes")
+    point = s.str("yolo_point", "center")
+    point = point if point in ("left_top", "right_bottom") else "center"
+    return [prev], c, h, w, dict(classes=classes, mask=mask, anchors=anchors, scale_x_y=s.float("scale_x_y", 1.0),
+                                 yolo_point=point, **_nms(s))
+
+
+def _detection(s, i, c, h, w, prev):
+    """YOLOv1 head on a flat input: side x side cells of classes, then num confidences, then num boxes."""
+    coords = s.int("coords", 1, 4, 4)
+    classes = s.int("classes", 1, 1, 100000)
+    num = s.int("num", 1, 1, 1000)
+    side = s.int("side", 7, 1, MAX_SIDE)
+    need = side * side * ((1 + coords) * num + classes)
+    if c * h * w != need:
+        raise s.error(f"input has {c * h * w} values; side={side}, num={num}, classes={classes} need {need}", "side")
+    for key in ("rescore", "forced", "max", "reorg"):
+        s.int(key, 0)
+    return [prev], c, h, w, dict(classes=classes, num=num, side=side, softmax=bool(s.int("softmax", 0)),
+                                 sqrt=bool(s.int("sqrt", 0)), nms_kind="default", beta_nms=0.6)
+
+
+def _connected(s, i, c, h, w, prev):
+    """Fully connected: the flattened (c, h, w) input times an (outputs, inputs) matrix."""
+    outputs = s.int("output", 1, 1, MAX_CHANNELS * 64)
+    p = dict(outputs=outputs, inputs=c * h * w, bn=bool(s.int("batch_normalize", 0, 0, 1)),
+             activation=_activation(s, "logistic"))
+    return [prev], outputs, 1, 1, p
+
+
+def _deconv(s, i, c, h, w, prev):
+    """Transposed convolution (pjreddie's [deconvolutional]): output (h - 1) * stride + size - 2 * pad."""
+    filters = s.int("filters", 1, 1, MAX_CHANNELS)
+    size = s.int("size", 1, 1, MAX_KERNEL)
+    stride = s.int("stride", 1, 1, MAX_KERNEL)
+    padding = s.int("padding", 0, 0, MAX_KERNEL)
+    if s.int("pad", 0, 0, 1):
+        padding = size // 2
+    oh, ow = (h - 1) * stride + size - 2 * padding, (w - 1) * stride + size - 2 * padding
+    if oh < 1 or ow < 1:
+        raise s.error(f"padding {padding} leaves no output of the {w}x{h} input", "padding")
+    return [prev], filters, oh, ow, dict(filters=filters, size=size, stride=stride, pad=padding, in_c=c,
+                                         bn=bool(s.int("batch_normalize", 0, 0, 1)),
+                                         activation=_activation(s, "logistic"))
+
+
+def _local(s, i, c, h, w, prev):
+    """Locally connected ([local], YOLOv1): a convolution with its own filters at every output pixel."""
+    filters = s.int("filters", 1, 1, MAX_CHANNELS)
+    size = s.int("size", 1, 1, MAX_KERNEL)
+    stride = s.int("stride", 1, 1, MAX_KERNEL)
+    pad = s.int("pad", 0, 0, MAX_KERNEL)
+    # local_out_height sizes the output as (h - (size if not pad else 1)) / stride + 1, but im2col
+    # pads by `pad` pixels: the two agree only in these cases, and only then is Darknet's result defined.
+    oh, ow = (h - (1 if pad else size)) // stride + 1, (w - (1 if pad else size)) // stride + 1
+    if (oh, ow) != ((h + 2 * pad - size) // stride + 1, (w + 2 * pad - size) // stride + 1) or oh < 1 or ow < 1:
+        raise s.error(f"size={size} with pad={pad} and stride={stride} does not fit the {w}x{h} input the way "
+                      "Darknet sizes it; use pad=0, or pad=size/2 with an odd size", "pad")
+    return [prev], filters, oh, ow, dict(filters=filters, size=size, stride=stride, pad=pad, in_c=c,
+                                         activation=_activation(s, "logistic"))
+
+
+def _crop(s, i, c, h, w, prev):
+    """Inference crop: the centred crop_width x crop_height window, scaled to [-1, 1] unless noadjust."""
+    ch = s.int("crop_height", 1, 1, MAX_SIDE)
+    cw = s.int("crop_width", 1, 1, MAX_SIDE)
+    if ch > h or cw > w:
+        raise s.error(f"a {cw}x{ch} crop does not fit the {w}x{h} input", "crop_height")
+    for key in ("flip", "angle", "saturation", "exposure", "shift"):   # training-time augmentation
+        s.float(key, 0.0)
+    noadjust = bool(s.int("noadjust", 0, 0, 1))
+    return [prev], c, ch, cw, dict(dy=(h - ch) // 2, dx=(w - cw) // 2, scale=1.0 if noadjust else 2.0,
+                                   shift=0.0 if noadjust else -1.0)
+
+
+def _batchnorm(s, i, c, h, w, prev):
+    return [prev], c, h, w, dict(activation="linear")
+
+
+def _activation_layer(s, i, c, h, w, prev):
+    return [prev], c, h, w, dict(activation=_activation(s, "linear"))
+
+
+def _logistic_layer(s, i, c, h, w, prev):
+    """pjreddie's [logistic]: the logistic function (its cross-entropy cost is training only)."""
+    return [prev], c, h, w, dict(activation="logistic")
+
+
+def _local_avgpool(s, i, c, h, w, prev):
+    """[local_avgpool]: maxpool's windows, each the mean of the cells inside the input."""
+    stride = s.int("stride", 1, 1, MAX_KERNEL)
+    sx = s.int("stride_x", stride, 1, MAX_KERNEL)
+    sy = s.int("stride_y", stride, 1, MAX_KERNEL)
+    size = s.int("size", stride, 1, MAX_KERNEL)
+    padding = s.int("padding", size - 1, 0, MAX_KERNEL)
+    oh = (h + padding - size) // sy + 1
+    ow = (w + padding - size) // sx + 1
+    if oh < 1 or ow < 1 or size <= padding - padding // 2:   # else a window lies wholly in the padding
+        raise s.error(f"a {size}x{size} pool with padding {padding} does not fit the {w}x{h} input", "size")
+    return [prev], c, oh, ow, dict(size=size, stride_x=sx, stride_y=sy, padding=padding)
+
+
+def _reorg3d(s, i, c, h, w, prev):
+    """[reorg3d]: space to depth, output channel k = offset * c + input channel."""
+    stride = s.int("stride", 1, 1, 64)
+    if s.int("reverse", 0) != 0:
+        raise s.error("reverse reorg3d is not supported", "reverse")
+    if h % stride or w % stride:
+        raise s.error(f"stride {stride} does not divide the {w}x{h} input", "stride")
+    return [prev], c * stride * stride, h // stride, w // stride, dict(stride=stride)
+
+
+def _l2norm(s, i, c, h, w, prev):
+    return [prev], c, h, w, {}
+
+
+def _empty(s, i, c, h, w, prev):
+    return [prev], c, h, w, {}
+
+
+def _cost(s, i, c, h, w, prev):
+    """[cost] computes a training loss; at inference Darknet's network output skips it, so it passes through."""
+    s.str("type", "sse")
+    s.float("scale", 1.0)
+    s.float("ratio", 0.0)
+    return [prev], c, h, w, {}
+
+
+def _implicit(s, i, c, h, w, prev):
+    """A learned constant of (filters, atoms, 1), no input ([implicit]; YOLOR's [implicit_add]/[implicit_mul])."""
+    s.float("mean", 1.0 if s.kind == "implicit_mul" else 0.0)
+    s.float("std", 0.2)
+    filters = s.int("filters", 128, 1, MAX_CHANNELS)
+    atoms = s.int("atoms", 1, 1, MAX_SIDE)
+    return [], filters, atoms, 1, dict(filters=filters, atoms=atoms)
+
+
 _SIMPLE: dict = {"convolutional": _conv, "maxpool": _maxpool, "avgpool": _avgpool, "upsample": _upsample,
-                 "reorg": _reorg, "dropout": _dropout, "softmax": _softmax, "yolo": _yolo, "region": _region}
+                 "reorg": _reorg, "dropout": _dropout, "softmax": _softmax, "yolo": _yolo, "region": _region,
+                 "gaussian_yolo": _gaussian_yolo, "detection": _detection, "connected": _connected,
+                 "deconvolutional": _deconv, "local": _local, "crop": _crop, "batchnorm": _batchnorm, "activation": _activation_layer,
+                 "logistic": _logistic_layer, "local_avgpool": _local_avgpool, "reorg3d": _reorg3d,
+                 "l2norm": _l2norm, "empty": _empty, "cost": _cost, "implicit": _implicit, "implicit_add": _implicit,
+                 "implicit_mul": _implicit}
 _WITH_LAYERS: dict = {"route": _route, "shortcut": _shortcut, "scale_channels": _scale_channels, "sam": _sam}
 
 
@@ -290,6 +488,9 @@ def build_layers(sections: list, net: NetInfo) -> list:
     return layers
 
 
+HEADS = ("yolo", "region", "gaussian_yolo", "detection")
+
+
 def head_layers(layers: list) -> list:
-    """The [yolo]/[region] layers, in cfg order."""
-    return [l for l in layers if l.kind in ("yolo", "region")]
+    """The detection heads ([yolo], [region], [Gaussian_yolo], [detection]), in cfg order."""
+    return [l for l in layers if l.kind in HEADS]

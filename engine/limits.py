@@ -13,6 +13,7 @@ Kernels index with 32-bit integers, so no single buffer may exceed 2^31 elements
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional
 
 from .errors import LimitError
@@ -118,3 +119,63 @@ def check_executor(graph, arena_elems: int, workspace_elems: int, batch: int, it
                          f"{gib(wb['activations'] + wb['weights'] + wb['workspace'])} of a batch-{batch} total "
                          f"{gib(total)} (activations {gib(arena)}, weights {gib(weights)}, "
                          f"workspace {gib(workspace)}), {why}")
+
+
+# -- image files ------------------------------------------------------------------------------
+MAX_IMAGE_PIXELS = 1 << 28      # 16384 x 16384: ~1.8 GiB peak for the whole CLI process (README) itself
+
+
+def image_header_size(data: bytes) -> Optional[tuple]:
+    """(width, height) from a PNG, JPEG, BMP, WebP or PNM header without decoding; None if unknown."""
+    import struct
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        return struct.unpack(">II", data[16:24])
+    if data[:2] == b"BM" and len(data) >= 26:
+        w, h = struct.unpack("<ii", data[18:26])
+        return abs(w), abs(h)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
+        kind = data[12:16]
+        if kind == b"VP8X":
+            return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+        if kind == b"VP8 ":
+            w, h = struct.unpack("<HH", data[26:30])
+            return w & 0x3FFF, h & 0x3FFF
+        if kind == b"VP8L":
+            bits = int.from_bytes(data[21:25], "little")
+            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if data[:2] == b"\xff\xd8":
+        return _jpeg_size(data)
+    if data[:1] == b"P" and data[1:2] in b"123456" and len(data) > 2:
+        fields = re.sub(rb"#[^\n]*", b" ", data[2:256]).split()
+        if len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit():
+            return int(fields[0]), int(fields[1])
+    return None
+
+
+def _jpeg_size(data: bytes) -> Optional[tuple]:
+    """Walk a JPEG's marker segments to its first start-of-frame (SOF0..SOF15 but DHT/JPG/DAC)."""
+    i = 2
+    while i + 9 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:                    # fill byte
+            i += 1
+            continue
+        if 0xD0 <= marker <= 0xD9 or marker == 0x01:
+            i += 2
+            continue
+        seg = int.from_bytes(data[i + 2:i + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            h, w = int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big")
+            return w, h
+        i += 2 + seg
+    return None
+
+
+def check_image_pixels(data: bytes, name: str) -> None:
+    """Raise LimitError if an encoded image's header claims more than MAX_IMAGE_PIXELS."""
+    size = image_header_size(data)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise LimitError(f"{name}: image is {size[0]}x{size[1]} pixels, more than the {MAX_IMAGE_PIXELS} pixel "
+                         f"limit (16384x16384); scale it down first")

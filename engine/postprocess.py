@@ -1,8 +1,10 @@
 """Network heads -> detections, as Darknet (AlexeyAB) decodes them.
 
 ``[yolo]``: logistic on x, y, objectness and classes (not with ``new_coords``), ``scale_x_y``,
-box sizes from anchors; ``[region]``: logistic x, y, objectness and softmax classes. Boxes are
-mapped back with ``correct_yolo_boxes`` and suppressed per class by the head's ``nms_kind``.
+box sizes from anchors; ``[region]``: logistic x, y, objectness and softmax classes;
+``[Gaussian_yolo]``: [yolo] with a sigma per box coordinate that discounts the probabilities;
+``[detection]`` (YOLOv1): boxes per grid cell of a flat vector. Boxes are mapped back with
+``correct_yolo_boxes`` and suppressed per class by the head's ``nms_kind``.
 """
 from __future__ import annotations
 
@@ -23,10 +25,14 @@ class Detection:
     confidence: float
     box: tuple                        # clipped to the image
     unclipped: Optional[tuple] = None  # the same box before clipping, as Darknet prints it
+    track_id: Optional[int] = None     # a stable id across frames, when a Tracker assigned one
 
     def to_dict(self) -> dict:
-        return {"class_id": self.class_id, "label": self.label, "confidence": round(float(self.confidence), 6),
-                "box": [round(float(v), 2) for v in self.box]}
+        out = {"class_id": self.class_id, "label": self.label, "confidence": round(float(self.confidence), 6),
+               "box": [round(float(v), 2) for v in self.box]}
+        if self.track_id is not None:
+            out["track_id"] = self.track_id
+        return out
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -88,6 +94,64 @@ def decode_region(raw: np.ndarray, p: dict, thresh: float):
     return np.stack([bx, by, bw, bh], 1), np.ones(len(n_idx), np.float32), probs
 
 
+def decode_gaussian_yolo(raw: np.ndarray, p: dict, net_w: int, net_h: int, thresh: float):
+    """One [Gaussian_yolo] head (C, H, W) -> (boxes, objectness, probs), as get_gaussian_yolo_detections.
+
+    Per anchor: x, y, w, h each as (mean, sigma), objectness, classes. Logistic on everything but the
+    w and h means; scale_x_y on the x and y means; a class's probability is objectness x class x
+    (1 - the mean of the four sigmas)."""
+    nm = len(p["mask"])
+    _, lh, lw = raw.shape
+    x = raw.reshape(nm, p["classes"] + 9, lh, lw).astype(np.float32).copy()
+    act = [0, 1, 2, 3, 5, 7] + list(range(8, p["classes"] + 9))
+    x[:, act] = _sigmoid(x[:, act])
+    s = p["scale_x_y"]
+    x[:, [0, 2]] = x[:, [0, 2]] * s - 0.5 * (s - 1)
+    keep = x[:, 8] > thresh
+    n_idx, row, col = np.nonzero(keep)
+    anchors = np.asarray(p["anchors"], np.float32).reshape(-1, 2)[np.asarray(p["mask"])[n_idx]]
+    v = x[n_idx, :, row, col]                        # (boxes, classes + 9)
+    bw = np.exp(v[:, 4]) * anchors[:, 0] / net_w
+    bh = np.exp(v[:, 6]) * anchors[:, 1] / net_h
+    bx = (col + v[:, 0]) / lw
+    by = (row + v[:, 2]) / lh
+    if p["yolo_point"] == "left_top":
+        bx, by = bx + bw / 2, by + bh / 2
+    elif p["yolo_point"] == "right_bottom":
+        bx, by = bx - bw / 2, by - bh / 2
+    obj = v[:, 8]
+    uncertainty = (v[:, 1] + v[:, 3] + v[:, 5] + v[:, 7]) / 4
+    probs = obj[:, None] * v[:, 9:] * (1 - uncertainty[:, None])
+    probs = np.where(probs > thresh, probs, 0.0)
+    return np.stack([bx, by, bw, bh], 1), obj, probs
+
+
+def decode_detection(raw: np.ndarray, p: dict, thresh: float):
+    """A YOLOv1 [detection] head (its flat input) -> (boxes, objectness, probs), as get_detection_detections.
+
+    The input holds side*side cells of class scores (softmaxed when ``softmax``), then num confidences
+    per cell, then num boxes (x, y, w, h) per cell; w and h are squared when ``sqrt``."""
+    side, n, classes = p["side"], p["num"], p["classes"]
+    cells = side * side
+    v = raw.reshape(-1).astype(np.float32)
+    cls = v[:cells * classes].reshape(cells, classes)
+    if p["softmax"]:
+        e = np.exp(cls - cls.max(axis=1, keepdims=True))
+        cls = e / e.sum(axis=1, keepdims=True)
+    scale = v[cells * classes:cells * (classes + n)].reshape(cells, n)
+    box = v[cells * (classes + n):].reshape(cells, n, 4)
+    cell = np.arange(cells)
+    bx = (box[..., 0] + (cell % side)[:, None]) / side
+    by = (box[..., 1] + (cell // side)[:, None]) / side
+    power = 2 if p["sqrt"] else 1
+    bw, bh = box[..., 2] ** power, box[..., 3] ** power
+    probs = scale[:, :, None] * cls[:, None, :]      # (cells, n, classes)
+    probs = np.where(probs > thresh, probs, 0.0).reshape(cells * n, classes)
+    keep = probs.max(axis=1) > 0
+    boxes = np.stack([bx, by, bw, bh], -1).reshape(cells * n, 4)
+    return boxes[keep], scale.reshape(-1)[keep], probs[keep]
+
+
 def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
     """Darknet's correct_yolo_boxes: undo the layout offset/scale; result relative to the image."""
     b = boxes.astype(np.float64).copy()
@@ -96,6 +160,15 @@ def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
     b[:, 2] *= place.net_w / place.new_w
     b[:, 3] *= place.net_h / place.new_h
     return b
+
+
+def finite_only(boxes: np.ndarray, probs: np.ndarray) -> tuple:
+    """(boxes, probs, dropped): rows whose box or scores are not finite removed (overflowing
+    anchors or weights), so no NaN or infinity reaches NMS, printing or JSON."""
+    ok = np.isfinite(boxes).all(axis=1) & np.isfinite(probs).all(axis=1)
+    if ok.all():
+        return boxes, probs, 0
+    return boxes[ok], probs[ok], int((~ok).sum())
 
 
 def _iou_terms(a: np.ndarray, b: np.ndarray):

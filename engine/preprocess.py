@@ -89,14 +89,22 @@ def placement(fit: str, img_w: int, img_h: int, net_w: int, net_h: int, stride: 
 
 def to_blob(image_bgr: np.ndarray, net_w: int, net_h: int, fit: str = "stretch", out=None,
             place: Optional[Placement] = None) -> np.ndarray:
-    """One image -> (3, H, W) float32 in [0, 1], RGB, laid out by ``place`` (default: ``fit`` at net_w x net_h)."""
+    """One image -> (3, H, W) float32 in [0, 1], RGB, laid out by ``place`` (default: ``fit`` at net_w x net_h).
+
+    An ``out`` with one channel (a ``channels=1`` model) gets the image in grey, converted
+    before resizing as Darknet loads images for such a model."""
     img = check_image(image_bgr)
+    gray = out is not None and out.shape[0] == 1
+    if gray:
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)[:, :, None]
     h, w = img.shape[:2]
     if place is None:
         place = placement("letterbox" if fit == "crop" else fit, w, h, net_w, net_h)
     resized = cv2.resize(img, (place.new_w, place.new_h), interpolation=cv2.INTER_LINEAR)
+    if gray:
+        resized = resized.reshape(place.new_h, place.new_w, 1)
     if place.padded:
-        canvas = np.full((place.net_h, place.net_w, 3), 127.5, np.float32)
+        canvas = np.full((place.net_h, place.net_w, img.shape[2]), 127.5, np.float32)
         canvas[place.y0:place.y0 + place.new_h, place.x0:place.x0 + place.new_w] = resized
         rgb = canvas[:, :, ::-1]
     else:

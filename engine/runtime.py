@@ -130,6 +130,7 @@ class Runtime:
         self.fp16 = "cl_khr_fp16" in self.device.extensions
         self.is_cpu = bool(self.device.type & cl.device_type.CPU)
         self.builds = 0          # programs compiled from source (not from cache) in this process
+        self.on_first_build = None   # called once, before the first compile from source (a notice)
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -210,6 +211,10 @@ class Runtime:
                         return cl.Program(self.context, [self.device], [binary]).build(options=opts)
             except (cl.Error, OSError):
                 pass   # stale or corrupt binary: rebuild from source below
+        with self._lock:
+            notify, self.on_first_build = self.on_first_build, None
+        if notify is not None:
+            notify()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")   # compiler chatter (e.g. ABI notes) is not the user's concern

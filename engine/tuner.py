@@ -59,6 +59,7 @@ BUILDS = ("processes", "threads")
 TRAVERSE_CHUNK = 256        # candidates a traversal binds (compiles) in parallel before timing them
 CLOCKS = ("events", "cpu")
 _WARNED: set = set()
+_PARSED: dict = {}         # path -> ((size, mtime, inode), records): see read_db
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -120,15 +121,31 @@ def shipped_db_paths() -> list:
     return sorted(root.glob("*.yaml")) if root.is_dir() else []
 
 
+MAX_DB_BYTES = 4 << 20      # ~40000 tuned shapes; a 20 MiB file took 98 s and 1.5 GB to parse
+
+
 def read_db(path: Path) -> list:
-    """The records of one database file; a missing file is empty, a corrupt one warns and is empty."""
+    """The records of one database file; a missing file is empty; a corrupt one, or one over
+    MAX_DB_BYTES, warns once and is empty. Parsed files are kept by (size, mtime), so a second
+    Detector in the same process does not parse the database again."""
     import yaml
+    from .userfiles import read_bytes
     path = Path(path)
-    if not path.is_file():
-        return []
     try:
-        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml: 10x
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        st = path.stat()
+    except (OSError, ValueError):
+        return []
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    cached = _PARSED.get(str(path))
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        text = read_bytes(path, "tuning database", MAX_DB_BYTES).decode()
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml: 10x
+    except YoloClError as e:
+        _warn_once(f"corrupt:{path}", f"{e}; ignoring it (run 'yolo-cl tune --db' with a new file)")
+        return []
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
         _warn_once(f"corrupt:{path}", f"tuning database {path} is unreadable ({str(e).splitlines()[0][:120]}); "
                                       f"ignoring it")
         return []
@@ -139,7 +156,19 @@ def read_db(path: Path) -> list:
                                              for r in recs):
         _warn_once(f"corrupt:{path}", f"tuning database {path} is not a yolo-cl tuning file; ignoring it")
         return []
+    _PARSED[str(path)] = (stamp, recs)
     return recs
+
+
+def check_db_writable(path: Path) -> None:
+    """Refuse, before tuning, a database file that merging would lose (over MAX_DB_BYTES)."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return
+    if size > MAX_DB_BYTES:
+        raise YoloClError(f"{path}: tuning database is {size} bytes, more than the {MAX_DB_BYTES} byte limit; "
+                          f"give another --db file")
 
 
 def merge_records(old: list, new: list) -> list:
@@ -168,6 +197,7 @@ def write_db(path: Path, records: list) -> None:
     with open(str(path) + ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
+            check_db_writable(path)
             merged = merge_records(read_db(path), records)
             text = "# yolo-cl tuning database: tuned kernel configs per device, layer shape and precision.\n" + \
                 yaml.safe_dump({"version": DB_VERSION, "records": merged}, sort_keys=False, default_flow_style=None,

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import signal
 import sys
 import threading
@@ -30,6 +29,8 @@ import numpy as np
 
 from .errors import ImageError, YoloClError
 from .preprocess import check_image, to_blob
+from .userfiles import display, escape
+from .writers import AtomicFile, VideoFile
 
 log = logging.getLogger("yolo_cl.video")
 
@@ -127,10 +128,11 @@ def _open_capture(target: Union[int, str], kind: str, timeout_s: float):
     try:
         if kind == "url":
             ms = int(timeout_s * 1000)
-            cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG,
-                                   [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms])
-            if not cap.isOpened():
-                cap = cv2.VideoCapture(target)
+            params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms]
+            # FFmpeg honours the timeouts; retrying a failed URL with another backend (or FFmpeg's
+            # 30 s default) would overrun them, so only a build without FFmpeg tries the others
+            has_ffmpeg = cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG)
+            cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG if has_ffmpeg else cv2.CAP_ANY, params)
         else:
             cap = cv2.VideoCapture(target)
     finally:
@@ -450,6 +452,7 @@ class Result:
     detections: list
     timestamp: float
     read_at: float
+    trails: Optional[dict] = None     # tracks' recent centres (``Tracker.trails``), for drawing
 
 
 @dataclass
@@ -530,11 +533,12 @@ class Pipeline:
                         return
                     batch = None
                 if batch is None:
-                    blob = self._take_blob(size)
-                    if blob is None:
+                    blob = None if det.device_preprocess else self._take_blob(size)
+                    if blob is None and not det.device_preprocess:
                         return
                     batch = _Batch([], [], blob, size)
-                to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
+                if batch.blob is not None:  # else the device resizes it, after submit
+                    to_blob(frame.image, size[0], size[1], out=batch.blob[len(batch.frames)], place=place)
                 times.add(time.perf_counter() - t0)
                 batch.frames.append(frame)
                 batch.places.append(place)
@@ -555,6 +559,13 @@ class Pipeline:
                 if item is _END:
                     break
                 t0 = time.perf_counter()
+                if item.blob is None:       # device path: enqueue only; postprocess waits for it
+                    pending = self.detector.submit([f.image for f in item.frames], self.thresh, self.nms)
+                    times.add(time.perf_counter() - t0)
+                    for i, (frame, place) in enumerate(zip(item.frames, item.places)):
+                        if not self._heads.put((frame, (pending, i), place)):
+                            return
+                    continue
                 outs = self.detector.forward(item.blob)
                 times.add(time.perf_counter() - t0)
                 self._give_blob(item)
@@ -574,7 +585,10 @@ class Pipeline:
                 frame, heads, place = item
                 t0 = time.perf_counter()
                 h, w = frame.image.shape[:2]
-                dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
+                if isinstance(heads, tuple):    # a frame in flight on the device path
+                    dets = self.detector.result(heads[0])[heads[1]]
+                else:
+                    dets = self.detector.postprocess(heads, w, h, self.thresh, self.nms, place)
                 times.add(time.perf_counter() - t0)
                 if not self._results.put(Result(frame.index, frame.image, dets, frame.timestamp, frame.read_at)):
                     return
@@ -595,6 +609,8 @@ class Pipeline:
             return pool.popleft() if pool else None
 
     def _give_blob(self, item: _Batch) -> None:
+        if item.blob is None:
+            return
         with self._pool_cond:
             self._pools[item.size].append(item.blob)
             self._pool_cond.notify_all()
@@ -677,14 +693,80 @@ class Pipeline:
             self.close()
 
 
+class OutputStages:
+    """Drawing and writing beside inference: ``put`` hands a Result to a draw thread, which
+    passes (result, annotated frame) in order to a write thread calling ``write``. A video
+    output then runs at the rate of the slower of drawing and encoding (OpenCV releases the
+    GIL in both), not at the rate of their sum in the thread that also collects results."""
+
+    def __init__(self, write, names, drawing: bool, times: Optional[StageTimes] = None, depth: int = 4) -> None:
+        self._write, self._names, self._drawing, self._times = write, names, drawing, times
+        self._todo, self._drawn = Channel(depth), Channel(depth)
+        self._error: Optional[BaseException] = None
+        self._threads = [threading.Thread(target=self._guard(f), name=f"yolo-cl-{n}", daemon=True)
+                         for n, f in (("draw", self._draw), ("write", self._writer))]
+        for t in self._threads:
+            t.start()
+
+    _guard = Pipeline._guard     # a failing stage records its error and stops the others
+
+    def _draw(self) -> None:
+        from .draw import draw
+        try:
+            while True:
+                r = self._todo.get()
+                if r is _END:
+                    break
+                t0 = time.perf_counter()
+                annotated = draw(r.frame, r.detections, self._names, r.trails) if self._drawing else None
+                if not self._drawn.put((r, annotated, time.perf_counter() - t0)):
+                    return
+        finally:
+            self._drawn.close()
+
+    def _writer(self) -> None:
+        while True:
+            item = self._drawn.get()
+            if item is _END:
+                break
+            r, annotated, drawn_s = item
+            t0 = time.perf_counter()
+            self._write(r, annotated)
+            if self._times is not None:
+                self._times.add(drawn_s + time.perf_counter() - t0)
+
+    def put(self, r: "Result") -> bool:
+        """Queue one result (waits while both stages are ``depth`` frames behind); False after a failure."""
+        if self._error is not None:
+            return False
+        return self._todo.put(r)
+
+    def stop(self) -> None:
+        """Abandon the frames still queued."""
+        self._todo.stop()
+        self._drawn.stop()
+
+    def close(self) -> None:
+        """Finish the queued frames and wait for both threads; re-raises a stage's failure."""
+        self._todo.close()
+        for t in self._threads:
+            t.join()
+        if self._error is not None:
+            raise self._error
+
+
 def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: int = 1,
            live: Optional[bool] = None, reconnect: int = 5, backoff: float = 1.0, timeout: float = 10.0,
-           fps: Optional[float] = None, stats: Optional[list] = None) -> Iterator[tuple]:
+           fps: Optional[float] = None, stats: Optional[list] = None, track: bool = False,
+           track_age: int = 30) -> Iterator[tuple]:
     """Yield ``(frame_index, frame, detections)`` for every frame the pipeline processes.
 
     See ``open_source`` for ``source``, ``live``, ``reconnect``, ``backoff``, ``timeout`` and
-    ``fps``. Pass a list as ``stats`` to receive the run's StreamStats when it ends.
+    ``fps``. Pass a list as ``stats`` to receive the run's StreamStats when it ends. ``track``
+    gives each detection a ``track_id`` that stays with its object across frames (a track
+    survives ``track_age`` frames without a detection; see ``yolo_cl.track``).
     """
+    tracker = _tracker(track, track_age)
     src = open_source(source, live=live, reconnect=reconnect, backoff=backoff, timeout=timeout, fps=fps)
     pipe = None
     try:
@@ -692,6 +774,8 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
         if stats is not None:
             stats.append(pipe.stats)
         for r in pipe:
+            if tracker is not None:
+                r.detections = tracker.update(r.detections, r.index)
             yield r.index, r.frame, r.detections
     finally:
         if pipe is not None:
@@ -700,58 +784,55 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
             src.close()
 
 
-# -- output -------------------------------------------------------------------------------------
-def _temp_beside(path: Path) -> Path:
-    """Reserve a hidden temp file next to ``path`` (same folder, same suffix) or fail now."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.part{path.suffix}")
+def _tracker(track: bool, max_age: int):
+    """A Tracker for ``track=True`` (scipy is needed: the ``track`` extra), else None."""
+    if not track:
+        return None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        open(tmp, "xb").close()      # unlike mkstemp, keeps the user's umask permissions
-    except OSError as e:
-        raise YoloClError(f"{path}: cannot write output ({e.strerror or e})") from None
-    return tmp
+        import scipy.optimize  # noqa: F401
+    except ImportError:
+        raise YoloClError("tracking needs scipy: pip install 'yolo-cl[track]'") from None
+    from .track import Tracker
+    return Tracker(max_age=max_age)
 
 
+# -- output -------------------------------------------------------------------------------------
 class OutputSink:
     """Annotated video and/or JSONL, written under temp names and renamed into place at the end.
 
     The constructor reserves both temp files, so an unwritable path fails before any work.
-    The VideoWriter (mp4v) opens as soon as the frame size is known, at the source's fps.
+    Every write is checked (yolo_cl.writers): the first failure removes both temp files and
+    raises one OutputError; ``finish`` verifies the video is complete before the rename.
     """
 
     def __init__(self, out: Optional[Union[str, Path]], jsonl: Optional[Union[str, Path]]) -> None:
         self.out = Path(out) if out else None
         self.jsonl = Path(jsonl) if jsonl else None
-        self._video_tmp = self._jsonl_tmp = None
-        self._writer = None
-        self._size: Optional[tuple] = None
-        self._fps = 30.0
-        self._jf = None
+        self._video: Optional[VideoFile] = None
+        self._jf: Optional[AtomicFile] = None
         self.frames = 0
         try:
             if self.out is not None:
-                self._video_tmp = _temp_beside(self.out)
+                self._video = VideoFile(self.out)
             if self.jsonl is not None:
-                self._jsonl_tmp = _temp_beside(self.jsonl)
-                self._jf = open(self._jsonl_tmp, "w", encoding="utf-8")
+                self._jf = AtomicFile(self.jsonl, "JSON lines")
         except BaseException:
             self.discard()
             raise
 
     def open_video(self, fps: Optional[float], size: Optional[tuple]) -> None:
         """Open the VideoWriter now if the size is known; raise if OpenCV cannot write that file."""
-        self._fps = fps or 30.0
-        if self.out is not None and size is not None:
-            self._open_writer(size)
+        if self._video is not None:
+            self._video.fps = fps or 30.0
+            if size is not None:
+                self._guarded(self._video.open, size)
 
-    def _open_writer(self, size: tuple) -> None:
-        if self._writer is not None:
-            self._writer.release()
-        self._writer = cv2.VideoWriter(str(self._video_tmp), cv2.VideoWriter_fourcc(*"mp4v"), self._fps, size)
-        if not self._writer.isOpened():
-            self._writer = None
-            raise YoloClError(f"{self.out}: OpenCV cannot write this video file (use .mp4, .avi or .mkv)")
-        self._size = size
+    def _guarded(self, fn, *a) -> None:
+        try:
+            fn(*a)
+        except BaseException:
+            self.discard()
+            raise
 
     @property
     def wants_drawing(self) -> bool:
@@ -759,56 +840,32 @@ class OutputSink:
 
     def write(self, r: Result, annotated: Optional[np.ndarray]) -> None:
         """Append one frame: the annotated image to the video, a JSON line to the JSONL."""
-        if self.out is not None and annotated is not None:
-            h, w = annotated.shape[:2]
-            if self._writer is None or (self.frames == 0 and self._size != (w, h)):
-                self._open_writer((w, h))
-            if (w, h) != self._size:
-                annotated = cv2.resize(annotated, self._size, interpolation=cv2.INTER_AREA)
-            self._writer.write(annotated)
+        if self._video is not None and annotated is not None:
+            self._guarded(self._video.write, annotated)
         if self._jf is not None:
             rec = {"frame_id": r.index, "timestamp": round(float(r.timestamp), 6),
                    "objects": [d.to_dict() for d in r.detections]}
-            self._jf.write(json.dumps(rec) + "\n")
-            self._jf.flush()
+            self._guarded(self._jf.write, json.dumps(rec, allow_nan=False) + "\n", True)
         self.frames += 1
 
     def finish(self) -> list:
-        """Close the files and rename them into place; with no frames written, leave nothing."""
+        """Finalise, verify and rename the files into place; with no frames written, leave nothing."""
         if self.frames == 0:
             self.discard()
             return []
         done = []
-        if self._writer is not None:
-            self._writer.release()
-            self._writer = None
-        if self._jf is not None:
-            self._jf.flush()
-            os.fsync(self._jf.fileno())
-            self._jf.close()
-            self._jf = None
-        for tmp, final in ((self._video_tmp, self.out), (self._jsonl_tmp, self.jsonl)):
-            if tmp is not None and final is not None:
-                os.replace(tmp, final)
-                done.append(final)
-        self._video_tmp = self._jsonl_tmp = None
+        for f in (self._video, self._jf):
+            if f is not None:
+                self._guarded(lambda: done.append(f.commit()))
+        self._video = self._jf = None
         return done
 
     def discard(self) -> None:
-        """Drop the temp files (nothing useful was written)."""
-        if self._writer is not None:
-            self._writer.release()
-            self._writer = None
-        if self._jf is not None:
-            self._jf.close()
-            self._jf = None
-        for tmp in (self._video_tmp, self._jsonl_tmp):
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-        self._video_tmp = self._jsonl_tmp = None
+        """Drop the temp files (nothing useful was written, or a write failed)."""
+        for f in (self._video, self._jf):
+            if f is not None:
+                f.abort()
+        self._video = self._jf = None
 
 
 class Progress:
@@ -882,11 +939,13 @@ def run_detect_stream(detector, source, args) -> int:
     """The CLI's video/camera/URL path. Returns the exit status (0, or 130 after Ctrl-C).
 
     ``args`` attributes (all optional): out (annotated video), jsonl (one JSON line per
-    frame), show, batch, live, reconnect, backoff, thresh, nms, quiet. Outputs appear under
-    their final names only when the run ends, completed or interrupted.
+    frame), show, batch, live, reconnect, backoff, thresh, nms, quiet, track, track_age.
+    Outputs appear under their final names only when the run ends, completed or interrupted;
+    a write that fails removes both temp files and raises OutputError.
     """
     opt = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
     quiet = bool(opt("quiet", False))
+    tracker = _tracker(bool(opt("track", False)), opt("track_age", 30))
     sink = OutputSink(opt("out", None), opt("jsonl", None))       # unwritable outputs fail here, first
     src = None
     try:
@@ -907,35 +966,60 @@ def run_detect_stream(detector, source, args) -> int:
     progress = Progress(sys.stderr, src.frame_count, src.live)
     out_times = pipe.stats.stages["output"]
     user_quit = False
-    try:
-        with _Interrupt(pipe.interrupt) as interrupt:
+    written: list = []
+    # Without a window, drawing and writing run in their own threads (--show draws here: the
+    # window belongs to this thread).
+    outputs = None if show else OutputStages(sink.write, names, sink.wants_drawing, out_times)
+    with _Interrupt(pipe.interrupt) as interrupt:     # also covers finishing the files
+        ok = False
+        try:
             for r in pipe:
-                t0 = time.perf_counter()
-                annotated = draw(r.frame, r.detections, names) if (sink.wants_drawing or show) else None
-                sink.write(r, annotated)
-                if show:
+                if tracker is not None:
+                    r.detections = tracker.update(r.detections, r.index)
+                    r.trails = tracker.trails()
+                if outputs is not None:
+                    if not outputs.put(r):
+                        break
+                else:
+                    t0 = time.perf_counter()
+                    annotated = draw(r.frame, r.detections, names, r.trails)
+                    sink.write(r, annotated)
                     cv2.imshow("yolo-cl", annotated)
                     user_quit = (cv2.waitKey(1) & 0xFF) in (27, ord("q"))
-                out_times.add(time.perf_counter() - t0)
+                    out_times.add(time.perf_counter() - t0)
                 if not quiet:
                     progress.update(pipe.stats)
                 if interrupt.hit or user_quit:
                     break
-            interrupted = interrupt.hit
-    finally:
-        pipe.close()
-        if show:
-            cv2.destroyAllWindows()
-        progress.finish()
-        if not pipe.reading:
-            src.close()
-        written = sink.finish()
+            ok = True
+        finally:
+            pipe.close()
+            failed = None
+            if outputs is not None:
+                if not ok:
+                    outputs.stop()
+                try:
+                    outputs.close()            # the frames already queued are drawn and written
+                except BaseException as e:     # noqa: B902 - re-raised once everything is closed
+                    failed, ok = e, False
+            if show:
+                cv2.destroyAllWindows()
+            progress.finish()
+            if not pipe.reading:
+                src.close()
+            if ok:
+                written = sink.finish()
+            else:
+                sink.discard()
+            if failed is not None:
+                raise failed
+        interrupted = interrupt.hit
     if interrupted:
         pipe.stats.end = "interrupted"
     elif user_quit:
         pipe.stats.end = "stopped by user"
     if not quiet:
-        print(pipe.stats.format(), file=sys.stderr)
+        print("\n".join(escape(line) for line in pipe.stats.format().splitlines()), file=sys.stderr)
         for path in written:
-            print(f"wrote {path}", file=sys.stderr)
+            print(f"wrote {display(path)}", file=sys.stderr)
     return 130 if interrupted else 0

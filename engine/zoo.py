@@ -5,7 +5,6 @@ the list whose length matches the model's class count (COCO's 80, VOC's 20).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from .resources import resource_dir
@@ -23,13 +22,17 @@ def zoo_cfgs() -> dict:
 
 
 def resolve(name: str) -> Optional[tuple]:
-    """(cfg, weights or None) for a zoo name, or None if ``name`` is not in the zoo."""
+    """(cfg, weights or None) for a zoo name, or None if ``name`` is not in the zoo. Weights are the
+    bundled file, else a download in the user cache (``<cache>/weights/NAME.weights``)."""
     cfg = zoo_cfgs().get(name)
     if cfg is None:
         return None
     weights = cfg.with_suffix(".weights")
     if not weights.is_file():
         weights = resource_dir("models") / f"{name}.weights"
+    if not weights.is_file():                      # fetched earlier by `yolo-cl download NAME`
+        from .runtime import cache_dir
+        weights = cache_dir() / "weights" / f"{name}.weights"
     return cfg, (weights if weights.is_file() else None)
 
 
@@ -42,10 +45,6 @@ def default_names(classes: int) -> Optional[list]:
 
 
 def read_names(path) -> list:
-    """One class name per line (blank lines dropped)."""
-    from .errors import YoloClError
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise YoloClError(f"{path}: cannot read names file ({e.strerror})") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    """One class name per line (blank lines dropped), read through the bounded user-file reader."""
+    from .userfiles import read_text
+    return [line.strip() for line in read_text(path, "names file").splitlines() if line.strip()]

@@ -92,7 +92,42 @@ def activate(x: np.ndarray, name: str) -> np.ndarray:
         return x * logistic(x)
     if name == "hard_mish":
         return np.where(x > 0, x, np.where(x > -2, x * x / 2 + x, 0.0))
+    with np.errstate(over="ignore"):
+        em1 = np.expm1(np.minimum(x, 0.0))
+        if name == "elu":
+            return np.where(x >= 0, x, em1)
+        if name == "selu":
+            return np.where(x >= 0, 1.0507 * x, 1.0507 * 1.6732 * em1)
+        if name == "loggy":
+            return 2.0 / (1.0 + np.exp(-x)) - 1.0
+    if name == "gelu":
+        return 0.5 * x * (1 + np.tanh(0.797885 * x + 0.035677 * x ** 3))
+    if name == "hardtan":
+        return np.clip(x, -1.0, 1.0)
+    if name == "lhtan":
+        return np.where(x < 0, 0.001 * x, np.where(x > 1, 0.001 * (x - 1) + 1, x))
+    if name == "ramp":
+        return np.where(x > 0, x, 0.0) + 0.1 * x
+    if name == "plse":
+        return np.where(x < -4, 0.01 * (x + 4), np.where(x > 4, 0.01 * (x - 4) + 1, 0.125 * x + 0.5))
+    if name == "stair":                         # C's n % 2 keeps the sign: odd negatives are odd too
+        n = np.floor(x)
+        return np.where(np.fmod(n, 2) == 0, np.floor(x / 2), (x - n) + np.floor(x / 2))
+    if name == "relie":
+        return np.where(x > 0, x, 0.01 * x)
+    if name == "revleaky":                      # activate(): case REVLEAKY falls through to leaky
+        return np.where(x > 0, x, 0.1 * x)
     raise NotImplementedError(f"activation {name!r}")
+
+
+def normalize_channels(x: np.ndarray, name: str) -> np.ndarray:
+    """activate_array_normalize_channels[_softmax]: per pixel across channels, eps 1e-4 in the sum."""
+    if name == "normalize_channels":
+        pos = np.where(x > 0, x, 0.0)
+        return pos / (1e-4 + pos.sum(axis=1, keepdims=True))
+    m = x.max(axis=1, keepdims=True) if name.endswith("maxval") else 0.0
+    e = np.exp(x - m)
+    return e / (1e-4 + e.sum(axis=1, keepdims=True))
 
 
 # -- layers -------------------------------------------------------------------------------------------
@@ -131,7 +166,8 @@ def convolutional(o: Options, x: np.ndarray, params) -> np.ndarray:
         var = np.asarray(params.variance, np.float64).reshape(col)
         y = (y - mean) / np.sqrt(var + BN_EPS) * np.asarray(params.scales, np.float64).reshape(col)
     y = y + np.asarray(params.biases, np.float64).reshape(col)
-    return activate(y, o.str("activation", "logistic"))
+    act = o.str("activation", "logistic")
+    return normalize_channels(y, act) if act.startswith("normalize_channels") else activate(y, act)
 
 
 def maxpool(o: Options, x: np.ndarray) -> np.ndarray:
@@ -231,6 +267,115 @@ def softmax(o: Options, x: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=2, keepdims=True)).reshape(x.shape)
 
 
+def connected(o: Options, x: np.ndarray, params) -> np.ndarray:
+    """forward_connected_layer: flat input times weights^T, then batchnorm (unfused) or bias, activation."""
+    n_ = x.shape[0]
+    outputs = o.int("output", 1)
+    y = x.reshape(n_, -1) @ np.asarray(params.weights, np.float64).reshape(outputs, -1).T
+    if o.int("batch_normalize", 0):
+        y = (y - params.mean) / np.sqrt(np.asarray(params.variance, np.float64) + BN_EPS) * params.scales
+    y = y + params.biases
+    return activate(y, o.str("activation", "logistic")).reshape(n_, outputs, 1, 1)
+
+
+def deconvolutional(o: Options, x: np.ndarray, params) -> np.ndarray:
+    """forward_deconvolutional_layer (pjreddie): GEMM weights^T x input, col2im (scatter-add), BN or bias, activation."""
+    n_, c, h, w = x.shape
+    f = o.int("filters", 1)
+    size = o.int("size", 1)
+    s = o.int("stride", 1)
+    pad = size // 2 if o.int("pad", 0) else o.int("padding", 0)
+    oh, ow = (h - 1) * s + size - 2 * pad, (w - 1) * s + size - 2 * pad
+    wts = np.asarray(params.weights, np.float64).reshape(c, f, size, size)
+    big = np.zeros((n_, f, (h - 1) * s + size, (w - 1) * s + size))
+    for ky in range(size):
+        for kx in range(size):
+            big[:, :, ky:ky + (h - 1) * s + 1:s, kx:kx + (w - 1) * s + 1:s] += np.einsum("cf,nchw->nfhw", wts[:, :, ky, kx], x)
+    y = big[:, :, pad:pad + oh, pad:pad + ow]
+    col = (1, -1, 1, 1)
+    if o.int("batch_normalize", 0):
+        y = (y - np.asarray(params.mean, np.float64).reshape(col)) / np.sqrt(
+            np.asarray(params.variance, np.float64).reshape(col) + BN_EPS) * np.asarray(params.scales).reshape(col)
+    y = y + np.asarray(params.biases, np.float64).reshape(col)
+    return activate(y, o.str("activation", "logistic"))
+
+
+def local(o: Options, x: np.ndarray, params) -> np.ndarray:
+    """forward_local_layer: im2col (padded by ``pad``), then each output pixel's own (filters, k) GEMM."""
+    n_, c, h, w = x.shape
+    f, size, s, pad = o.int("filters", 1), o.int("size", 1), o.int("stride", 1), o.int("pad", 0)
+    oh, ow = (h + 2 * pad - size) // s + 1, (w + 2 * pad - size) // s + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    wts = np.asarray(params.weights, np.float64).reshape(oh, ow, f, c, size, size)
+    y = np.asarray(params.biases, np.float64).reshape(1, f, oh, ow).repeat(n_, axis=0)
+    for oy in range(oh):
+        for ox in range(ow):
+            patch = xp[:, :, oy * s:oy * s + size, ox * s:ox * s + size]
+            y[:, :, oy, ox] += np.einsum("fcij,ncij->nf", wts[oy, ox], patch)
+    return activate(y, o.str("activation", "logistic"))
+
+
+def batchnorm(o: Options, x: np.ndarray, params) -> np.ndarray:
+    """forward_batchnorm_layer (inference): normalize with the rolling statistics, scale, add biases."""
+    col = (1, -1, 1, 1)
+    y = (x - np.asarray(params.mean, np.float64).reshape(col)) / np.sqrt(
+        np.asarray(params.variance, np.float64).reshape(col) + BN_EPS)
+    return y * np.asarray(params.scales, np.float64).reshape(col) + np.asarray(params.biases, np.float64).reshape(col)
+
+
+def crop(o: Options, x: np.ndarray) -> np.ndarray:
+    """forward_crop_layer with train=0: the centred window, times 2 minus 1 (noadjust: unchanged)."""
+    _, _, h, w = x.shape
+    ch, cw = o.int("crop_height", 1), o.int("crop_width", 1)
+    dh, dw = (h - ch) // 2, (w - cw) // 2
+    scale, trans = (1.0, 0.0) if o.int("noadjust", 0) else (2.0, -1.0)
+    return x[:, :, dh:dh + ch, dw:dw + cw] * scale + trans
+
+
+def local_avgpool(o: Options, x: np.ndarray) -> np.ndarray:
+    """forward_local_avgpool_layer: maxpool's windows, mean over the cells inside the input."""
+    n_, c, h, w = x.shape
+    stride = o.int("stride", 1)
+    sx, sy = o.int("stride_x", stride), o.int("stride_y", stride)
+    size = o.int("size", stride)
+    padding = o.int("padding", size - 1)
+    oh, ow = (h + padding - size) // sy + 1, (w + padding - size) // sx + 1
+    off = padding // 2
+    big_h, big_w = max(h, (oh - 1) * sy + size) + off, max(w, (ow - 1) * sx + size) + off
+    grown = np.zeros((n_, c, big_h, big_w))
+    grown[:, :, off:off + h, off:off + w] = x
+    inside = np.zeros((1, 1, big_h, big_w))
+    inside[:, :, off:off + h, off:off + w] = 1
+    total, count = np.zeros((n_, c, oh, ow)), np.zeros((1, 1, oh, ow))
+    for dy in range(size):
+        for dx in range(size):
+            total += grown[:, :, dy:dy + (oh - 1) * sy + 1:sy, dx:dx + (ow - 1) * sx + 1:sx]
+            count += inside[:, :, dy:dy + (oh - 1) * sy + 1:sy, dx:dx + (ow - 1) * sx + 1:sx]
+    return total / count
+
+
+def reorg3d(o: Options, x: np.ndarray) -> np.ndarray:
+    """[reorg3d]: reorg_cpu(forward=0) on the output dims: out[k, j, i] = in[k % c, j*s + off/s, i*s + off%s]."""
+    n_, c, h, w = x.shape
+    s = o.int("stride", 1)
+    y = np.empty((n_, c * s * s, h // s, w // s))
+    for k in range(c * s * s):
+        off = k // c
+        y[:, k] = x[:, k % c, off // s::s, off % s::s]
+    return y
+
+
+def l2norm(o: Options, x: np.ndarray) -> np.ndarray:
+    """l2normalize_cpu: each pixel's channel vector over its norm."""
+    return x / np.sqrt((x * x).sum(axis=1, keepdims=True))
+
+
+def implicit(o: Options, n_: int, params) -> np.ndarray:
+    """forward_implicit_layer: the learned (filters, atoms, 1) constant for every image."""
+    v = np.asarray(params.weights, np.float64).reshape(1, o.int("filters", 128), o.int("atoms", 1), 1)
+    return np.repeat(v, n_, axis=0)
+
+
 def forward_layer(layer, x: np.ndarray, outs: list, params: dict) -> np.ndarray:
     """One layer's output from the previous layer's output ``x`` and all earlier outputs ``outs``."""
     o, kind, i = Options(layer.section), layer.kind, layer.index
@@ -254,7 +399,29 @@ def forward_layer(layer, x: np.ndarray, outs: list, params: dict) -> np.ndarray:
         return sam(o, i, x, outs)
     if kind == "softmax":
         return softmax(o, x)
-    if kind in ("dropout", "yolo", "region"):
+    if kind == "connected":
+        return connected(o, x, params[i])
+    if kind == "deconvolutional":
+        return deconvolutional(o, x, params[i])
+    if kind == "batchnorm":
+        return batchnorm(o, x, params[i])
+    if kind == "local":
+        return local(o, x, params[i])
+    if kind == "activation":
+        return activate(x, o.str("activation", "linear"))
+    if kind == "logistic":
+        return logistic(x)
+    if kind == "crop":
+        return crop(o, x)
+    if kind == "local_avgpool":
+        return local_avgpool(o, x)
+    if kind == "reorg3d":
+        return reorg3d(o, x)
+    if kind == "l2norm":
+        return l2norm(o, x)
+    if kind in ("implicit", "implicit_add", "implicit_mul"):
+        return implicit(o, x.shape[0], params[i])
+    if kind in ("dropout", "yolo", "region", "gaussian_yolo", "detection", "empty", "cost"):
         return x
     raise NotImplementedError(f"layer kind [{kind}]")
 
@@ -272,8 +439,8 @@ def forward(layers: list, params: dict, blob: np.ndarray) -> list:
 
 
 def outputs(layers: list, outs: list) -> list:
-    """What ``Detector.forward`` returns: each [yolo]/[region] layer's input, else the last layer's output."""
-    heads = [l for l in layers if l.kind in ("yolo", "region")]
+    """What ``Detector.forward`` returns: each head layer's input, else the last layer's output."""
+    heads = [l for l in layers if l.kind in ("yolo", "region", "gaussian_yolo", "detection")]
     if not heads:
         return [outs[-1]]
     return [outs[l.index - 1] for l in heads]

@@ -281,3 +281,19 @@ def test_detect_video_to_named_file_and_jsonl(capsys, tmp_path):
 def test_video_file_out_needs_one_stream_source(capsys, tmp_path):
     rc, _, err = run(capsys, "detect", DOG, "--out", tmp_path / "x.mp4")
     assert rc == 2 and "needs exactly one video" in err
+
+
+def test_draw_keeps_labels_of_overlapping_boxes_apart():
+    """Tags of boxes that share their top edge do not cover each other (the best keeps the top spot)."""
+    from yolo_cl.draw import _overlaps, _place_tag
+    taken = []
+    boxes = [(20, 40, 140, 110), (30, 40, 150, 110), (25, 42, 145, 100)]
+    for x1, y1, x2, y2 in boxes:
+        taken.append(_place_tag(x1, y1, x2, y2, 60, 12, 160, 120, taken))
+    assert taken[0] == (20, 28, 80, 40)                       # above the best box
+    assert not any(_overlaps(a, b) for i, a in enumerate(taken) for b in taken[i + 1:])
+    assert all(0 <= x1 and x2 <= 160 and 0 <= y1 and y2 <= 120 for x1, y1, x2, y2 in taken)
+    img = np.zeros((120, 160, 3), np.uint8)
+    dets = [Detection(k, f"c{k}", 0.9 - 0.1 * k, tuple(map(float, b))) for k, b in enumerate(boxes)]
+    out = draw(img, dets)
+    assert np.array_equal(out, draw(img, list(reversed(dets))))   # placement follows confidence, not order

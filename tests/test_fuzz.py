@@ -468,3 +468,128 @@ def test_dilated_convs_whose_size_darknet_gets_wrong_are_refused(tmp_path, conv,
         assert graph.nodes[0].output.shape == (4, 16, 16)
     else:
         assert isinstance(result, CfgError) and "dilation=2" in str(result)
+
+
+# -- the command line ----------------------------------------------------------------------------
+# Generated argument lists run through the CLI's main() in-process (what a fresh process would do
+# with the same argv), with every model path drawn from files that cannot load, so a case ends
+# before any OpenCL work: thousands of cases in seconds. A few real subprocess runs follow.
+CLI_OPTIONS = {
+    "detect": ["--model", "--cfg", "--weights", "--names", "--thresh", "--nms", "--out", "--jsonl", "--device",
+               "--size", "--fit", "--precision", "--batch", "--reconnect", "--json", "--letterbox", "--show",
+               "--live", "--verbose"],
+    "info": ["--cfg", "--size", "--batch", "--precision", "--verbose"],
+    "tune": ["--size", "--batch", "--precision", "--device", "--budget", "--db", "--clock", "--jobs", "--verbose"],
+    "bench": ["--size", "--batch", "--precision", "--device", "--weights", "--repeat", "--peak", "--compare"],
+}
+FLAGS = {"--json", "--letterbox", "--show", "--live", "--verbose"}
+NUMBERS = ["0", "1", "-1", "0.5", "nan", "inf", "-inf", "1e309", "416", "608x352", "0x0", "99999999999", "", " ",
+           "3.7", "x"]
+PRINTABLE_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+@pytest.fixture(scope="module")
+def cli_files(tmp_path_factory):
+    """Inputs that can never load a model: missing, a FIFO, a folder, empty, garbage, a device."""
+    d = tmp_path_factory.mktemp("cli")
+    fifo = d / "pipe.cfg"
+    os.mkfifo(fifo)
+    (d / "empty.cfg").write_bytes(b"")
+    (d / "garbage.cfg").write_bytes(b"\xff\x00[net\n=\n")
+    (d / "folder").mkdir()
+    (d / "file").write_bytes(b"x")
+    return d, [str(d / "missing.cfg"), str(fifo), str(d / "folder"), str(d / "empty.cfg"), str(d / "garbage.cfg"),
+               "/dev/zero", "/dev/null"]
+
+
+name_bytes = st.binary(min_size=1, max_size=300).map(lambda b: b.replace(b"\0", b"_").replace(b"/", b"_"))
+
+
+@st.composite
+def cli_argv(draw, d: Path, bad: list):
+    """A random argv whose model-like arguments all fail to load; names under ``d`` only."""
+    def path_arg() -> str:
+        kind = draw(st.sampled_from(["bad", "bytes", "nested", "file_under", "special"]))
+        if kind == "bad":
+            return draw(st.sampled_from(bad))
+        raw = os.fsdecode(draw(name_bytes))
+        if raw in (".", ".."):
+            raw = "_"
+        if kind == "nested":
+            return str(d / "out" / raw / "x.mp4")
+        if kind == "file_under":
+            return str(d / "file" / raw)
+        if kind == "special":
+            return draw(st.sampled_from(["/dev/full", str(d / "folder"), str(d), "/proc/self/status"]))
+        return str(d / raw)
+
+    command = draw(st.sampled_from(sorted(CLI_OPTIONS) + ["", "nonsense", "--version"]))
+    argv = [command] if command else []
+    if command in ("detect", "info", "tune", "bench"):
+        model_opt = {"detect": "--cfg", "info": None, "tune": None, "bench": None}[command]
+        if model_opt:
+            argv += [model_opt, draw(st.sampled_from(bad))]
+        else:
+            argv.append(draw(st.sampled_from(bad)))
+        if command == "detect":
+            argv += [path_arg() for _ in range(draw(st.integers(1, 3)))]
+        for opt in draw(st.lists(st.sampled_from(CLI_OPTIONS[command]), max_size=5)):
+            if opt in ("--model", "--cfg"):
+                continue                  # the model argument above stays one that cannot load
+            argv.append(opt)
+            if opt not in FLAGS:
+                argv.append(draw(st.one_of(st.sampled_from(NUMBERS), st.builds(path_arg))))
+    else:
+        argv += draw(st.lists(st.text(max_size=20), max_size=3))
+    return argv
+
+
+def _run_main(argv: list) -> tuple:
+    import contextlib
+    import io
+    from yolo_cl.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def assert_clean_cli(rc, err: str, argv) -> None:
+    """Exit 0/1/2, and stderr only one-line messages with no control characters or raw bytes."""
+    assert rc in (0, 1, 2), (rc, argv, err)
+    for line in err.splitlines():
+        assert not PRINTABLE_CONTROL.search(line) and line.isprintable(), (argv, line)
+        assert "Traceback" not in line, (argv, err)
+    if rc == 2 and err:
+        assert err.splitlines()[-1].startswith(("yolo-cl: error:", "yolo-cl ")), (argv, err)
+
+
+@fuzz_settings(2000)
+@given(data=st.data())
+def test_cli_argument_combinations_fail_fast_and_cleanly(cli_files, data):
+    d, bad = cli_files
+    argv = data.draw(cli_argv(d, bad))
+    with bounded(seconds=10):
+        rc, _, err = _run_main(argv)
+    assert_clean_cli(rc, err, argv)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cli_subprocess_with_arbitrary_file_names(cli_files, seed):
+    """Real processes (argv as bytes, a strict-UTF-8 stderr): random byte names, special files."""
+    import subprocess
+    import sys
+    d, bad = cli_files
+    rng = np.random.default_rng(seed)
+    names = []
+    for _ in range(3):
+        raw = bytes(rng.integers(1, 256, int(rng.integers(1, 400)), dtype=np.uint8)).replace(b"/", b"_")
+        names.append(os.fsencode(d) + b"/" + raw[:250])
+    names.append(b"/dev/zero")
+    argv = [sys.executable, "-m", "yolo_cl", "detect", *names, "--cfg", bad[seed % len(bad)].encode(),
+            "--out", os.fsencode(d) + b"/out-" + names[0][-20:].replace(b"/", b"_")]
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
+    p = subprocess.run(argv, capture_output=True, timeout=60, env=env)
+    err = p.stderr.decode("utf-8", "strict")
+    assert_clean_cli(p.returncode, err, argv)
+    assert p.returncode in (1, 2) and err.count("yolo-cl: error:") >= 1, err

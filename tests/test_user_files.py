@@ -168,7 +168,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
 def test_annotated_image_is_written_atomically(tmp_path, monkeypatch):
     """A failed write (disk full at the rename) leaves no file under the final name and no temp file."""
     from yolo_cl.cli import write_image
-    from yolo_cl.errors import ImageError
+    from yolo_cl.writers import OutputError
     img = np.zeros((8, 8, 3), np.uint8)
     final = tmp_path / "out.jpg"
 
@@ -176,7 +176,7 @@ def test_annotated_image_is_written_atomically(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(ImageError, match="out.jpg: cannot write"):
+    with pytest.raises(OutputError, match="out.jpg: cannot write annotated image .No space left"):
         write_image(final, img)
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []

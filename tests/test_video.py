@@ -152,7 +152,13 @@ def test_live_source_faster_than_inference_drops_stale_frames(det, clip_frames, 
         lag.append(newest[0])          # the newest frame the camera has made when inference starts
         return forward(blob)
 
+    def spying_submit(*a, **k):        # the device path submits frames instead of forwarding blobs
+        lag.append(newest[0])
+        return submit(*a, **k)
+
+    submit = det.submit
     monkeypatch.setattr(det, "forward", spying_forward)
+    monkeypatch.setattr(det, "submit", spying_submit)
     stats = []
     out = list(det.stream(source(), live=True, batch=4, stats=stats))
     idx = [i for i, _, _ in out]

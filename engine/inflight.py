@@ -1,0 +1,139 @@
+"""Detection with the frame stages on the device and frames in flight.
+
+``DevicePath`` serves a Detector's ``submit``/``result``: ``submit`` copies each image into a
+pinned staging buffer and enqueues upload, preprocessing kernel, forward pass, [yolo] decode
+and the read of the candidates, all without waiting, and returns a ``Pending``; ``result``
+waits for that frame's last read, then runs NMS over its candidates on the host. Work is
+spread over ``slots`` sets of staging and candidate buffers, so the host prepares frame N+1
+(and runs NMS on frame N-1) while the device computes frame N. The queue is in order, so the
+arena's input region is rewritten only after the previous forward pass has read it.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+from .executor import batch_bucket
+from .kernels.decode import DeviceDecoder
+from .kernels.preprocess import DevicePreprocess
+
+SLOTS = 3
+
+
+class _Part:
+    """The images of one submission that share a network size: one batch forward pass."""
+
+    __slots__ = ("slot", "executor", "decoder", "index", "images", "places", "event", "done")
+
+    def __init__(self, slot, executor, decoder, index, images, places) -> None:
+        self.slot, self.executor, self.decoder = slot, executor, decoder
+        self.index, self.images, self.places = index, images, places
+        self.event, self.done = None, False
+
+
+class Pending:
+    """A submitted group of images; pass it to ``Detector.result``."""
+
+    __slots__ = ("parts", "results", "thresh", "nms", "nms_kind")
+
+    def __init__(self, n: int, thresh: float, nms: float, nms_kind: Optional[str] = None) -> None:
+        self.parts: list = []
+        self.results: list = [None] * n
+        self.thresh, self.nms, self.nms_kind = thresh, nms, nms_kind
+
+
+class DevicePath:
+    """A Detector's device pre/post-processing and the slots of frames in flight."""
+
+    def __init__(self, detector, decode: bool, slots: int = SLOTS) -> None:
+        self.det = detector
+        self.rt = detector.runtime
+        self.slots = slots
+        self.prep = DevicePreprocess(self.rt, detector.precision == "fp16", slots)
+        self.decode = decode
+        self._decoders = weakref.WeakKeyDictionary()   # executor -> DeviceDecoder (executors come and go: LRU)
+        self._busy: dict = {}            # slot -> (Pending, _Part) not yet collected
+        self._next = 0
+        self._lock = detector._lock      # one lock per queue: no interleaved enqueues from threads
+
+    def decoder(self, executor) -> Optional[DeviceDecoder]:
+        if not self.decode:
+            return None
+        d = self._decoders.get(executor)
+        if d is None:
+            d = self._decoders[executor] = DeviceDecoder(self.rt, executor, self.det.heads, self.slots)
+        return d
+
+    def submit(self, images: list, thresh: float, nms: float, nms_kind: Optional[str] = None) -> Pending:
+        """Enqueue every stage for ``images`` (checked BGR uint8); returns without waiting."""
+        det = self.det
+        places = [det.placement(im.shape[1], im.shape[0]) for im in images]
+        pending = Pending(len(images), thresh, nms, nms_kind)
+        with self._lock:
+            for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
+                idx = [i for i, p in enumerate(places) if (p.net_w, p.net_h) == size]
+                slot = self._free_slot()
+                ex = det.executor(batch_bucket(len(idx)), size)
+                part = _Part(slot, ex, self.decoder(ex), idx, [images[i] for i in idx], [places[i] for i in idx])
+                counter = part.decoder.counter(slot) if part.decoder is not None else None
+                for j, i in enumerate(idx):
+                    self.prep.enqueue(ex, images[i], places[i], j, slot, counter)
+                if part.decoder is None:     # the host decodes: read the heads (waits)
+                    self._finish_host(pending, part, ex.run_staged())
+                    continue
+                self.rt.queue.flush()        # the upload starts while the network is enqueued
+                ex.enqueue()
+                part.event = part.decoder.enqueue(thresh, slot, zero=False)
+                pending.parts.append(part)
+                self._busy[slot] = (pending, part)
+            self.rt.queue.flush()            # a driver may hold commands back until a flush or a wait
+        return pending
+
+    def _free_slot(self) -> int:
+        """The next slot, after collecting the frame that still holds it."""
+        slot = self._next
+        self._next = (self._next + 1) % self.slots
+        held = self._busy.get(slot)
+        if held is not None:
+            self._collect(*held)
+        return slot
+
+    def result(self, pending: Pending) -> list:
+        """Detections per submitted image (waits for the frames' reads)."""
+        for part in pending.parts:
+            if not part.done:
+                part.event.wait()          # outside the lock: other threads keep submitting
+                with self._lock:
+                    self._collect(pending, part)
+        return pending.results
+
+    def _collect(self, pending: Pending, part: _Part) -> None:
+        if part.done:
+            return
+        part.event.wait()
+        det = self.det
+        for j, i in enumerate(part.index):
+            im, place = part.images[j], part.places[j]
+            cand = part.decoder.collect(part.slot, j)
+            if cand is None:       # more candidates than the buffer holds: decode this image on the host
+                ex = det.executor(1, (place.net_w, place.net_h))
+                self.prep.enqueue(ex, im, place, 0, part.slot)
+                heads = [o[0] for o in ex.run_staged()]
+                pending.results[i] = det.postprocess(heads, im.shape[1], im.shape[0], pending.thresh,
+                                                     pending.nms, place, pending.nms_kind)
+            else:
+                pending.results[i] = det.finish_detections(cand[0], cand[1], im.shape[1], im.shape[0],
+                                                           pending.thresh, pending.nms, place, pending.nms_kind)
+        part.done = True
+        part.images = None
+        if self._busy.get(part.slot, (None, None))[1] is part:
+            del self._busy[part.slot]
+
+    def _finish_host(self, pending: Pending, part: _Part, outs: list) -> None:
+        det = self.det
+        for j, i in enumerate(part.index):
+            im = part.images[j]
+            pending.results[i] = det.postprocess([o[j] for o in outs], im.shape[1], im.shape[0], pending.thresh,
+                                                 pending.nms, part.places[j], pending.nms_kind)
+        part.done = True
+

@@ -1,0 +1,105 @@
+"""[yolo] heads -> a short candidate list on the device (cl/decode.cl).
+
+One kernel per head decodes every anchor-cell of every image, keeps those whose objectness
+passes the threshold and appends them through an atomic counter to a bounded buffer per
+image, so a frame reads back its candidates (usually tens of rows), not its head tensors.
+The buffers come in ``slots`` sets so that one frame's candidates can be read while the next
+frame's are written. NMS stays on the host, over the candidates.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .preprocess import pinned
+
+CAP = 4096      # candidate rows per image; more (a very low threshold) falls back to the host decode
+FIRST = 128     # rows read back with the counters, before the count is known
+
+
+class DeviceDecoder:
+    """The [yolo] decode of one executor's heads (``heads``: its Layer objects, in output order)."""
+
+    def __init__(self, rt, executor, heads: list, slots: int = 2) -> None:
+        self.rt, self.executor = rt, executor
+        classes = {h.p["classes"] for h in heads}
+        if len(classes) != 1 or any(h.kind != "yolo" for h in heads) or len(heads) != len(executor.graph.outputs):
+            raise ValueError("device decode needs [yolo] heads of one class count, one per output")
+        self.classes = classes.pop()
+        self.rowlen = self.classes + 6
+        B = executor.batch
+        cl = rt.cl
+        g = executor.graph
+        ints, floats, anchors = [], [], []
+        base = 0
+        for h, v in zip(heads, g.outputs):
+            p = h.p
+            s = float(p["scale_x_y"])
+            ints += [executor.plan.offset(v.tensor) + v.c0 * v.h * v.w, v.tensor.size, v.w, v.h,
+                     int(bool(p["new_coords"])), base, len(anchors), 0]
+            floats += [s, 0.5 * (s - 1)]
+            anchors += np.asarray(p["anchors"], np.float32).reshape(-1, 2)[np.asarray(p["mask"])].ravel().tolist()
+            base += len(p["mask"]) * v.h * v.w
+        self._tables = [rt.upload(np.asarray(ints, np.int32), "head table"),
+                        rt.upload(np.asarray(floats, np.float32), "head scales"),
+                        rt.upload(np.asarray(anchors, np.float32), "anchors")]
+        prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half})
+        self.gsize = (base, B)
+        self._zero = np.zeros(1, np.int32)
+        self.cap = max(1, min(base, CAP))
+        self.first = min(self.cap, FIRST)
+        self._sets = []
+        for _ in range(slots):
+            count = rt.alloc(B * 4, "candidate counters")
+            rows = rt.alloc(B * self.cap * self.rowlen * 4, "candidate buffer")
+            k = cl.Kernel(prg, "yc_decode_yolo")
+            k.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
+                       np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
+            host_count = pinned(rt, (B,), np.int32)[1]
+            host_count[:] = 0
+            self._sets.append({"count": count, "rows": rows, "host_count": host_count,
+                               "host_rows": pinned(rt, (B, self.cap, self.rowlen), np.float32)[1],
+                               "kernel": k, "thresh": None, "reads": []})
+
+    def counter(self, slot: int):
+        """The candidate counters of set ``slot``: the preprocessing kernel zeroes them, so a
+        frame needs no separate fill."""
+        return self._sets[slot]["count"]
+
+    def enqueue(self, thresh: float, slot: int = 0, zero: bool = True):
+        """Decode the heads now in the arena (queue order) into candidate set ``slot`` and start
+        reading the counters and the first rows back; returns the event of the last read.
+        ``zero=False``: the frame's preprocessing kernels already zeroed the counters."""
+        cl, q = self.rt.cl, self.rt.queue
+        st = self._sets[slot]
+        if st["thresh"] != thresh:
+            st["kernel"].set_arg(8, np.float32(thresh))
+            st["thresh"] = thresh
+        if zero:
+            cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.executor.batch * 4)
+        cl.enqueue_nd_range_kernel(q, st["kernel"], self.gsize, None)
+        # Keep the read events until the slot's next use: pyopencl waits for a dropped read
+        # event (it guards the host array) holding the GIL, which would stall this thread and
+        # every other until the forward pass is done.
+        reads = st["reads"] = [cl.enqueue_copy(q, st["host_count"], st["count"], is_blocking=False)]
+        rows, stride = st["host_rows"], self.cap * self.rowlen * 4
+        for b in range(self.executor.batch):
+            reads.append(cl.enqueue_copy(q, rows[b, :self.first], st["rows"], src_offset=b * stride,
+                                         is_blocking=False))
+        return reads[-1]
+
+    def collect(self, slot: int, index: int) -> Optional[tuple]:
+        """(boxes xywh float32, probs float32) of image ``index`` in set ``slot``, in the host
+        decode's order, after the set's reads completed; None when the candidates overflowed."""
+        st = self._sets[slot]
+        n = int(st["host_count"][index])
+        if n > self.cap:
+            return None
+        rows = st["host_rows"][index]
+        if n > self.first:      # a rare long list: read the rest (waits for the queue)
+            self.rt.cl.enqueue_copy(self.rt.queue, rows[self.first:n], st["rows"],
+                                    src_offset=(index * self.cap + self.first) * self.rowlen * 4, is_blocking=True)
+        r = rows[:n]
+        r = r[np.argsort(r[:, 0].view(np.int32), kind="stable")]
+        return r[:, 1:5], r[:, 6:]

@@ -1,0 +1,113 @@
+"""Frames -> network input on the device (cl/preprocess.cl).
+
+A BGR uint8 frame is copied once into a pinned host buffer (``ALLOC_HOST_PTR``, mapped for
+the life of the stager), sent to a device staging buffer by a non-blocking copy, and one
+kernel resizes it as ``cv2.resize(INTER_LINEAR)`` does, places it (stretch, letterbox, crop),
+swaps BGR -> RGB, scales to [0, 1] and writes fp32 or half straight into the executor's
+input region. Staging buffers are reused and only grow when a larger frame arrives; each of
+``slots`` sets can be filled while the device still works on another one's frame.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..preprocess import Placement
+
+COEF = 2048            # OpenCV's INTER_RESIZE_COEF_SCALE (11 fractional bits)
+TABLE_CACHE = 64       # coordinate tables kept per source/target length pair
+
+
+def resize_tables(src: int, dst: int) -> np.ndarray:
+    """(dst, 4) int32 rows (first tap, second tap, weight0, weight1) of OpenCV's linear resize
+    along one axis: half-pixel centres computed in double, rounded to float as OpenCV does,
+    clamped at the borders, weights as 11-bit fixed point."""
+    f = ((np.arange(dst, dtype=np.float64) + 0.5) * (src / dst) - 0.5).astype(np.float32)
+    s = np.floor(f).astype(np.int64)
+    f = f - s
+    edge = (s < 0) | (s >= src - 1)
+    f[edge] = 0.0
+    s = np.clip(s, 0, src - 1)
+    w0 = np.rint((np.float32(1.0) - f) * COEF).astype(np.int64)
+    w1 = np.rint(f * COEF).astype(np.int64)
+    return np.stack([s, np.minimum(s + 1, src - 1), w0, w1], 1).astype(np.int32)
+
+
+def pinned(rt, shape: tuple, dtype) -> tuple:
+    """(buffer, array): host memory the driver can copy to and from by DMA (``ALLOC_HOST_PTR``),
+    mapped once for the life of the buffer; the array keeps the mapping alive."""
+    cl = rt.cl
+    nbytes = max(4, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    buf = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+    host, _ = cl.enqueue_map_buffer(rt.queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape, dtype)
+    return buf, host
+
+
+class _Stage:
+    """One pinned host buffer, its device twin and the event of the last copy out of it."""
+
+    def __init__(self, rt, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.pinned, self.host = pinned(rt, (nbytes,), np.uint8)
+        self.device = rt.alloc(nbytes, "frame staging buffer")
+        self.copied = None
+
+
+class DevicePreprocess:
+    """Stages frames and enqueues the preprocessing kernel for any executor of one runtime."""
+
+    def __init__(self, rt, half: bool, slots: int = 2) -> None:
+        self.rt, self.half, self.slots = rt, half, slots
+        self._program = rt.program("preprocess.cl", {"HALF_STORAGE": half})
+        self._stages: dict = {}      # (slot, batch index) -> _Stage
+        self._tables: dict = {}      # (source length, target length) -> device int4 table
+        self._kernels: dict = {}     # (executor id, batch index) -> [kernel, last argument key]
+        self._no_counter = rt.alloc(4, "unused counter")
+
+    def _stage(self, key: tuple, nbytes: int) -> _Stage:
+        st = self._stages.get(key)
+        if st is None or st.nbytes < nbytes:
+            self.rt.queue.finish()   # nothing may still read the buffer being replaced
+            st = self._stages[key] = _Stage(self.rt, nbytes)
+        elif st.copied is not None:
+            st.copied.wait()         # the previous frame of this slot has left the pinned buffer
+        return st
+
+    def _table(self, src: int, dst: int):
+        t = self._tables.get((src, dst))
+        if t is None:
+            if len(self._tables) >= TABLE_CACHE:
+                self.rt.queue.finish()
+                self._tables.clear()
+            t = self._tables[(src, dst)] = self.rt.upload(resize_tables(src, dst), "resize table")
+        return t
+
+    def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0,
+                counter=None) -> None:
+        """Upload ``image`` (HxWx3 uint8 BGR, C-contiguous) and write it, laid out by ``place``,
+        into input ``index`` of ``executor``'s batch; zero ``counter[index]`` (a decode's
+        candidate counters) on the way. Returns once the frame is in pinned memory."""
+        h, w = image.shape[:2]
+        st = self._stage((slot, index), image.nbytes)
+        np.copyto(st.host[:image.nbytes], image.reshape(-1))
+        cl, q = self.rt.cl, self.rt.queue
+        st.copied = cl.enqueue_copy(q, st.device, st.host[:image.nbytes], is_blocking=False)
+        g = executor.graph.input
+        entry = self._kernels.get((id(executor), index))
+        if entry is None:
+            entry = self._kernels[(id(executor), index)] = [cl.Kernel(self._program, "yc_preprocess"), None]
+        key = (id(st.device), w, h, place, id(counter))
+        if entry[1] != key:
+            y_off = executor.plan.offset(g) + index * g.size
+            entry[0].set_args(st.device, np.int32(w * 3), self._table(w, place.new_w), self._table(h, place.new_h),
+                              executor.arena, np.int32(y_off), np.int32(g.w), np.int32(g.h),
+                              np.int32(place.new_w), np.int32(place.new_h), np.int32(place.x0), np.int32(place.y0),
+                              counter if counter is not None else self._no_counter,
+                              np.int32(index if counter is not None else -1))
+            entry[1] = key
+        cl.enqueue_nd_range_kernel(q, entry[0], (g.w, g.h), None)
+
+    def forget(self, executor) -> None:
+        """Drop the kernels bound to ``executor``'s arena."""
+        for k in [k for k in self._kernels if k[0] == id(executor)]:
+            del self._kernels[k]
+

@@ -1,0 +1,197 @@
+"""Device preprocessing and [yolo] decode against the host path (the reference).
+
+The resize tables reproduce cv2.resize(INTER_LINEAR) on uint8; the preprocessing kernel's
+blob matches ``to_blob`` within 2/255 for every fit, odd sizes, fp32 and half; the decode
+kernel's candidates match ``decode_yolo`` on synthetic heads (logistic and new_coords,
+scale_x_y, two heads); and the real yolov3-tiny gives the same detections on every shared
+image through either path.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from yolo_cl import Detector
+from yolo_cl import postprocess as post
+from yolo_cl.kernels.decode import DeviceDecoder
+from yolo_cl.kernels.preprocess import resize_tables
+from yolo_cl.preprocess import FITS, to_blob
+
+from boxes import same_detections
+from darknet_io import write_random_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+IMAGES = sorted((SHARED / "images").glob("*.jpg")) or sorted((ROOT / "models" / "images").glob("*.jpg"))
+SIZES = [(576, 768), (720, 1280), (101, 37), (417, 333), (5, 3), (1, 640), (480, 640), (96, 96)]
+
+
+def table_resize(img: np.ndarray, w: int, h: int) -> np.ndarray:
+    """The kernel's arithmetic in NumPy, driven by the same tables."""
+    xt, yt = resize_tables(img.shape[1], w).astype(np.int64), resize_tables(img.shape[0], h).astype(np.int64)
+    im = img.astype(np.int64)
+    rows = [im[yt[:, k]][:, xt[:, 0]] * xt[None, :, 2, None] + im[yt[:, k]][:, xt[:, 1]] * xt[None, :, 3, None]
+            for k in (0, 1)]
+    v = (((yt[:, 2, None, None] * (rows[0] >> 4)) >> 16) + ((yt[:, 3, None, None] * (rows[1] >> 4)) >> 16) + 2) >> 2
+    return np.clip(v, 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("src,dst", [((576, 768), (416, 416)), ((720, 1280), (234, 416)), ((417, 333), (256, 416)),
+                                     ((101, 37), (416, 416)), ((480, 640), (240, 320))])
+def test_tables_reproduce_cv2_resize(src, dst):
+    img = np.random.default_rng(1).integers(0, 256, src + (3,), dtype=np.uint8)
+    ref = cv2.resize(img, (dst[1], dst[0]), interpolation=cv2.INTER_LINEAR).astype(int)
+    diff = np.abs(table_resize(img, dst[1], dst[0]).astype(int) - ref)
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+@pytest.fixture(scope="module", params=["fp32", "fp16"])
+def tiny(request):
+    return Detector("yolov3-tiny", input_size=96, precision=request.param, fit="stretch", device_preprocess=True)
+
+
+def device_blob(det, img, place, index=0, batch=1):
+    ex = det.executor(batch, (place.net_w, place.net_h))
+    det.device_path.prep.enqueue(ex, img, place, index, 0)
+    g = ex.graph.input
+    out = np.empty((batch, 3, g.h, g.w), np.float16 if ex.half else np.float32)
+    det.runtime.cl.enqueue_copy(det.runtime.queue, out, ex.arena, src_offset=ex.plan.offset(g) * out.itemsize)
+    det.runtime.queue.finish()
+    return out[index].astype(np.float32)
+
+
+@pytest.mark.parametrize("fit", FITS)
+def test_blob_matches_host_path(tiny, fit):
+    rng = np.random.default_rng(2)
+    tiny.fit = fit
+    try:
+        for h, w in SIZES:
+            img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            place = tiny.placement(w, h)
+            ref = to_blob(img, place.net_w, place.net_h, place=place)
+            if tiny.precision == "fp16":
+                ref = ref.astype(np.float16).astype(np.float32)
+            got = device_blob(tiny, img, place)
+            assert got.shape == ref.shape
+            assert np.abs(got - ref).max() <= 2 / 255, (fit, h, w)
+    finally:
+        tiny.fit = "stretch"
+
+
+def test_blob_second_image_of_a_batch_and_a_larger_frame(tiny):
+    """Staging grows for a larger frame; batch index 1 lands in the second input."""
+    rng = np.random.default_rng(3)
+    small, big = (rng.integers(0, 256, s + (3,), dtype=np.uint8) for s in ((50, 60), (300, 500)))
+    for img in (small, big):
+        place = tiny.placement(img.shape[1], img.shape[0])
+        ref = to_blob(img, place.net_w, place.net_h, place=place)
+        assert np.abs(device_blob(tiny, img, place, index=1, batch=2) - ref).max() <= 2 / 255
+
+
+HEADS_CFG = """[net]
+width=32
+height=32
+channels=3
+
+[convolutional]
+filters=21
+size=1
+stride=1
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
+classes=2
+num=6
+scale_x_y={scale}
+new_coords={nc}
+
+[route]
+layers=-2
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+filters=21
+size=1
+stride=1
+activation=linear
+
+[yolo]
+mask=3,4,5
+anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
+classes=2
+num=6
+scale_x_y={scale}
+new_coords={nc}
+"""
+
+
+@pytest.mark.parametrize("new_coords,scale", [(0, 1.0), (0, 1.05), (1, 2.0)])
+@pytest.mark.parametrize("half", [False, True])
+def test_decode_matches_host_on_synthetic_heads(tmp_path, new_coords, scale, half):
+    cfg = tmp_path / "heads.cfg"
+    cfg.write_text(HEADS_CFG.format(scale=scale, nc=new_coords))
+    weights = write_random_weights(str(cfg), str(tmp_path / "heads.weights"), calib_size=32)
+    det = Detector(cfg, weights, precision="fp16" if half else "fp32", device_preprocess=True, device_decode=True)
+    ex = det.executor(2)
+    dec = DeviceDecoder(det.runtime, ex, det.heads, slots=2)
+    rng = np.random.default_rng(new_coords * 10 + int(half))
+    cl, q = det.runtime.cl, det.runtime.queue
+    dtype = np.float16 if half else np.float32
+    heads = []
+    for v in ex.graph.outputs:   # synthetic head tensors written straight into the arena
+        x = rng.uniform(-3, 3, (2, v.c, v.h, v.w)) if not new_coords else rng.uniform(0, 1, (2, v.c, v.h, v.w))
+        x = x.astype(dtype)
+        for b in range(2):
+            off = (ex.plan.offset(v.tensor) + v.c0 * v.h * v.w + b * v.tensor.size) * x.itemsize
+            cl.enqueue_copy(q, ex.arena, np.ascontiguousarray(x[b]), dst_offset=off)
+        heads.append(x.astype(np.float32))
+    thresh = 0.3
+    for slot in (0, 1):
+        dec.enqueue(thresh, slot).wait()
+        for b in range(2):
+            boxes, probs = dec.collect(slot, b)
+            ref_b, ref_p = [], []
+            for x, head in zip(heads, det.heads):
+                rb, _, rp = post.decode_yolo(x[b], head.p, 32, 32, thresh)
+                ref_b.append(rb)
+                ref_p.append(rp)
+            ref_b, ref_p = np.concatenate(ref_b), np.concatenate(ref_p)
+            assert len(ref_b) > 10 and boxes.shape == ref_b.shape
+            np.testing.assert_allclose(boxes, ref_b, rtol=2e-5, atol=1e-6)
+            np.testing.assert_allclose(probs, ref_p, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision,fit", [("fp32", f) for f in FITS] + [("fp16", "letterbox")])
+def test_real_network_same_detections(precision, fit):
+    dev = Detector("yolov3-tiny", precision=precision, fit=fit, device_preprocess=True, device_decode=True)
+    host = Detector("yolov3-tiny", precision=precision, fit=fit, device_preprocess=False, device_decode=False)
+    assert dev.device_decode and not host.device_preprocess
+    seen = 0
+    for path in IMAGES:
+        img = cv2.imread(str(path))
+        a, b = dev.detect(img), host.detect(img)
+        assert same_detections(a, b), (path.name, a, b)
+        seen += len(b)
+    assert seen > 0
+
+
+def test_overflow_falls_back_to_host_decode(monkeypatch):
+    """More candidates than the buffer holds: that image is decoded on the host instead."""
+    import yolo_cl.kernels.decode as decode
+    monkeypatch.setattr(decode, "CAP", 100)
+    dev = Detector("yolov3-tiny", input_size=256, device_preprocess=True, device_decode=True)
+    host = Detector("yolov3-tiny", input_size=256, device_preprocess=False, device_decode=False)
+    img = cv2.imread(str(IMAGES[0]))
+    dec = dev.device_path.decoder(dev.executor(1))
+    assert dec.cap == 100
+    a, b = dev.detect(img, thresh=0.0005), host.detect(img, thresh=0.0005)
+    assert int(dec._sets[0]["host_count"][0]) > dec.cap      # the first frame's set did overflow
+    assert len(b) > 100 and same_detections(a, b)

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Where a frame's time goes on the host path, in one run: device time vs what the user waits.
+
+For each MODEL:SIZE:BATCH (``--models``):
+  device      sum of kernel times from OpenCL profiling events (a separate profiled runtime)
+  run         ``Executor.run`` wall on the default queue (no profiling, no per-launch events)
+  forward     ``Detector.forward(blob)`` wall
+  enqueue     microseconds per launch to enqueue the plan (queue not waited on)
+  detect      ``detect_batch`` wall on BATCH 1280x720 BGR frames, device and host pre/post-processing
+  inflight    frames per second of submit(N+1) / result(N) over 1280x720 frames (device path)
+  launches    kernel launches per frame: network, and the whole device-path frame
+For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the first model:
+  decode-only, draw-only, encode-only (mp4v), inference-only (in flight) and the CLI pipeline
+  (``--jsonl`` alone, and ``--out`` + ``--jsonl``) in frames per second.
+``--zoo`` counts launches per frame for the zoo networks at their cfg size.
+
+Random weights unless the model ships real ones. Runs from the source tree on the GPU machine:
+    . tools/gpu-setup.sh && python3 tools/bench_host.py --json $OUT/host.json
+and on PoCL:  PYTHONPATH=.src python tools/bench_host.py --models yolov3-tiny:416:1 --json host.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from yolo_cl import Detector
+from yolo_cl.draw import draw
+from yolo_cl.runtime import atomic_write
+from yolo_cl.video import run_detect_stream
+from yolo_cl.zoo import resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_gpu import write_weights             # noqa: E402  (random weights with finite heads)
+
+VIDEO = ROOT.parent / "shared" / "videos" / "library1.mp4"
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def median_ms(fn, reps: int, warm: int = 2) -> float:
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(ts))
+
+
+def model_files(name: str, tmp: Path) -> tuple:
+    """(cfg, weights) of a zoo model: its shipped weights, else random ones written once."""
+    z = resolve(name)
+    if z is None:
+        raise SystemExit(f"unknown model {name}")
+    cfg, wts = z
+    if wts is not None and Path(wts).is_file():
+        return cfg, wts
+    wts = tmp / f"{name}.weights"
+    if not wts.exists():
+        write_weights(Path(cfg), wts)
+    return cfg, wts
+
+
+def enqueue_us(det: Detector, ex, reps: int) -> float:
+    """Microseconds per launch to enqueue the network's launch list on the default queue."""
+    cl, q = det.runtime.cl, det.runtime.queue
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for l in ex.launches:
+            cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
+        ts.append((time.perf_counter() - t0) * 1e6 / max(1, len(ex.launches)))
+        q.finish()
+    return float(np.median(ts))
+
+
+def frame_launches(det: Detector, ex) -> dict:
+    """Commands per frame: the network's launches and the whole device-path frame around them."""
+    net = len(ex.launches)
+    dec = det.device_path.decoder(ex) if det.device_decode else None
+    heads = len(ex.graph.outputs)
+    device_frame = ex.batch * 2 + net + ((1 + 1 + ex.batch) if dec is not None else heads)
+    return {"network": net, "command_buffer": ex.command_buffer is not None,
+            "device_path_frame": device_frame,
+            "note": "device path: per image upload + preprocess; network; one decode; counter read + a row read per image"}
+
+
+def frame_1280x720(seed: int = 0) -> np.ndarray:
+    img = cv2.imread(str(ROOT / "models" / "images" / "dog.jpg"))
+    if img is None:
+        img = np.random.default_rng(seed).integers(0, 256, (576, 768, 3), dtype=np.uint8)
+    return cv2.resize(img, (1280, 720))
+
+
+def bench_model(spec: str, precision: str, tmp: Path, reps: int) -> tuple:
+    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
+    size, batch = int(size), int(batch)
+    cfg, wts = model_files(name, tmp)
+    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
+    prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True,
+                    device_preprocess=False, device_decode=False)
+    pex = prof.executor(batch)
+    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
+    dev = []
+    for i in range(reps + 2):
+        pex.run(blob, profile=True)
+        if i >= 2:
+            dev.append(sum(t.ms for t in pex.layer_times()))
+    row["device_ms"] = float(np.median(dev))
+    del prof, pex
+    det = Detector(cfg, wts, input_size=size, precision=precision, device_preprocess=True, device_decode=True)
+    ex = det.executor(batch)
+    row["device"] = det.runtime.device_name
+    row["run_ms"] = median_ms(lambda: ex.run(blob), reps)
+    row["forward_ms"] = median_ms(lambda: det.forward(blob), reps)
+    row["enqueue_us_per_launch"] = enqueue_us(det, ex, reps)
+    row["launches"] = frame_launches(det, ex)
+    frames = [frame_1280x720(i) for i in range(batch)]
+    row["detect_device_ms"] = median_ms(lambda: det.detect_batch(frames), reps)
+    det.device_preprocess = False
+    row["detect_host_ms"] = median_ms(lambda: det.detect_batch(frames), reps)
+    det.device_preprocess = True
+    n = max(8, reps)
+    t0 = time.perf_counter()
+    prev = None
+    for _ in range(n):
+        h = det.submit(frames)
+        if prev is not None:
+            det.result(prev)
+        prev = h
+    det.result(prev)
+    row["inflight_fps"] = n * batch / (time.perf_counter() - t0)
+    d = row["device_ms"]
+    row["ratios"] = {"run/device": row["run_ms"] / d, "forward/device": row["forward_ms"] / d,
+                     "detect_device/device": row["detect_device_ms"] / d,
+                     "host_overhead_run_ms": row["run_ms"] - d}
+    log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | run {row['run_ms']:.2f} | "
+        f"forward {row['forward_ms']:.2f} | detect 1280x720 device-path {row['detect_device_ms']:.2f} / host-path "
+        f"{row['detect_host_ms']:.2f} ms | in flight {row['inflight_fps']:.1f} fps | "
+        f"{row['launches']['network']} launches ({row['launches']['device_path_frame']} commands a frame), "
+        f"{row['enqueue_us_per_launch']:.1f} us each")
+    return row, det
+
+
+def bench_video(det: Detector, clip: Path, tmp: Path, max_frames: int) -> dict:
+    """Stage-alone and pipeline frame rates for one clip."""
+    res: dict = {"clip": str(clip)}
+    cap = cv2.VideoCapture(str(clip))
+    fps_in = cap.get(cv2.CAP_PROP_FPS) or 30.0
+    frames = []
+    t0 = time.perf_counter()
+    while len(frames) < max_frames:
+        ok, f = cap.read()
+        if not ok:
+            break
+        frames.append(f)
+    res["decode_fps"] = len(frames) / (time.perf_counter() - t0)
+    cap.release()
+    if not frames:
+        return res
+    if len(frames) < max_frames:
+        cut = clip
+    else:                         # the pipeline runs read the same prefix as the stage-alone ones
+        cut = tmp / "clip.mp4"
+        w = cv2.VideoWriter(str(cut), cv2.VideoWriter_fourcc(*"mp4v"), fps_in, frames[0].shape[1::-1])
+        for f in frames:
+            w.write(f)
+        w.release()
+    n = len(frames)
+    res["frames"] = n
+    res["size"] = list(frames[0].shape[1::-1])
+    t0 = time.perf_counter()
+    prev, dets = None, []
+    for f in frames:
+        h = det.submit(f)
+        if prev is not None:
+            dets.append(det.result(prev))
+        prev = h
+    dets.append(det.result(prev))
+    res["inference_fps"] = n / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    drawn = [draw(f, d, det.names) for f, d in zip(frames, dets)]
+    res["draw_fps"] = n / (time.perf_counter() - t0)
+    w = cv2.VideoWriter(str(tmp / "enc.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps_in, frames[0].shape[1::-1])
+    t0 = time.perf_counter()
+    for f in drawn:
+        w.write(f)
+    w.release()
+    res["encode_fps"] = n / (time.perf_counter() - t0)
+    del drawn
+    for label, out in (("pipeline_jsonl_fps", None), ("pipeline_out_fps", tmp / "out.mp4")):
+        args = argparse.Namespace(out=str(out) if out else None, jsonl=str(tmp / "det.jsonl"), quiet=True)
+        t0 = time.perf_counter()
+        run_detect_stream(det, str(cut), args)
+        res[label] = n / (time.perf_counter() - t0)
+    lo = min(res["decode_fps"], res["inference_fps"])
+    res["jsonl_vs_min(decode,inference)"] = res["pipeline_jsonl_fps"] / lo
+    res["out_vs_min(decode,inference,encode)"] = res["pipeline_out_fps"] / min(lo, res["encode_fps"])
+    log("video {clip} {size[0]}x{size[1]} ({frames} frames): decode {decode_fps:.0f} fps, inference {inference_fps:.0f}, "
+        "draw {draw_fps:.0f}, encode {encode_fps:.0f}; pipeline --jsonl {pipeline_jsonl_fps:.0f} fps, "
+        "--out {pipeline_out_fps:.0f} fps".format(**res))
+    return res
+
+
+def zoo_launches(names: list, tmp: Path) -> dict:
+    out = {}
+    for name in names:
+        cfg, wts = model_files(name, tmp)
+        det = Detector(cfg, wts)
+        ex = det.executor(1)
+        out[name] = frame_launches(det, ex)
+        out[name]["size"] = list(det.input_size)
+        log(f"{name} {det.input_size[0]}x{det.input_size[1]}: {out[name]['network']} launches, "
+            f"{out[name]['device_path_frame']} commands a device-path frame")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="yolov3-tiny:416:1,yolov3:416:1,yolov3:608:8",
+                    help="MODEL:SIZE:BATCH,... (zoo names)")
+    ap.add_argument("--precision", default="fp32", help="fp32, fp16 or fp32,fp16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--video", default=str(VIDEO) if VIDEO.is_file() else "", help="clip for the video rates ('' skips)")
+    ap.add_argument("--video-frames", type=int, default=300)
+    ap.add_argument("--zoo", default="", help="zoo names to count launches of, e.g. yolov3-tiny,yolov4-tiny,yolov3,yolov4")
+    ap.add_argument("--json", default="", help="write every figure here")
+    args = ap.parse_args()
+    np.seterr(all="ignore")      # random weights may saturate a head: no warnings in the figures
+    data: dict = {"argv": sys.argv[1:], "models": []}
+
+    def save() -> None:
+        if args.json:
+            atomic_write(args.json, json.dumps(data, indent=1).encode())
+
+    with tempfile.TemporaryDirectory(prefix="bench-host-") as td:
+        tmp = Path(td)
+        first = None
+        for prec in args.precision.split(","):
+            for spec in filter(None, args.models.split(",")):
+                row, det = bench_model(spec, prec, tmp, args.reps)
+                data["models"].append(row)
+                save()
+                if first is None and row["batch"] == 1:
+                    first = det
+                else:
+                    del det
+        if args.video and first is not None:
+            data["video"] = bench_video(first, Path(args.video), tmp, args.video_frames)
+            save()
+        if args.zoo:
+            data["zoo_launches"] = zoo_launches(args.zoo.split(","), tmp)
+            save()
+
+
+if __name__ == "__main__":
+    main()
