@@ -845,6 +845,8 @@ def cmd_detect_fleet(args) -> int:
         return 1
     if args.json:
         raise YoloClError("--json prints images' detections; streams write --jsonl-dir")
+    if getattr(args, "track", False):
+        raise YoloClError("--track runs one source at a time; leave out --devices/--jsonl-dir for it")
     if args.jsonl and len(streams) > 1:
         raise YoloClError("--jsonl names one file; with several sources use --jsonl-dir")
     out_dir = Path(args.out) if args.out else None
