@@ -6,10 +6,11 @@
 """
 from .detector import Detector
 from .draw import draw
+from .fleet import Fleet, QueueFull
 from .errors import CfgError, DeviceError, ImageError, LimitError, WeightsError, YoloClError
 from .postprocess import Detection
 from . import ops
 
 __version__ = "0.1.0"
 __all__ = ["Detector", "Detection", "YoloClError", "CfgError", "WeightsError", "ImageError", "DeviceError",
-           "LimitError", "draw", "ops", "__version__"]
+           "LimitError", "Fleet", "QueueFull", "draw", "ops", "__version__"]

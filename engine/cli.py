@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .darknet_json import darknet_box as _darknet_box, group_by_box, json_frame
 from .errors import DeviceError, ImageError, LimitError, YoloClError
 from .preprocess import FITS
 from .userfiles import MAX_IMAGE_FILE_BYTES, display, escape, read_bytes
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--reconnect", type=_count, default=None, metavar="N",
                    help="streams: reconnect up to N times after a live source drops")
     d.set_defaults(func=cmd_detect)
+    _add_fleet_options(d)
 
     i = sub.add_parser("info", parents=[common],
                        help="show a model's fused graph and memory plan (no device needed)")
@@ -212,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--checksum", metavar="ALG:HEX", help="expected sha256:HEX or sha1:HEX (default: the zoo's)")
     dl.add_argument("--out", metavar="FILE", help="write here instead of the user cache")
     dl.set_defaults(func=cmd_download)
+    _add_serve_parser(sub, common)
     return parser
 
 
@@ -330,28 +333,6 @@ def _c_round(v: float) -> float:
     return math.copysign(math.floor(abs(v) + 0.5), v)
 
 
-def group_by_box(detections: list) -> list:
-    """Detections of one box together, best class first then the others by class id; boxes left to right.
-
-    This is the order of Darknet's draw_detections_v3; classes named ``dont_show…`` are hidden as there.
-    """
-    groups: dict = {}
-    for d in detections:
-        if not d.label.startswith("dont_show"):
-            groups.setdefault(tuple(d.box), []).append(d)
-    out = []
-    for ds in groups.values():
-        best = max(ds, key=lambda d: d.confidence)
-        out.append([best] + sorted((d for d in ds if d is not best), key=lambda d: d.class_id))
-    out.sort(key=lambda g: g[0].box[0])
-    return out
-
-
-def _darknet_box(d) -> tuple:
-    """(x1, y1, x2, y2) in pixels as Darknet prints it: unclipped when known."""
-    return d.unclipped if d.unclipped is not None else d.box
-
-
 def format_detections(detections: list) -> list:
     """Darknet's ``-ext_output`` lines: ``dog: 83%\\t(left_x:  124   top_y:  219   width:  258   height:  300)``."""
     lines = []
@@ -362,19 +343,6 @@ def format_detections(detections: list) -> list:
         for d in group:
             lines.append(f"{d.label}: {d.confidence * 100:.0f}%\t{where}")
     return lines
-
-
-def json_frame(frame_id: int, filename: str, detections: list, img_w: int, img_h: int, fit: str) -> dict:
-    """One frame in Darknet's ``-out`` JSON layout (coordinates relative to the image), plus ``resize``."""
-    objects = []
-    for group in group_by_box(detections):
-        x1, y1, x2, y2 = _darknet_box(group[0])
-        rel = {"center_x": round((x1 + x2) / 2 / img_w, 6), "center_y": round((y1 + y2) / 2 / img_h, 6),
-               "width": round((x2 - x1) / img_w, 6), "height": round((y2 - y1) / img_h, 6)}
-        for d in sorted(group, key=lambda d: d.class_id):
-            objects.append({"class_id": d.class_id, "name": d.label, "relative_coordinates": dict(rel),
-                            "confidence": round(float(d.confidence), 6)})
-    return {"frame_id": frame_id, "filename": filename, "objects": objects, "resize": fit}
 
 
 def _fit(args) -> Optional[str]:
@@ -836,6 +804,201 @@ def _device_type(dev) -> str:
         if dev.type & flag:
             return name
     return "OTHER"
+
+
+# -- many sources, many devices, and the server (yolo_cl.fleet, yolo_cl.serve) -----------------
+def _add_fleet_options(d: argparse.ArgumentParser) -> None:
+    """detect's options for running every stream source at once over several devices."""
+    d.add_argument("--devices", metavar="LIST",
+                   help="streams: run every video/camera/stream source at once, spread over these OpenCL devices: "
+                        "'all', or a list such as 0,1 or 0:0,0:1 (a device listed twice gets two contexts)")
+    d.add_argument("--jsonl-dir", metavar="DIR",
+                   help="streams: run every source at once and write one JSONL per source into DIR")
+    d.set_defaults(func=cmd_detect_fleet)
+
+
+def _detectors(args, devices: Optional[str]) -> list:
+    """One Detector per device of ``devices`` (default: --device), built as ``detect`` builds one."""
+    from .fleet import device_specs
+    specs = device_specs(devices) if devices else [args.device]
+    return [_make_detector(argparse.Namespace(**{**vars(args), "device": spec})) for spec in specs]
+
+
+def cmd_detect_fleet(args) -> int:
+    """``detect`` with --devices or --jsonl-dir: every stream source at once on a Fleet; else plain ``detect``."""
+    if args.devices is None and args.jsonl_dir is None:
+        return cmd_detect(args)
+    from .fleet import Fleet
+    _fit(args)
+    streams, failures = [], 0
+    for src in args.sources:
+        try:
+            for kind, item in expand_source(src):
+                if kind == "image":
+                    raise YoloClError(f"{item}: --devices/--jsonl-dir run video, camera and stream sources; "
+                                      "detect images in a separate run")
+                streams.append(item)
+        except ImageError as e:
+            _error(str(e))
+            failures += 1
+    if not streams:
+        return 1
+    if args.json:
+        raise YoloClError("--json prints images' detections; streams write --jsonl-dir")
+    if getattr(args, "track", False):
+        raise YoloClError("--track runs one source at a time; leave out --devices/--jsonl-dir for it")
+    if args.jsonl and len(streams) > 1:
+        raise YoloClError("--jsonl names one file; with several sources use --jsonl-dir")
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None and out_dir.suffix.lower() in VIDEO_EXTS and len(streams) > 1:
+        raise YoloClError(f"--out {out_dir}: several sources need a folder")
+    if args.show:
+        print("yolo-cl: note: --show is not available with --devices/--jsonl-dir", file=sys.stderr)
+    outs, jsonls = [None] * len(streams), [args.jsonl] * len(streams)
+    for names_dir, target, exts, ext in ((out_dir, outs, VIDEO_OUT_EXTS, ".mp4"),
+                                         (Path(args.jsonl_dir) if args.jsonl_dir else None, jsonls, {".jsonl"},
+                                          ".jsonl")):
+        if names_dir is None:
+            continue
+        if names_dir.suffix.lower() in VIDEO_EXTS and target is outs:
+            outs[0] = names_dir
+            continue
+        try:
+            names_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise YoloClError(f"{names_dir}: cannot create output folder ({e.strerror or e})") from None
+        namer = _OutputNames(names_dir)
+        for k, src in enumerate(streams):
+            target[k] = namer.path_for(src, exts, ext)
+    fleet = Fleet(_detectors(args, args.devices))
+    status = _FleetStatus(fleet, quiet=False)
+    interrupted = False
+    try:
+        for src, out, jsonl in zip(streams, outs, jsonls):
+            fleet.add_stream(src, thresh=args.thresh, nms=args.nms, batch=args.batch, live=args.live, out=out,
+                             jsonl=jsonl)
+        fleet.wait_streams(tick=status.update)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        fleet.close()
+        status.finish()
+    for run in fleet.streams.values():
+        if run.error:
+            _error(run.error)
+            failures += 1
+            continue
+        print(f"[{run.id} on device {run.device}] " + run.stats.format(), file=sys.stderr)
+        for path in run.written:
+            print(f"wrote {path}", file=sys.stderr)
+    frames = sum(r.stats.frames for r in fleet.streams.values())
+    secs = max((r.stats.seconds for r in fleet.streams.values()), default=0.0)
+    print(f"total: {frames} frames from {len(fleet.streams)} sources on {len(fleet.detectors)} device(s), "
+          f"{frames / secs if secs > 0 else 0.0:.1f} fps", file=sys.stderr)
+    if interrupted:
+        return 130
+    return 1 if failures else 0
+
+
+class _FleetStatus:
+    """One status line on a terminal: each stream's fps, then the total."""
+
+    def __init__(self, fleet, quiet: bool, stream=sys.stderr) -> None:
+        self.fleet, self.stream = fleet, stream
+        self.enabled = not quiet and hasattr(stream, "isatty") and stream.isatty()
+        self.shown = False
+
+    def update(self) -> None:
+        if not self.enabled:
+            return
+        parts = [f"{r.id}:{Path(r.name).name[:16]} {r.stats.fps:5.1f}" for r in self.fleet.streams.values()]
+        self.stream.write("\r" + " | ".join(parts) + f" | total {self.fleet.total_fps():6.1f} fps\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    def finish(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _add_serve_parser(sub, common: argparse.ArgumentParser) -> None:
+    """The ``serve`` subcommand."""
+    s = sub.add_parser("serve", parents=[common], help="serve detection over HTTP: POST /detect, live streams, a page, metrics",
+                       description="An HTTP server (pip install \"yolo-cl[serve]\"): POST /detect with an image, "
+                                   "GET /streams/ID.mjpg for --source streams, GET / for the page, GET /metrics.")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=_count, default=8080, help="port (default 8080; 0 picks a free one)")
+    s.add_argument("--model", help=f"zoo model name or cfg path (default: {DEFAULT_MODEL}, bundled)")
+    s.add_argument("--cfg", help="Darknet .cfg file (instead of --model)")
+    s.add_argument("--weights", help="Darknet .weights file")
+    s.add_argument("--names", help="class names file, one per line")
+    s.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
+    s.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
+    s.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
+    s.add_argument("--devices", metavar="LIST", help="serve on several devices: 'all' or a list such as 0,1")
+    s.add_argument("--fit", choices=FITS, help="resize mode (default: the cfg's letter_box)")
+    s.add_argument("--letterbox", action="store_true", help="short for --fit letterbox")
+    s.add_argument("--source", action="append", default=[], metavar="URI",
+                   help="a live stream to run and show (video file, looped at its frame rate; camera index; URL); "
+                        "repeatable")
+    s.add_argument("--thresh", type=_fraction, default=0.25, help="streams' confidence threshold (default 0.25)")
+    s.add_argument("--nms", type=_fraction, default=0.45, help="streams' NMS IoU threshold (default 0.45)")
+    s.add_argument("--max-batch", type=_positive, default=8, help="images per batched forward pass (default 8)")
+    s.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="how long an idle device waits for a batch to fill (default 0: run at once; under load "
+                        "requests queue while the device works, so batches fill anyway)")
+    s.add_argument("--max-queue", type=_positive, default=64,
+                   help="requests that may wait; past that the answer is 503 at once (default 64)")
+    s.add_argument("--max-body-mb", type=float, default=16.0, help="request body limit in MiB (default 16)")
+    s.add_argument("--max-pixels", type=_positive, default=40_000_000, help="image size limit (default 40e6)")
+    s.add_argument("--timeout", type=float, default=30.0, help="per-request time limit in seconds (default 30)")
+    s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="serve POST /detect on Ray Serve (pip install \"yolo-cl[ray]\"): a local Ray instance, or the "
+                        "cluster at ADDRESS; one deployment per device (resource yolo_cl_device_K)")
+    s.add_argument("--replicas", type=_positive, default=1, help="--ray: replicas per device deployment (default 1)")
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    """Build a Fleet (one Detector per device), start the --source streams, serve until interrupted."""
+    from .fleet import Fleet
+    from .serve import Limits, serve
+    if args.max_wait_ms < 0 or args.timeout <= 0 or args.max_body_mb <= 0:
+        raise YoloClError("--max-wait-ms must be >= 0, --timeout and --max-body-mb > 0")
+    if args.ray is not None:
+        return _serve_on_ray(args)
+    fleet = Fleet(_detectors(args, args.devices), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                  max_queue=args.max_queue)
+    try:
+        for src in args.source:
+            fleet.add_stream(src, thresh=args.thresh, nms=args.nms, loop=True, live=True)
+        limits = Limits(max_body=int(args.max_body_mb * MIB), max_pixels=args.max_pixels, timeout=args.timeout)
+        serve(fleet, args.host, args.port, limits)
+    finally:
+        fleet.close()
+    return 0
+
+
+def _serve_on_ray(args) -> int:
+    """``serve --ray``: the same POST /detect on Ray Serve, one deployment per device."""
+    from .fleet import device_specs
+    from .serve import Limits
+    if args.source:
+        raise YoloClError("--source streams run on the embedded server; leave out --ray for them")
+    if args.cfg and args.model:
+        raise YoloClError("give either --model or --cfg, not both")
+    try:
+        from .ray import run_serve
+    except ImportError as e:
+        raise YoloClError(f"--ray needs Ray Serve: pip install \"yolo-cl[ray]\" ({e})") from None
+    devices = device_specs(args.devices) if args.devices else [args.device]
+    limits = Limits(max_body=int(args.max_body_mb * MIB), max_pixels=args.max_pixels, timeout=args.timeout)
+    run_serve(args.ray or None, args.host, args.port, devices, model=args.cfg or args.model or DEFAULT_MODEL,
+              weights=args.weights, replicas=args.replicas, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+              max_queue=args.max_queue, limits=limits, names=args.names, input_size=args.size,
+              precision=args.precision, fit=_fit(args))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,441 @@
+"""Many streams and many requests over every device of a host: ``Fleet``.
+
+A Fleet holds one Detector per OpenCL device (the same device may be listed twice: two
+contexts, each with its own queue). Two kinds of work run on it:
+
+* **streams** (``add_stream``): each source gets its own ``yolo_cl.video`` Pipeline on a
+  thread of its own, placed on the device with the fewest streams. Files keep every frame,
+  live sources keep the newest one, as with ``Detector.stream``. Each stream keeps its
+  latest frame, a short ring of per-frame events and its StreamStats, and can write a JSONL
+  and an annotated video.
+* **single images** (``submit``): one ``Batcher`` per device gathers concurrent requests for
+  up to ``max_wait_ms`` into one ``Detector.detect_batch`` call of at most ``max_batch``
+  images, on one worker thread. The waiting requests of all devices are bounded by
+  ``max_queue``: past it ``submit`` raises ``QueueFull`` at once instead of queueing.
+
+The CLI's many-source ``detect`` and ``yolo-cl serve`` are both thin layers over this.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from .darknet_json import json_frame
+from .errors import YoloClError
+from .preprocess import check_image
+
+EVENT_RING = 256          # per-frame events a stream keeps for slow readers
+
+
+class QueueFull(YoloClError):
+    """Every device's request queue is full: try again later (HTTP 503)."""
+
+
+def device_specs(spec: Optional[str]) -> list:
+    """``--devices`` -> a list of device specs for ``Detector(device=...)``.
+
+    ``None`` or ``""``: the default device only. ``all``: every OpenCL device. Otherwise a
+    comma-separated list of ``P:D``, flat indices or name substrings; repeating one
+    (``0,0``) opens that device twice, in two contexts."""
+    if spec is None or not str(spec).strip():
+        return [None]
+    if str(spec).strip().lower() == "all":
+        from .runtime import INSTALL_HINT, list_devices
+        from .errors import DeviceError
+        devices = list_devices()
+        if not devices:
+            raise DeviceError(INSTALL_HINT)
+        return [f"{pi}:{di}" for pi, di, _, _ in devices]
+    parts = [p.strip() for p in str(spec).split(",")]
+    if not all(parts):
+        raise YoloClError(f"--devices '{spec}': empty device in the list (use e.g. 'all', '0,1' or '0:0,0:1')")
+    return parts
+
+
+# -- single images: dynamic batching ------------------------------------------------------------
+class _Request:
+    __slots__ = ("image", "thresh", "nms", "future", "queued_at")
+
+    def __init__(self, image: np.ndarray, thresh: float, nms: float) -> None:
+        self.image, self.thresh, self.nms = image, thresh, nms
+        self.future: Future = Future()
+        self.queued_at = time.monotonic()
+
+
+class Batcher:
+    """Single-image requests for one Detector, batched on one worker thread.
+
+    The worker takes the oldest request, waits until ``max_batch`` are queued or ``max_wait_ms``
+    has passed since that request arrived, and runs what it has as one ``detect_batch`` per
+    (thresh, nms) pair. A request whose future was cancelled (its client gave up) is skipped.
+    ``on_batch(size, seconds)`` is called after each batch (metrics). Before taking requests
+    the worker builds the executors for every batch size up to ``max_batch`` (``ready`` is set
+    then), so no request waits for a kernel compile.
+    """
+
+    def __init__(self, detector, max_batch: int = 8, max_wait_ms: float = 0.0,
+                 on_batch: Optional[Callable[[int, float], None]] = None) -> None:
+        self.detector = detector
+        self.max_batch, self.max_wait = max(1, int(max_batch)), max(0.0, float(max_wait_ms)) / 1000.0
+        self.on_batch = on_batch
+        self._queue: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.busy = 0             # requests in the batch being run
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="yolo-cl-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Requests queued and not yet taken into a batch."""
+        return len(self._queue)
+
+    def put(self, req: _Request) -> None:
+        with self._cond:
+            if self._closed:
+                raise YoloClError("the detector is shutting down")
+            self._queue.append(req)
+            self._cond.notify_all()
+
+    def _take(self) -> Optional[list]:
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            deadline = self._queue[0].queued_at + self.max_wait
+            while len(self._queue) < self.max_batch and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            n = min(self.max_batch, len(self._queue))
+            batch = [self._queue.popleft() for _ in range(n)]
+            self.busy = n
+            return batch
+
+    def _warm(self) -> None:
+        try:
+            for b in range(1, self.max_batch + 1):
+                if self._closed:
+                    break
+                self.detector.executor(b)
+        except YoloClError:
+            pass                  # the same error reaches the first request of that size
+        finally:
+            self.ready.set()
+
+    def _work(self) -> None:
+        self._warm()
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            t0 = time.perf_counter()
+            groups: dict = {}
+            for r in live:
+                groups.setdefault((r.thresh, r.nms), []).append(r)
+            for (thresh, nms), reqs in groups.items():
+                try:
+                    results = self.detector.detect_batch([r.image for r in reqs], thresh, nms)
+                except BaseException as e:   # noqa: B902 - every waiting client gets the error
+                    for r in reqs:
+                        r.future.set_exception(e)
+                    continue
+                for r, dets in zip(reqs, results):
+                    r.future.set_result(dets)
+            self.busy = 0
+            if self.on_batch is not None and live:
+                self.on_batch(len(live), time.perf_counter() - t0)
+
+    def close(self) -> None:
+        """Finish the queued requests, then stop the worker."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(30.0)
+
+
+# -- streams ------------------------------------------------------------------------------------
+def paced_frames(path: Union[str, Path], loop: bool = True, stop: Optional[threading.Event] = None) -> Iterator:
+    """The frames of a video file at the file's own frame rate, from the start again at its end
+    when ``loop``: a file that behaves like a camera (for demos, tests and the server)."""
+    import cv2
+    from .errors import ImageError
+    cap = cv2.VideoCapture(str(path))
+    if not cap.isOpened():
+        raise ImageError(f"{path}: cannot open as a video (not a format OpenCV can decode)")
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    period = 1.0 / fps if 0 < fps < 1000 else 1.0 / 25.0
+    try:
+        next_at = time.monotonic()
+        empty = True
+        while stop is None or not stop.is_set():
+            ok, frame = cap.read()
+            if not ok:
+                if not loop or empty:
+                    return
+                cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
+                empty = True
+                continue
+            empty = False
+            next_at += period
+            wait = next_at - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                next_at = time.monotonic()
+            yield frame
+    finally:
+        cap.release()
+
+
+class StreamRun:
+    """One source running through its own Pipeline on one of the Fleet's devices.
+
+    ``latest`` is the newest ``(seq, Result)``; ``events_since(seq)`` the per-frame Darknet
+    JSON objects after ``seq`` still in the ring; ``stats`` the pipeline's StreamStats (fps,
+    latency, drops). ``error`` holds the message if the stream failed.
+    """
+
+    def __init__(self, stream_id: str, source, device: int, detector, *, thresh: float = 0.25, nms: float = 0.45,
+                 batch: int = 1, live: Optional[bool] = None, loop: bool = False, out=None, jsonl=None,
+                 name: Optional[str] = None) -> None:
+        from .video import StreamStats
+        self.id, self.source, self.device, self.detector = stream_id, source, device, detector
+        self.name = name or str(source)
+        self.thresh, self.nms, self.batch, self.live, self.loop = thresh, nms, batch, live, loop
+        self.out, self.jsonl = out, jsonl
+        self.stats = StreamStats(self.name, batch)
+        self.seq = 0
+        self.latest = None
+        self.error: Optional[str] = None
+        self.written: list = []
+        self._events: collections.deque = collections.deque(maxlen=EVENT_RING)
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._pipe = None
+        self._thread = threading.Thread(target=self._run, name=f"yolo-cl-stream-{stream_id}", daemon=True)
+
+    # -- running ---------------------------------------------------------------------------------
+    def start(self) -> "StreamRun":
+        self._thread.start()
+        return self
+
+    def _open(self):
+        from .video import IterableSource, open_source, source_kind
+        if self.loop and isinstance(self.source, (str, Path)) and source_kind(str(self.source)) == "file":
+            frames = paced_frames(self.source, True, self._stop)
+            return IterableSource(frames, live=True, name=self.name)
+        return open_source(self.source, live=self.live)
+
+    def _run(self) -> None:
+        from .draw import draw
+        from .video import OutputSink, Pipeline
+        sink = src = None
+        try:
+            sink = OutputSink(self.out, self.jsonl)
+            src = self._open()
+            sink.open_video(src.fps, src.size)
+            self._pipe = Pipeline(self.detector, src, thresh=self.thresh, nms=self.nms, batch=self.batch)
+            self.stats = self._pipe.stats
+            self.stats.source = self.name
+            if self._stop.is_set():
+                self._pipe.interrupt()
+            for r in self._pipe:
+                if sink.wants_drawing:
+                    sink.write(r, draw(r.frame, r.detections, self.detector.names))
+                elif sink.jsonl is not None:
+                    sink.write(r, None)
+                self._publish(r)
+                if self._stop.is_set():
+                    break
+        except YoloClError as e:
+            self.error = str(e)
+        except Exception as e:          # noqa: BLE001 - a stream's failure must not end the others
+            self.error = f"{self.name}: {type(e).__name__}: {e}"
+        finally:
+            if self._pipe is not None:
+                self._pipe.close()
+                if self._stop.is_set() and self.stats.end in ("", "end of frames"):
+                    self.stats.end = "stopped"
+            if src is not None and not (self._pipe is not None and self._pipe.reading):
+                src.close()
+            if sink is not None:
+                try:
+                    if self.error is None:
+                        self.written = sink.finish()
+                    else:
+                        sink.discard()
+                except OSError as e:
+                    self.error = self.error or f"{self.name}: cannot write output ({e})"
+            if self.error is not None:
+                self.stats.end = self.error
+            if self.stats.finished is None:
+                self.stats.finished = time.monotonic()
+            with self._cond:
+                self._cond.notify_all()
+
+    def _publish(self, r) -> None:
+        h, w = r.frame.shape[:2]
+        event = json_frame(r.index, self.name, r.detections, w, h, self.detector.fit)
+        event["timestamp"] = round(float(r.timestamp), 6)
+        with self._cond:
+            self.seq += 1
+            self.latest = (self.seq, r)
+            self._events.append((self.seq, event))
+            self._cond.notify_all()
+
+    # -- reading -----------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait(self, after_seq: int, timeout: float) -> int:
+        """Block until a frame newer than ``after_seq`` arrives, the stream ends, or ``timeout``; the current seq."""
+        with self._cond:
+            if self.seq <= after_seq and self.running:
+                self._cond.wait(timeout)
+            return self.seq
+
+    def events_since(self, seq: int) -> list:
+        """``(seq, event)`` for every frame after ``seq`` still kept (older ones are skipped)."""
+        with self._cond:
+            return [(s, e) for s, e in self._events if s > seq]
+
+    def summary(self) -> dict:
+        """What ``GET /streams`` shows: identity, state and the figures."""
+        st = self.stats
+        return {"id": self.id, "source": self.name, "device": self.device, "running": self.running,
+                "frames": st.frames, "fps": round(st.fps, 2), "dropped": st.dropped, "corrupt": st.corrupt,
+                "latency_ms": round(st.latency.mean_ms, 2), "latency_p95_ms": round(st.latency.p95_ms, 2),
+                "end": st.end, "error": self.error}
+
+    def stop(self) -> None:
+        """Ask the stream to end at the next frame (outputs are finished as for a normal end)."""
+        self._stop.set()
+        if self._pipe is not None:
+            self._pipe.interrupt()
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        self._thread.join(timeout)
+
+
+# -- the fleet ----------------------------------------------------------------------------------
+class Fleet:
+    """One Detector per device; streams and single-image requests spread over them.
+
+    ``Fleet.open("yolov3-tiny", devices="all", input_size=416)`` builds the Detectors;
+    ``Fleet(detectors)`` takes ready ones. Use as a context manager or call ``close``.
+    """
+
+    def __init__(self, detectors: Sequence, *, max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64,
+                 on_batch: Optional[Callable[[int, float], None]] = None) -> None:
+        if not detectors:
+            raise YoloClError("a Fleet needs at least one Detector")
+        self.detectors = list(detectors)
+        self.max_queue = max(1, int(max_queue))
+        self.batchers = [Batcher(d, max_batch, max_wait_ms, on_batch) for d in self.detectors]
+        self.streams: dict = {}
+        self._lock = threading.Lock()
+        self._next_id = 0
+
+    @classmethod
+    def open(cls, model: Union[str, Path] = "yolov3-tiny", weights=None, *, devices: Optional[str] = None,
+             max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64, **detector_opts) -> "Fleet":
+        """Build one Detector per device of ``devices`` (see ``device_specs``) and a Fleet over them."""
+        from .detector import Detector
+        dets = [Detector(model, weights, device=spec, **detector_opts) for spec in device_specs(devices)]
+        return cls(dets, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue)
+
+    # -- single images -----------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether every device has built its executors for every batch size."""
+        return all(b.ready.is_set() for b in self.batchers)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting on every device."""
+        return sum(b.pending for b in self.batchers)
+
+    def submit(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> Future:
+        """Queue one BGR image; the Future's result is its detections. Raises QueueFull when
+        ``max_queue`` requests already wait, ImageError for an unusable image."""
+        image = check_image(image)
+        with self._lock:
+            if self.queued >= self.max_queue:
+                raise QueueFull(f"the request queue is full ({self.max_queue} waiting); try again later")
+            k = min(range(len(self.batchers)), key=self._request_load)
+            req = _Request(image, thresh, nms)
+            self.batchers[k].put(req)
+        return req.future
+
+    def detect(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45,
+               timeout: Optional[float] = None) -> list:
+        """Detections in one image, batched with whatever else is being asked at the same time."""
+        return self.submit(image, thresh, nms).result(timeout)
+
+    def _request_load(self, k: int) -> tuple:
+        b = self.batchers[k]
+        return (b.pending + b.busy) / b.max_batch, self._streams_on(k), k
+
+    # -- streams -------------------------------------------------------------------------------------
+    def _streams_on(self, k: int) -> int:
+        return sum(1 for s in self.streams.values() if s.device == k and s.running)
+
+    def add_stream(self, source, *, name: Optional[str] = None, thresh: float = 0.25, nms: float = 0.45,
+                   batch: int = 1, live: Optional[bool] = None, loop: bool = False, out=None, jsonl=None) -> StreamRun:
+        """Start ``source`` (a video file, camera index, URL or iterable of frames) on the device
+        with the fewest running streams. ``loop`` plays a video file at its own frame rate, over
+        and over, as a live source; ``out``/``jsonl`` write an annotated video / one JSON line per frame."""
+        with self._lock:
+            k = min(range(len(self.detectors)), key=lambda i: (self._streams_on(i), i))
+            sid = str(self._next_id)
+            self._next_id += 1
+            run = StreamRun(sid, source, k, self.detectors[k], thresh=thresh, nms=nms, batch=batch, live=live,
+                            loop=loop, out=out, jsonl=jsonl, name=name)
+            self.streams[sid] = run
+            return run.start()           # running before the next placement counts it
+
+    def total_fps(self) -> float:
+        """Frames per second summed over the streams still running (or all, once all ended)."""
+        runs = list(self.streams.values())
+        live = [s for s in runs if s.running] or runs
+        return sum(s.stats.fps for s in live)
+
+    def wait_streams(self, timeout: Optional[float] = None, tick: Optional[Callable[[], None]] = None,
+                     interval: float = 0.5) -> bool:
+        """Wait for every stream to end, calling ``tick`` every ``interval`` s; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(s.running for s in self.streams.values()):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            for s in list(self.streams.values()):
+                s.join(interval / max(1, len(self.streams)))
+            if tick is not None:
+                tick()
+        return True
+
+    def close(self) -> None:
+        """Stop every stream (finishing its outputs) and every batch worker."""
+        for s in list(self.streams.values()):
+            s.stop()
+        for s in list(self.streams.values()):
+            s.join(30.0)
+        for b in self.batchers:
+            b.close()
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

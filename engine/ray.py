@@ -1,0 +1,222 @@
+"""yolo-cl past one machine, on Ray (``pip install "yolo-cl[ray]"``).
+
+* ``serve_app`` / ``run_serve``: ``POST /detect`` and ``GET /healthz`` of ``yolo-cl serve`` on
+  Ray Serve. Each OpenCL device is a deployment of its own whose replicas ask for the custom
+  Ray resource ``yolo_cl_device_K`` (so Ray places one replica per device of a node and
+  restarts it when it dies) and batch concurrent requests with ``@serve.batch``; an ingress
+  deployment parses and checks the request exactly as the embedded server does
+  (``yolo_cl.serve.read_image_request``) and sends it to the device with the fewest requests
+  in flight.
+* ``detect_files``: a folder or list of image files over a pool of actors, one per device, in
+  batches; the result is one Darknet ``-out`` object per image, optionally written as JSONL.
+
+A local instance gets one resource per device from ``start(devices=N)``; on a cluster, start
+each node with them: ``ray start --resources '{"yolo_cl_device_0": 1, "yolo_cl_device_1": 1}'``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import ray
+from ray import serve
+
+from .darknet_json import json_frame
+from .errors import YoloClError
+
+RESOURCE = "yolo_cl_device_{}"
+IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+
+
+def start(address: Optional[str] = None, devices: int = 1) -> None:
+    """Connect to the Ray cluster at ``address``, or start a local one with ``devices`` device resources."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local instance for this process only
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(resources={RESOURCE.format(k): 1 for k in range(devices)}, include_dashboard=False,
+                 log_to_driver=False)
+
+
+def _detector(model, weights, device, opts: dict):
+    from .detector import Detector
+    return Detector(model, weights, device=device, **opts)
+
+
+def _run_groups(det, items: list) -> list:
+    """detect_batch per (thresh, nms) over ``items`` of (image, thresh, nms), results in order."""
+    out: list = [None] * len(items)
+    groups: dict = {}
+    for i, (_, thresh, nms) in enumerate(items):
+        groups.setdefault((thresh, nms), []).append(i)
+    for (thresh, nms), idx in groups.items():
+        for i, dets in zip(idx, det.detect_batch([items[i][0] for i in idx], thresh, nms)):
+            out[i] = dets
+    return out
+
+
+# -- Ray Serve ------------------------------------------------------------------------------------
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class DeviceDetector:
+    """One replica: a Detector on one device, batching the requests Ray hands it."""
+
+    def __init__(self, model, weights, device, opts: dict, max_batch: int, max_wait_ms: float) -> None:
+        self.det = _detector(model, weights, device, opts)
+        for b in range(1, max_batch + 1):          # every batch size compiled before the first request
+            self.det.executor(b)
+        self.detect.set_max_batch_size(max_batch)
+        self.detect.set_batch_wait_timeout_s(max_wait_ms / 1000.0)
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
+    async def detect(self, items: list) -> list:
+        return await asyncio.to_thread(_run_groups, self.det, items)
+
+    def info(self) -> dict:
+        """The device's name, the resize mode and this replica's process id."""
+        return {"device": self.det.runtime.device_name, "fit": self.det.fit, "pid": os.getpid()}
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+class Ingress:
+    """HTTP: parse and check a request as the embedded server does, then pick a device."""
+
+    def __init__(self, devices: list, limits, max_in_flight: int) -> None:
+        self.devices = devices
+        self.limits, self.max_in_flight = limits, max_in_flight
+        self.in_flight = [0] * len(devices)
+        self.answered = 0
+        self.fit: Optional[str] = None         # the Detectors' resize mode, asked once
+
+    async def __call__(self, request):
+        from .serve import HTTPException, error_response, read_image_request
+        from starlette.responses import JSONResponse
+        path = request.url.path.rstrip("/")
+        if path == "/healthz" and request.method == "GET":
+            infos = await asyncio.gather(*(d.info.remote() for d in self.devices))
+            return JSONResponse({"status": "ok", "devices": [i["device"] for i in infos], "ray": True})
+        if path != "/detect":
+            return error_response(404, "Not Found")
+        if request.method != "POST":
+            return error_response(405, "Method Not Allowed")
+        if sum(self.in_flight) >= self.max_in_flight:
+            return error_response(503, f"busy: {sum(self.in_flight)} requests in flight; try again later")
+        k = min(range(len(self.devices)), key=lambda i: (self.in_flight[i], i))
+        self.in_flight[k] += 1
+        try:
+            image, thresh, nms, filename = await read_image_request(request, self.limits)
+            dets = await asyncio.wait_for(self.devices[k].detect.remote((image, thresh, nms)), self.limits.timeout)
+            if self.fit is None:
+                self.fit = (await self.devices[k].info.remote())["fit"]
+        except HTTPException as e:
+            return error_response(e.status_code, e.detail)
+        except asyncio.TimeoutError:
+            return error_response(504, f"no answer within {self.limits.timeout:g} s")
+        except Exception as e:          # noqa: BLE001 - a replica died or failed: an answer, not a traceback
+            return error_response(503, f"device {k} failed ({type(e).__name__}); try again")
+        finally:
+            self.in_flight[k] -= 1
+        self.answered += 1
+        h, w = image.shape[:2]
+        return JSONResponse(json_frame(self.answered, filename, dets, w, h, self.fit))
+
+
+def serve_app(model="yolov3-tiny", weights=None, *, devices: Sequence = (None,), replicas: int = 1,
+              max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64, limits=None, **detector_opts):
+    """The Ray Serve application: one deployment per entry of ``devices`` (device specs as for
+    ``Detector(device=...)``; entry K's replicas need the resource ``yolo_cl_device_K``) and the ingress."""
+    from .serve import Limits
+    handles = []
+    for k, spec in enumerate(devices):
+        dep = DeviceDetector.options(name=f"yolo-cl-device-{k}", num_replicas=replicas,
+                                     max_ongoing_requests=max(2 * max_batch, 16),
+                                     ray_actor_options={"num_cpus": 0, "resources": {RESOURCE.format(k): 1}})
+        handles.append(dep.bind(model, weights, spec, detector_opts, max_batch, max_wait_ms))
+    ingress = Ingress.options(name="yolo-cl-ingress")
+    app = ingress.bind(handles, limits or Limits(), max_queue + max_batch * len(handles) * replicas)
+    return app
+
+
+def run_serve(address: Optional[str], host: str, port: int, devices: Sequence, *, announce=None, **opts) -> None:
+    """Start (or join) Ray, deploy ``serve_app`` on ``host:port`` and block until interrupted."""
+    import signal
+    import sys
+    import threading
+    start(address, len(devices))
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(serve_app(devices=devices, **opts), name="yolo-cl", route_prefix="/")
+    print(f"yolo-cl serve: listening on http://{host}:{port} (Ray Serve, {len(devices)} device deployment(s))",
+          file=announce or sys.stderr, flush=True)
+    done = threading.Event()
+    old = signal.signal(signal.SIGTERM, lambda *a: done.set())
+    try:
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        serve.shutdown()
+        ray.shutdown()
+
+
+# -- bulk ------------------------------------------------------------------------------------------
+@ray.remote(num_cpus=0)
+class _BulkWorker:
+    def __init__(self, model, weights, device, opts: dict) -> None:
+        self.det = _detector(model, weights, device, opts)
+
+    def run(self, chunk: list, thresh: float, nms: float) -> list:
+        """[(frame_id, path)] -> [Darknet -out object, or {"frame_id", "filename", "error"}]."""
+        import cv2
+        images, ok, out = [], [], {}
+        for fid, path in chunk:
+            img = cv2.imread(path, cv2.IMREAD_COLOR)
+            if img is None:
+                out[fid] = {"frame_id": fid, "filename": path, "error": "not an image OpenCV can decode"}
+            else:
+                images.append(img)
+                ok.append((fid, path))
+        if images:
+            for (fid, path), img, dets in zip(ok, images, self.det.detect_batch(images, thresh, nms)):
+                out[fid] = json_frame(fid, path, dets, img.shape[1], img.shape[0], self.det.fit)
+        return [out[fid] for fid, _ in chunk]
+
+
+def image_files(sources: Union[str, Path, Sequence]) -> list:
+    """A folder's image files (sorted), or the given list of paths as strings."""
+    if isinstance(sources, (str, Path)) and Path(sources).is_dir():
+        return [str(p) for p in sorted(Path(sources).iterdir()) if p.suffix.lower() in IMAGE_EXTS and p.is_file()]
+    if isinstance(sources, (str, Path)):
+        return [str(sources)]
+    return [str(p) for p in sources]
+
+
+def detect_files(sources, model="yolov3-tiny", weights=None, *, devices: Sequence = (None,), jsonl=None,
+                 thresh: float = 0.25, nms: float = 0.45, batch: int = 8, address: Optional[str] = None,
+                 **detector_opts) -> list:
+    """Detect in every image of a folder or list over Ray actors, one per entry of ``devices``
+    (each needing the resource ``yolo_cl_device_K``). Returns one Darknet ``-out`` object per
+    image in input order (an ``error`` key instead of ``objects`` for unreadable files) and, with
+    ``jsonl``, writes them one per line (atomically). Paths are read where the actors run."""
+    from ray.util import ActorPool
+    from .runtime import atomic_write
+    paths = image_files(sources)
+    if not paths:
+        raise YoloClError(f"{sources}: no images")
+    start(address, len(devices))
+    workers = [_BulkWorker.options(resources={RESOURCE.format(k): 1}).remote(model, weights, spec, detector_opts)
+               for k, spec in enumerate(devices)]
+    items = list(enumerate(paths, 1))
+    chunks = [items[i:i + batch] for i in range(0, len(items), batch)]
+    pool = ActorPool(workers)
+    frames = [f for part in pool.map(lambda w, c: w.run.remote(c, thresh, nms), chunks) for f in part]
+    for w in workers:
+        ray.kill(w)
+    if jsonl is not None:
+        atomic_write(jsonl, "".join(json.dumps(f) + "\n" for f in frames).encode())
+    return frames

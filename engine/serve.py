@@ -1,0 +1,539 @@
+"""``yolo-cl serve``: a Fleet behind HTTP (Starlette on uvicorn; ``pip install "yolo-cl[serve]"``).
+
+Endpoints:
+
+* ``POST /detect`` — an encoded image (the raw body, or the multipart field ``file``); query
+  ``thresh`` and ``nms``. The answer is the image's Darknet ``-out`` JSON object. Requests
+  are batched across clients by the Fleet's per-device Batchers.
+* ``GET /streams``, ``GET /streams/{id}.mjpg`` (annotated MJPEG, as Darknet's ``-mjpeg_port``),
+  ``GET /streams/{id}/events`` (one JSON line per frame, as Darknet's ``-json_port``).
+* ``GET /`` (a page showing every stream live), ``GET /healthz``, ``GET /metrics`` (Prometheus).
+
+Limits keep memory bounded whatever clients send: a body size cap (checked while reading),
+a pixel cap read from the image header *before* decoding (so a small PNG cannot inflate to
+gigabytes), only JPEG, PNG, BMP and WebP accepted, at most ``max_queue`` requests waiting plus
+one batch per device in progress (past that: 503 at once), and a per-request timeout (504).
+Nothing a request says is used as a path: bodies are parsed in memory. Every error answer
+is one line of JSON, ``{"error": "..."}``, with its status code.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .darknet_json import json_frame
+from .errors import ImageError, YoloClError
+from .fleet import Fleet, QueueFull
+
+try:
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+except ImportError as _e:          # pragma: no cover - depends on the install
+    raise YoloClError(f"yolo-cl serve needs the serve extra: pip install \"yolo-cl[serve]\" ({_e})") from None
+
+MIB = 1 << 20
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+POLL_S = 0.02                      # how often a live HTTP stream looks for a new frame
+
+
+@dataclass
+class Limits:
+    """What one request may cost."""
+
+    max_body: int = 16 * MIB        # bytes of request body
+    max_pixels: int = 40_000_000    # width x height of the encoded image
+    timeout: float = 30.0           # seconds from arrival to answer
+
+
+# -- image bodies -------------------------------------------------------------------------------
+class LimitExceeded(ImageError):
+    """A request over a size limit (HTTP 413)."""
+
+
+class UnsupportedFormat(ImageError):
+    """Not one of the image formats the server decodes (HTTP 415)."""
+
+
+def image_size(data: bytes) -> Optional[tuple]:
+    """(width, height) from a JPEG, PNG, BMP or WebP header without decoding; None for other data."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24 and data[12:16] == b"IHDR":
+        return struct.unpack(">II", data[16:24])
+    if data[:2] == b"BM" and len(data) >= 26:
+        w, h = struct.unpack("<ii", data[18:26])
+        return abs(w), abs(h)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
+        chunk = data[12:16]
+        if chunk == b"VP8X":
+            return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+        if chunk == b"VP8L" and data[20] == 0x2F:
+            bits = int.from_bytes(data[21:25], "little")
+            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+        if chunk == b"VP8 ":
+            w, h = struct.unpack("<HH", data[26:30])
+            return w & 0x3FFF, h & 0x3FFF
+        return None
+    if data[:2] == b"\xff\xd8":
+        i = 2
+        while i + 9 <= len(data):
+            if data[i] != 0xFF:
+                return None
+            marker = data[i + 1]
+            if marker == 0xFF:                 # fill byte
+                i += 1
+                continue
+            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+                i += 2
+                continue
+            seg = struct.unpack(">H", data[i + 2:i + 4])[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                h, w = struct.unpack(">HH", data[i + 5:i + 9])
+                return w, h
+            i += 2 + seg
+    return None
+
+
+def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
+    """Decode an uploaded image after checking its header's size; ImageError (-> 4xx) otherwise."""
+    import cv2
+    if not data:
+        raise ImageError("empty body: send an image (raw bytes, or the multipart field 'file')")
+    size = image_size(data)
+    if size is None:
+        raise UnsupportedFormat("not a JPEG, PNG, BMP or WebP image")
+    w, h = size
+    if w < 1 or h < 1:
+        raise ImageError(f"the image header says {w}x{h} pixels")
+    if w * h > max_pixels:
+        raise LimitExceeded(f"the image has {w}x{h} pixels, more than the limit of {max_pixels}")
+    try:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:
+        img = None
+    if img is None:
+        raise ImageError("the image cannot be decoded (truncated or corrupt)")
+    return img
+
+
+def multipart_file(body: bytes, content_type: str, field: str = "file") -> tuple:
+    """(data, filename) of the form field ``field`` in a multipart body, parsed in memory."""
+    from python_multipart.multipart import MultipartParser, parse_options_header
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise ImageError("multipart body without a boundary")
+    parts: list = []
+    cur: dict = {}
+
+    def on_part_begin() -> None:
+        cur.clear()
+        cur.update(headers={}, data=[], field=b"", value=b"")
+
+    def on_header_field(data, start, end) -> None:
+        cur["field"] += data[start:end]
+
+    def on_header_value(data, start, end) -> None:
+        cur["value"] += data[start:end]
+
+    def on_header_end() -> None:
+        cur["headers"][cur["field"].lower()] = cur["value"]
+        cur["field"] = cur["value"] = b""
+
+    def on_part_data(data, start, end) -> None:
+        cur["data"].append(data[start:end])
+
+    def on_part_end() -> None:
+        parts.append((cur["headers"], b"".join(cur["data"])))
+
+    parser = MultipartParser(boundary, {"on_part_begin": on_part_begin, "on_header_field": on_header_field,
+                                        "on_header_value": on_header_value, "on_header_end": on_header_end,
+                                        "on_part_data": on_part_data, "on_part_end": on_part_end})
+    try:
+        parser.write(body)
+        parser.finalize()
+    except Exception as e:        # noqa: BLE001 - python-multipart raises several kinds
+        raise ImageError(f"malformed multipart body ({e})") from None
+    for headers, data in parts:
+        _, disp = parse_options_header(headers.get(b"content-disposition", b""))
+        if disp.get(b"name", b"").decode("latin-1") == field:
+            return data, disp.get(b"filename", b"").decode("utf-8", "replace")
+    raise ImageError(f"multipart body has no field '{field}'")
+
+
+# -- metrics ------------------------------------------------------------------------------------
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count."""
+
+    def __init__(self, buckets: tuple) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def observe(self, v: float) -> None:
+        with self._lock:
+            for i, b in enumerate(self.buckets):
+                if v <= b:
+                    self.counts[i] += 1
+            self.sum += v
+            self.count += 1
+
+    def lines(self, name: str) -> list:
+        with self._lock:
+            out = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+            out += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}",
+                    f"{name}_count {self.count}"]
+        return out
+
+
+def _label(v) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Metrics:
+    """The server's counters, rendered in the Prometheus text format by ``render``."""
+
+    def __init__(self) -> None:
+        self.requests: dict = {}            # status code -> count
+        self.latency = Histogram(LATENCY_BUCKETS)
+        self.batch = Histogram(BATCH_BUCKETS)
+        self.batch_time = Histogram(LATENCY_BUCKETS)
+        self.in_flight = 0
+        self._lock = threading.Lock()
+
+    def count(self, code: int) -> None:
+        with self._lock:
+            self.requests[code] = self.requests.get(code, 0) + 1
+
+    def on_batch(self, size: int, seconds: float) -> None:
+        self.batch.observe(size)
+        self.batch_time.observe(seconds)
+
+    def render(self, fleet: Fleet) -> str:
+        out = ["# HELP yolo_cl_requests_total POST /detect answers by status code.",
+               "# TYPE yolo_cl_requests_total counter"]
+        with self._lock:
+            out += [f'yolo_cl_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.requests.items())]
+        out += ["# HELP yolo_cl_request_seconds POST /detect time from arrival to answer (answered requests).",
+                "# TYPE yolo_cl_request_seconds histogram"] + self.latency.lines("yolo_cl_request_seconds")
+        out += ["# HELP yolo_cl_batch_size Images per detect_batch call.",
+                "# TYPE yolo_cl_batch_size histogram"] + self.batch.lines("yolo_cl_batch_size")
+        out += ["# HELP yolo_cl_batch_seconds Time of one batch on its device (detect_batch calls).",
+                "# TYPE yolo_cl_batch_seconds histogram"] + self.batch_time.lines("yolo_cl_batch_seconds")
+        out += ["# HELP yolo_cl_queue_length Requests waiting for a batch.", "# TYPE yolo_cl_queue_length gauge",
+                f"yolo_cl_queue_length {fleet.queued}",
+                "# HELP yolo_cl_queue_capacity Requests that may wait before 503.",
+                "# TYPE yolo_cl_queue_capacity gauge", f"yolo_cl_queue_capacity {fleet.max_queue}",
+                "# HELP yolo_cl_requests_in_flight POST /detect requests being handled.",
+                "# TYPE yolo_cl_requests_in_flight gauge", f"yolo_cl_requests_in_flight {self.in_flight}",
+                "# HELP yolo_cl_devices Detectors (device contexts) serving.", "# TYPE yolo_cl_devices gauge",
+                f"yolo_cl_devices {len(fleet.detectors)}"]
+        runs = list(fleet.streams.values())
+        for name, kind, help_, get in (
+                ("yolo_cl_stream_fps", "gauge", "Frames per second of a stream.", lambda s: round(s.stats.fps, 3)),
+                ("yolo_cl_stream_frames_total", "counter", "Frames processed.", lambda s: s.stats.frames),
+                ("yolo_cl_stream_dropped_total", "counter", "Frames dropped (live sources keep the newest).",
+                 lambda s: s.stats.dropped),
+                ("yolo_cl_stream_latency_seconds", "gauge", "Mean time from frame read to detections.",
+                 lambda s: round(s.stats.latency.mean_ms / 1000.0, 6)),
+                ("yolo_cl_stream_running", "gauge", "1 while the stream runs.", lambda s: int(s.running))):
+            out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+            out += [f'{name}{{stream="{s.id}",source="{_label(s.name)}",device="{s.device}"}} {get(s)}' for s in runs]
+        return "\n".join(out) + "\n"
+
+
+# -- the application ------------------------------------------------------------------------------
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+
+
+def _fraction(request: Request, name: str, default: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise HTTPException(400, f"query {name}='{raw[:40]}' is not a number") from None
+    if not 0.0 <= v <= 1.0:
+        raise HTTPException(400, f"query {name}={raw[:40]} is not in [0, 1]")
+    return v
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"body of {declared} bytes is over the limit of {limit}")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise HTTPException(413, f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_image_request(request: Request, limits: Limits) -> tuple:
+    """(BGR image, thresh, nms, filename) of a ``POST /detect`` request, within ``limits``;
+    HTTPException 400, 413 or 415 otherwise."""
+    thresh, nms = _fraction(request, "thresh", 0.25), _fraction(request, "nms", 0.45)
+    body = await _read_body(request, limits.max_body)
+    ctype = request.headers.get("content-type", "")
+    filename = "request"
+    try:
+        if ctype.lower().startswith("multipart/form-data"):
+            body, filename = multipart_file(body, ctype)
+            filename = filename or "request"
+        image = await run_in_threadpool(decode_image, body, limits.max_pixels)
+    except LimitExceeded as e:
+        raise HTTPException(413, str(e)) from None
+    except UnsupportedFormat as e:
+        raise HTTPException(415, str(e)) from None
+    except ImageError as e:
+        raise HTTPException(400, str(e)) from None
+    return image, thresh, nms, filename
+
+
+def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[Metrics] = None) -> Starlette:
+    """The Starlette application serving ``fleet``. The caller owns the Fleet (and closes it)."""
+    limits = limits or Limits()
+    metrics = metrics or Metrics()
+    for b in fleet.batchers:
+        b.on_batch = metrics.on_batch
+    # Requests past this are answered 503 before their body is read: queue + one batch per device.
+    max_in_flight = fleet.max_queue + sum(b.max_batch for b in fleet.batchers)
+    counter = {"n": 0}
+    jpeg_cache: dict = {}                  # stream id -> (seq, jpeg bytes)
+    jpeg_lock = threading.Lock()
+
+    async def detect(request: Request) -> Response:
+        t0 = time.monotonic()
+        if metrics.in_flight >= max_in_flight:
+            metrics.count(503)
+            return error_response(503, f"busy: {metrics.in_flight} requests in flight; try again later")
+        metrics.in_flight += 1
+        try:
+            resp = await _detect(request, t0)
+        except HTTPException as e:
+            resp = error_response(e.status_code, e.detail)
+        finally:
+            metrics.in_flight -= 1
+        metrics.count(resp.status_code)
+        if resp.status_code == 200:
+            metrics.latency.observe(time.monotonic() - t0)
+        return resp
+
+    async def _detect(request: Request, t0: float) -> Response:
+        image, thresh, nms, filename = await read_image_request(request, limits)
+        try:
+            future = fleet.submit(image, thresh, nms)
+        except QueueFull as e:
+            return error_response(503, str(e))
+        left = limits.timeout - (time.monotonic() - t0)
+        try:
+            dets = await asyncio.wait_for(asyncio.wrap_future(future), max(0.001, left))
+        except asyncio.TimeoutError:
+            return error_response(504, f"no answer within {limits.timeout:g} s")
+        except YoloClError as e:
+            return error_response(500, str(e))
+        counter["n"] += 1
+        h, w = image.shape[:2]
+        return JSONResponse(json_frame(counter["n"], filename, dets, w, h, fleet.detectors[0].fit))
+
+    def _stream(request: Request):
+        run = fleet.streams.get(request.path_params["sid"])
+        if run is None:
+            raise HTTPException(404, f"no stream '{request.path_params['sid'][:40]}'")
+        return run
+
+    async def streams(request: Request) -> Response:
+        return JSONResponse([s.summary() for s in fleet.streams.values()])
+
+    def _jpeg(run) -> Optional[tuple]:
+        import cv2
+        from .draw import draw
+        latest = run.latest
+        if latest is None:
+            return None
+        seq, r = latest
+        with jpeg_lock:
+            hit = jpeg_cache.get(run.id)
+            if hit is not None and hit[0] == seq:
+                return hit
+            ok, buf = cv2.imencode(".jpg", draw(r.frame, r.detections, run.detector.names),
+                                   [cv2.IMWRITE_JPEG_QUALITY, 80])
+            jpeg_cache[run.id] = (seq, buf.tobytes() if ok else b"")
+            return jpeg_cache[run.id]
+
+    async def mjpeg(request: Request) -> Response:
+        run = _stream(request)
+
+        async def parts():
+            last = -1
+            while True:
+                if run.seq != last:
+                    got = await run_in_threadpool(_jpeg, run)
+                    if got is not None and got[1]:
+                        last, jpg = got
+                        yield (b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: "
+                               + str(len(jpg)).encode() + b"\r\n\r\n" + jpg + b"\r\n")
+                        continue
+                if not run.running and run.seq == last:
+                    return
+                await asyncio.sleep(POLL_S)
+
+        return StreamingResponse(parts(), media_type="multipart/x-mixed-replace; boundary=frame",
+                                 headers={"Cache-Control": "no-store"})
+
+    async def events(request: Request) -> Response:
+        run = _stream(request)
+
+        async def lines():
+            last = max(0, run.seq - 1)           # start with the newest frame
+            while True:
+                evs = run.events_since(last)
+                for seq, ev in evs:
+                    last = seq
+                    yield json.dumps(ev) + "\n"
+                if not evs:
+                    if not run.running and run.seq == last:
+                        return
+                    await asyncio.sleep(POLL_S)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
+
+    async def healthz(request: Request) -> Response:
+        ready = fleet.ready
+        return JSONResponse({"status": "ok" if ready else "warming",
+                             "devices": [d.runtime.device_name for d in fleet.detectors],
+                             "queued": fleet.queued, "streams": len(fleet.streams)},
+                            status_code=200 if ready else 503)
+
+    async def metrics_page(request: Request) -> Response:
+        return PlainTextResponse(metrics.render(fleet), media_type="text/plain; version=0.0.4")
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(PAGE)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(exc.status_code, exc.detail)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error_response(500, f"internal error: {type(exc).__name__}")
+
+    routes = [Route("/", index), Route("/healthz", healthz), Route("/metrics", metrics_page),
+              Route("/detect", detect, methods=["POST"]), Route("/streams", streams),
+              Route("/streams/{sid}.mjpg", mjpeg), Route("/streams/{sid}/events", events)]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+# -- running it ---------------------------------------------------------------------------------
+def serve(fleet: Fleet, host: str = "127.0.0.1", port: int = 8080, limits: Optional[Limits] = None,
+          announce=sys.stderr) -> None:
+    """Serve ``fleet`` until SIGINT/SIGTERM; prints ``listening on http://HOST:PORT`` (the real port if 0)."""
+    import uvicorn
+    app = build_app(fleet, limits)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise YoloClError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+    sock.listen(1024)
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    if announce is not None:
+        print(f"yolo-cl serve: listening on http://{shown}:{bound} ({len(fleet.detectors)} device(s), "
+              f"{len(fleet.streams)} stream(s))", file=announce, flush=True)
+    old = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
+    try:
+        server.run(sockets=[sock])
+    except _Terminated:
+        pass
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+        sock.close()
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: uvicorn has shut down gracefully and re-raised the signal to us."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>yolo-cl</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:0;background:#111;color:#eee}
+header{padding:.6em 1em;background:#222;font-weight:600}
+main{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,420px),1fr));gap:.8em;padding:.8em}
+.card{background:#1c1c1c;border-radius:8px;overflow:hidden}
+.card img{width:100%;display:block;background:#000;min-height:120px}
+.fig{padding:.4em .7em;font-size:.9em;font-variant-numeric:tabular-nums;word-break:break-all}
+.empty{padding:1em;color:#aaa}
+</style></head><body>
+<header>yolo-cl &middot; <span id="total">&hellip;</span></header>
+<main id="streams"><div class="empty">No streams (start the server with --source).
+POST an image to /detect for detections.</div></main>
+<script>
+const shown = {};
+function row(s) {
+  return s.source + " \\u00b7 device " + s.device + " \\u00b7 " + s.fps.toFixed(1) + " fps \\u00b7 latency " +
+    s.latency_ms.toFixed(0) + " ms \\u00b7 dropped " + s.dropped + (s.running ? "" : " \\u00b7 ended: " + s.end);
+}
+async function refresh() {
+  try {
+    const list = await (await fetch("streams")).json();
+    const main = document.getElementById("streams");
+    if (list.length && main.querySelector(".empty")) main.innerHTML = "";
+    let total = 0;
+    for (const s of list) {
+      total += s.running ? s.fps : 0;
+      if (!shown[s.id]) {
+        const card = document.createElement("div");
+        card.className = "card";
+        card.id = "stream-" + s.id;
+        const img = document.createElement("img");
+        img.alt = s.source;
+        img.src = "streams/" + encodeURIComponent(s.id) + ".mjpg";
+        const fig = document.createElement("div");
+        fig.className = "fig";
+        card.append(img, fig);
+        main.append(card);
+        shown[s.id] = fig;
+      }
+      shown[s.id].textContent = row(s);
+    }
+    document.getElementById("total").textContent = list.length + " stream(s), " + total.toFixed(1) + " fps total";
+  } catch (e) {
+    document.getElementById("total").textContent = "server unreachable";
+  }
+}
+refresh();
+setInterval(refresh, 1000);
+</script></body></html>
+"""

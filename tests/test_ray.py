@@ -1,0 +1,154 @@
+"""yolo-cl on a real local Ray instance: Ray Serve (CLI and application) and bulk detection.
+
+PoCL has one device; the two "devices" are two Detectors on it, each behind its own Ray
+resource (yolo_cl_device_0 and _1), as two GPUs would be.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra (pip install 'yolo-cl[ray]') is a test dependency")
+serve = pytest.importorskip("ray.serve")
+httpx = pytest.importorskip("httpx")
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT.parent / "shared" / "images"
+DOG = IMAGES / "dog.jpg"
+SIZE = 160
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cli_json():
+    """``yolo-cl detect --json`` on the shared images: what Ray must answer, per file."""
+    r = subprocess.run([sys.executable, "-m", "yolo_cl", "detect", str(IMAGES), "--json", "--size", str(SIZE)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return {Path(f["filename"]).name: f for f in json.loads(r.stdout)}
+
+
+def wait_ready(url: str, proc=None, limit: float = 240) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        assert proc is None or proc.poll() is None, "the server ended"
+        try:
+            if httpx.get(url + "/healthz", timeout=10).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} not ready in {limit} s")
+
+
+def test_cli_serve_on_ray(cli_json, tmp_path):
+    port = free_port()
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "serve", "--ray", "--port", str(port), "--size",
+                             str(SIZE), "--devices", "0,0", "--max-batch", "2"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "err", "w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        health = httpx.get(url + "/healthz").json()
+        assert health["ray"] and len(health["devices"]) == 2
+        r = httpx.post(url + "/detect", content=DOG.read_bytes(), timeout=60)
+        assert r.status_code == 200 and r.json()["objects"] == cli_json["dog.jpg"]["objects"]
+        bad = httpx.post(url + "/detect", content=b"not an image", timeout=60)
+        assert bad.status_code == 415 and set(bad.json()) == {"error"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+    assert proc.returncode == 0, (tmp_path / "err").read_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from yolo_cl import ray as yr
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    yr.start(devices=2)
+    yield yr
+    serve.shutdown()
+    ray.shutdown()
+
+
+def test_bulk_folder_over_two_actors(cluster, cli_json, tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for p in sorted(IMAGES.glob("*.jpg")):
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really")
+    out = tmp_path / "dets.jsonl"
+    frames = cluster.detect_files(folder, devices=["0", "0"], jsonl=out, batch=2, input_size=SIZE)
+    names = sorted(p.name for p in folder.iterdir())
+    assert [Path(f["filename"]).name for f in frames] == names
+    assert [f["frame_id"] for f in frames] == list(range(1, len(names) + 1))
+    for f in frames:
+        name = Path(f["filename"]).name
+        if name == "broken.jpg":
+            assert "error" in f and "objects" not in f
+        else:
+            assert f["objects"] == cli_json[name]["objects"], name
+    assert [json.loads(x) for x in out.read_text().splitlines()] == frames
+
+
+async def _burst(url: str, data: bytes, n: int, on_started) -> list:
+    limits = httpx.Limits(max_connections=n)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        async def one(i: int):
+            await asyncio.sleep(i * 0.02)
+            r = await client.post(url + "/detect", content=data)
+            return r.status_code, r.json()
+        tasks = [asyncio.create_task(one(i)) for i in range(n)]
+        await asyncio.sleep(0.5)
+        on_started()
+        return await asyncio.gather(*tasks)
+
+
+def test_serve_app_survives_a_killed_replica(cluster, cli_json):
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(cluster.serve_app(devices=["0", "0"], input_size=SIZE, max_batch=2), name="yolo-cl", route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url)
+    want = cli_json["dog.jpg"]["objects"]
+    assert httpx.post(url + "/detect", content=DOG.read_bytes(), timeout=60).json()["objects"] == want
+    handle = serve.get_deployment_handle("yolo-cl-device-0", app_name="yolo-cl")
+    victim = handle.info.remote().result()["pid"]
+
+    answers = asyncio.run(_burst(url, DOG.read_bytes(), 60, lambda: os.kill(victim, signal.SIGKILL)))
+    codes = [c for c, _ in answers]
+    assert len(answers) == 60 and set(codes) <= {200, 503}, codes
+    for code, body in answers:
+        if code == 200:
+            assert body["objects"] == want          # every acknowledged answer is right
+        else:
+            assert set(body) == {"error"}
+    assert codes.count(200) >= 30, codes
+    # Ray restarts the replica: device 0 answers again, from a new process
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            pid = handle.info.remote().result(timeout_s=10)["pid"]
+            if pid != victim:
+                break
+        except Exception:       # noqa: BLE001 - the replica is still coming back
+            pass
+        time.sleep(1)
+    else:
+        raise AssertionError("the killed replica was not restarted")
+    assert httpx.post(url + "/detect", content=DOG.read_bytes(), timeout=60).json()["objects"] == want
