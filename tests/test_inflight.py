@@ -94,7 +94,7 @@ def test_host_path_submit_equals_device_path(det, frames):
 def test_stream_equals_one_at_a_time(det, batch):
     cap = cv2.VideoCapture(str(VIDEO))
     video = []
-    while len(video) < 7:
+    while len(video) < 8:
         ok, f = cap.read()
         assert ok
         video.append(f)
@@ -102,6 +102,8 @@ def test_stream_equals_one_at_a_time(det, batch):
     ref = [key(det.detect(f, thresh=0.1)) for f in video]
     got = [(i, key(d)) for i, _, d in det.stream(iter(video), thresh=0.1, batch=batch)]
     assert got == list(enumerate(ref))
+    size = det.net_size_for(video[0].shape[1], video[0].shape[0])
+    assert (8 % 3, size) not in det._executors      # the last, short batch was padded
 
 
 def test_output_stages_write_in_order_what_drawing_inline_gives(frames):
