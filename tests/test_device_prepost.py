@@ -195,3 +195,18 @@ def test_overflow_falls_back_to_host_decode(monkeypatch):
     a, b = dev.detect(img, thresh=0.0005), host.detect(img, thresh=0.0005)
     assert int(dec._sets[0]["host_count"][0]) > dec.cap      # the first frame's set did overflow
     assert len(b) > 100 and same_detections(a, b)
+
+
+def test_region_heads_use_the_device_preprocessing_and_the_host_decode(tmp_path):
+    cfg = ROOT / "models" / "cfg" / "yolov2-tiny.cfg"
+    weights = write_random_weights(str(cfg), str(tmp_path / "v2.weights"), calib_size=64)
+    dev = Detector(cfg, weights, input_size=96, device_preprocess=True)
+    host = Detector(cfg, weights, input_size=96, device_preprocess=False)
+    assert dev.device_preprocess and not dev.device_decode
+    seen = 0
+    for path in IMAGES[:3]:
+        img = cv2.imread(str(path))
+        ref = host.detect(img, thresh=0.05)
+        assert same_detections(dev.detect(img, thresh=0.05), ref), path.name
+        seen += len(ref)
+    assert seen > 0
