@@ -10,6 +10,7 @@ arena's input region is rewritten only after the previous forward pass has read 
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 from .kernels.decode import DeviceDecoder
@@ -49,17 +50,19 @@ class DevicePath:
         self.slots = slots
         self.prep = DevicePreprocess(self.rt, detector.precision == "fp16", slots)
         self.decode = decode
-        self._decoders: dict = {}        # id(executor) -> DeviceDecoder
+        # executor -> its DeviceDecoder; weak, so an executor dropped from a cache takes its decoder along
+        self._decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._busy: dict = {}            # slot -> (Pending, _Part) not yet collected
         self._next = 0
         self._lock = detector._lock      # one lock per queue: no interleaved enqueues from threads
 
     def decoder(self, executor) -> Optional[DeviceDecoder]:
+        """The decoder bound to ``executor``'s heads (None when the host decodes)."""
         if not self.decode:
             return None
-        d = self._decoders.get(id(executor))
+        d = self._decoders.get(executor)
         if d is None:
-            d = self._decoders[id(executor)] = DeviceDecoder(self.rt, executor, self.det.heads, self.slots)
+            d = self._decoders[executor] = DeviceDecoder(self.rt, executor, self.det.heads, self.slots)
         return d
 
     def submit(self, images: list, thresh: float, nms: float) -> Pending:
