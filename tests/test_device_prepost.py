@@ -210,3 +210,14 @@ def test_region_heads_use_the_device_preprocessing_and_the_host_decode(tmp_path)
         assert same_detections(dev.detect(img, thresh=0.05), ref), path.name
         seen += len(ref)
     assert seen > 0
+
+
+def test_half_executor_converts_a_float32_blob_on_the_device():
+    det = Detector("yolov3-tiny", input_size=64, precision="fp16")
+    ex = det.executor(2)
+    blob = np.random.default_rng(7).random((2, 3, 64, 64), dtype=np.float32)
+    host_converted = ex.run(blob.astype(np.float16))      # the dtype already matches: uploaded as is
+    assert ex._f32_input is None
+    device_converted = ex.run(blob)
+    assert ex._f32_input is not None
+    assert all(np.array_equal(a, b) for a, b in zip(device_converted, host_converted))
