@@ -42,3 +42,12 @@ __kernel void yc_preprocess(__global const uchar* restrict S, const int src_stri
         ST(Y, o + (2 - c) * plane, (float)v * (1.0f / 255.0f));   /* BGR -> RGB planes */
     }
 }
+
+/* A float32 blob already on the device -> the network input in dtype (half under
+ * HALF_STORAGE): the conversion a half executor's forward(blob) would otherwise do on the host.
+ * Global size: (elements). */
+__kernel void yc_store_input(__global const float* restrict X, __global dtype* restrict Y, const int y_off)
+{
+    const int i = get_global_id(0);
+    ST(Y, y_off + i, X[i]);
+}

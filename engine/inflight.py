@@ -51,12 +51,14 @@ class DevicePath:
         self.slots = slots
         self.prep = DevicePreprocess(self.rt, detector.precision == "fp16", slots)
         self.decode = decode
-        self._decoders = weakref.WeakKeyDictionary()   # executor -> DeviceDecoder (executors come and go: LRU)
+        # executor -> its DeviceDecoder; weak, so an executor dropped from a cache takes its decoder along
+        self._decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._busy: dict = {}            # slot -> (Pending, _Part) not yet collected
         self._next = 0
         self._lock = detector._lock      # one lock per queue: no interleaved enqueues from threads
 
     def decoder(self, executor) -> Optional[DeviceDecoder]:
+        """The decoder bound to ``executor``'s heads (None when the host decodes)."""
         if not self.decode:
             return None
         d = self._decoders.get(executor)

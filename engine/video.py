@@ -495,7 +495,9 @@ class Pipeline:
         self._interrupted = False       # a plain flag: safe to set from a signal handler
         self._threads: list = []
         if source.size is not None:     # compile for this batch and size now, not on the first frame
-            detector.executor(self.batch, detector.net_size_for(*source.size))
+            ex = detector.executor(self.batch, detector.net_size_for(*source.size))
+            if detector.device_preprocess:
+                detector.device_path.decoder(ex)
 
     # The four stages. Each ends by closing its output channel, so the end flows downstream.
     def _decode(self) -> None:
@@ -560,7 +562,9 @@ class Pipeline:
                     break
                 t0 = time.perf_counter()
                 if item.blob is None:       # device path: enqueue only; postprocess waits for it
-                    pending = self.detector.submit([f.image for f in item.frames], self.thresh, self.nms)
+                    images = [f.image for f in item.frames]
+                    images += images[-1:] * (self.batch - len(images))   # pad: no new executor for the last batch
+                    pending = self.detector.submit(images, self.thresh, self.nms)
                     times.add(time.perf_counter() - t0)
                     for i, (frame, place) in enumerate(zip(item.frames, item.places)):
                         if not self._heads.put((frame, (pending, i), place)):

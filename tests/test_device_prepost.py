@@ -195,3 +195,29 @@ def test_overflow_falls_back_to_host_decode(monkeypatch):
     a, b = dev.detect(img, thresh=0.0005), host.detect(img, thresh=0.0005)
     assert int(dec._sets[0]["host_count"][0]) > dec.cap      # the first frame's set did overflow
     assert len(b) > 100 and same_detections(a, b)
+
+
+def test_region_heads_use_the_device_preprocessing_and_the_host_decode(tmp_path):
+    cfg = ROOT / "models" / "cfg" / "yolov2-tiny.cfg"
+    weights = write_random_weights(str(cfg), str(tmp_path / "v2.weights"), calib_size=64)
+    dev = Detector(cfg, weights, input_size=96, device_preprocess=True)
+    host = Detector(cfg, weights, input_size=96, device_preprocess=False)
+    assert dev.device_preprocess and not dev.device_decode
+    seen = 0
+    for path in IMAGES[:3]:
+        img = cv2.imread(str(path))
+        ref = host.detect(img, thresh=0.05)
+        assert same_detections(dev.detect(img, thresh=0.05), ref), path.name
+        seen += len(ref)
+    assert seen > 0
+
+
+def test_half_executor_converts_a_float32_blob_on_the_device():
+    det = Detector("yolov3-tiny", input_size=64, precision="fp16")
+    ex = det.executor(2)
+    blob = np.random.default_rng(7).random((2, 3, 64, 64), dtype=np.float32)
+    host_converted = ex.run(blob.astype(np.float16))      # the dtype already matches: uploaded as is
+    assert ex._f32_input is None
+    device_converted = ex.run(blob)
+    assert ex._f32_input is not None
+    assert all(np.array_equal(a, b) for a, b in zip(device_converted, host_converted))

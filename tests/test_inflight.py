@@ -94,7 +94,7 @@ def test_host_path_submit_equals_device_path(det, frames):
 def test_stream_equals_one_at_a_time(det, batch):
     cap = cv2.VideoCapture(str(VIDEO))
     video = []
-    while len(video) < 7:
+    while len(video) < 8:
         ok, f = cap.read()
         assert ok
         video.append(f)
@@ -102,6 +102,8 @@ def test_stream_equals_one_at_a_time(det, batch):
     ref = [key(det.detect(f, thresh=0.1)) for f in video]
     got = [(i, key(d)) for i, _, d in det.stream(iter(video), thresh=0.1, batch=batch)]
     assert got == list(enumerate(ref))
+    size = det.net_size_for(video[0].shape[1], video[0].shape[0])
+    assert (8 % 3, size) not in det._executors      # the last, short batch was padded
 
 
 def test_output_stages_write_in_order_what_drawing_inline_gives(frames):
@@ -145,3 +147,19 @@ def test_forward_iter_equals_forward_one_at_a_time(det):
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         assert len(g) == len(r) and all(np.array_equal(x, y) for x, y in zip(g, r))
+
+
+def test_an_executor_dropped_from_the_cache_takes_its_device_state_along(det, frames):
+    """Device-path state is held weakly per executor: a cache that evicts an executor frees it,
+    and a new executor never meets state bound to the old one's arena."""
+    import gc
+
+    det.detect_batch(frames[:1] * 4, thresh=0.1)
+    key4 = next(k for k in det._executors if k[0] == 4)
+    ex = det._executors[key4]
+    assert ex in det.device_path._decoders and ex in det.device_path.prep._kernels
+    del det._executors[key4], ex
+    gc.collect()
+    assert all(e.batch != 4 for e in det.device_path._decoders)
+    assert all(e.batch != 4 for e in det.device_path.prep._kernels)
+    assert key(det.detect_batch(frames[:1] * 4, thresh=0.1)[3]) == key(det.detect(frames[0], thresh=0.1))

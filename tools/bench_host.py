@@ -58,6 +58,19 @@ def median_ms(fn, reps: int, warm: int = 2) -> float:
     return float(np.median(ts))
 
 
+def interleaved_ms(fns: list, reps: int) -> list:
+    """Median ms of each function, the functions called in turn ``reps`` times after a warm-up."""
+    for fn in fns:
+        fn()
+    ts: list = [[] for _ in fns]
+    for _ in range(reps):
+        for t, fn in zip(ts, fns):
+            t0 = time.perf_counter()
+            fn()
+            t.append((time.perf_counter() - t0) * 1e3)
+    return [float(np.median(t)) for t in ts]
+
+
 def model_files(name: str, tmp: Path) -> tuple:
     """(cfg, weights) of a zoo model: its shipped weights, else random ones written once."""
     z = resolve(name)
@@ -86,14 +99,13 @@ def enqueue_us(det: Detector, ex, reps: int) -> float:
 
 
 def frame_launches(det: Detector, ex) -> dict:
-    """Commands per frame: the network's launches and the whole device-path frame around them."""
+    """Commands per frame: the network's launches, and the whole frame on the host path (upload,
+    network, one read per head) and on the device path (per image upload + preprocess, network,
+    one decode, the counters' read and one candidate read per image)."""
     net = len(ex.launches)
-    dec = det.device_path.decoder(ex) if det.device_decode else None
-    heads = len(ex.graph.outputs)
-    device_frame = ex.batch * 2 + net + ((1 + 1 + ex.batch) if dec is not None else heads)
     return {"network": net, "command_buffer": ex.command_buffer is not None,
-            "device_path_frame": device_frame,
-            "note": "device path: per image upload + preprocess; network; one decode; counter read + a row read per image"}
+            "host_path_frame": 1 + net + len(ex.graph.outputs),
+            "device_path_frame": 2 * ex.batch + net + 2 + ex.batch}
 
 
 def frame_1280x720(seed: int = 0) -> np.ndarray:
@@ -127,9 +139,14 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int) -> tuple:
     row["enqueue_us_per_launch"] = enqueue_us(det, ex, reps)
     row["launches"] = frame_launches(det, ex)
     frames = [frame_1280x720(i) for i in range(batch)]
-    row["detect_device_ms"] = median_ms(lambda: det.detect_batch(frames), reps)
-    det.device_preprocess = False
-    row["detect_host_ms"] = median_ms(lambda: det.detect_batch(frames), reps)
+    def on_path(device: bool):
+        def run() -> None:
+            det.device_preprocess = device
+            det.detect_batch(frames)
+        return run
+
+    # The two paths alternate, so a machine whose load changes treats both alike.
+    row["detect_device_ms"], row["detect_host_ms"] = interleaved_ms([on_path(True), on_path(False)], reps)
     det.device_preprocess = True
     n = max(8, reps)
     t0 = time.perf_counter()
@@ -148,7 +165,8 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int) -> tuple:
     log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | run {row['run_ms']:.2f} | "
         f"forward {row['forward_ms']:.2f} | detect 1280x720 device-path {row['detect_device_ms']:.2f} / host-path "
         f"{row['detect_host_ms']:.2f} ms | in flight {row['inflight_fps']:.1f} fps | "
-        f"{row['launches']['network']} launches ({row['launches']['device_path_frame']} commands a frame), "
+        f"{row['launches']['network']} launches ({row['launches']['host_path_frame']} / "
+        f"{row['launches']['device_path_frame']} commands a host / device-path frame), "
         f"{row['enqueue_us_per_launch']:.1f} us each")
     return row, det
 
@@ -221,8 +239,8 @@ def zoo_launches(names: list, tmp: Path) -> dict:
         ex = det.executor(1)
         out[name] = frame_launches(det, ex)
         out[name]["size"] = list(det.input_size)
-        log(f"{name} {det.input_size[0]}x{det.input_size[1]}: {out[name]['network']} launches, "
-            f"{out[name]['device_path_frame']} commands a device-path frame")
+        log(f"{name} {det.input_size[0]}x{det.input_size[1]}: {out[name]['network']} launches, commands a "
+            f"frame: {out[name]['host_path_frame']} host path, {out[name]['device_path_frame']} device path")
     return out
 
 

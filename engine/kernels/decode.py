@@ -22,7 +22,7 @@ class DeviceDecoder:
     """The [yolo] decode of one executor's heads (``heads``: its Layer objects, in output order)."""
 
     def __init__(self, rt, executor, heads: list, slots: int = 2) -> None:
-        self.rt, self.executor = rt, executor
+        self.rt, self.batch = rt, executor.batch   # no reference to the executor: it owns this decoder
         classes = {h.p["classes"] for h in heads}
         if len(classes) != 1 or any(h.kind != "yolo" for h in heads) or len(heads) != len(executor.graph.outputs):
             raise ValueError("device decode needs [yolo] heads of one class count, one per output")
@@ -77,14 +77,14 @@ class DeviceDecoder:
             st["kernel"].set_arg(8, np.float32(thresh))
             st["thresh"] = thresh
         if zero:
-            cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.executor.batch * 4)
+            cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.batch * 4)
         cl.enqueue_nd_range_kernel(q, st["kernel"], self.gsize, None)
         # Keep the read events until the slot's next use: pyopencl waits for a dropped read
         # event (it guards the host array) holding the GIL, which would stall this thread and
         # every other until the forward pass is done.
         reads = st["reads"] = [cl.enqueue_copy(q, st["host_count"], st["count"], is_blocking=False)]
         rows, stride = st["host_rows"], self.cap * self.rowlen * 4
-        for b in range(self.executor.batch):
+        for b in range(self.batch):
             reads.append(cl.enqueue_copy(q, rows[b, :self.first], st["rows"], src_offset=b * stride,
                                          is_blocking=False))
         return reads[-1]

@@ -9,6 +9,8 @@ input region. Staging buffers are reused and only grow when a larger frame arriv
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..preprocess import Placement
@@ -60,7 +62,8 @@ class DevicePreprocess:
         self._program = rt.program("preprocess.cl", {"HALF_STORAGE": half})
         self._stages: dict = {}      # (slot, batch index) -> _Stage
         self._tables: dict = {}      # (source length, target length) -> device int4 table
-        self._kernels: dict = {}     # (executor id, batch index) -> [kernel, last argument key]
+        # executor -> {batch index: [kernel, last argument key]}; weak, so a dropped executor's go too
+        self._kernels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._no_counter = rt.alloc(4, "unused counter")
 
     def _stage(self, key: tuple, nbytes: int) -> _Stage:
@@ -92,9 +95,12 @@ class DevicePreprocess:
         cl, q = self.rt.cl, self.rt.queue
         st.copied = cl.enqueue_copy(q, st.device, st.host[:image.nbytes], is_blocking=False)
         g = executor.graph.input
-        entry = self._kernels.get((id(executor), index))
+        per_index = self._kernels.get(executor)
+        if per_index is None:
+            per_index = self._kernels[executor] = {}
+        entry = per_index.get(index)
         if entry is None:
-            entry = self._kernels[(id(executor), index)] = [cl.Kernel(self._program, "yc_preprocess"), None]
+            entry = per_index[index] = [cl.Kernel(self._program, "yc_preprocess"), None]
         key = (id(st.device), w, h, place, id(counter))
         if entry[1] != key:
             y_off = executor.plan.offset(g) + index * g.size
@@ -105,9 +111,3 @@ class DevicePreprocess:
                               np.int32(index if counter is not None else -1))
             entry[1] = key
         cl.enqueue_nd_range_kernel(q, entry[0], (g.w, g.h), None)
-
-    def forget(self, executor) -> None:
-        """Drop the kernels bound to ``executor``'s arena."""
-        for k in [k for k in self._kernels if k[0] == id(executor)]:
-            del self._kernels[k]
-
