@@ -64,6 +64,9 @@ class Executor:
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
         self.workspace_bytes = ws * item if ws else 0
         self.launches = []
+        # > 0: flush the queue after every this many launches, so that a GPU starts computing while
+        # the rest of the plan is still being enqueued (tools/bench_host.py --flush measures it)
+        self.flush_every = 0
         from tqdm import tqdm
         for node in tqdm(graph.nodes, desc="compiling kernels", unit="layer", delay=1.0, leave=False,
                          disable=None if progress else True, file=sys.stderr):
@@ -147,10 +150,13 @@ class Executor:
             self.command_buffer.enqueue()          # per-launch events need the launch list
         else:
             launches = [l for n in self.graph.nodes for l in bind_node(self.ctx, n)] if eager else self.launches
-            for l in launches:
+            every = self.flush_every
+            for i, l in enumerate(launches, 1):
                 ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
                 if profile:
                     events.append(ev)
+                if every and i % every == 0:
+                    q.flush()                      # hand the launches so far to the device: it starts early
         return events
 
     def run_staged(self, profile: bool = False, eager: bool = False) -> list:

@@ -115,10 +115,11 @@ def frame_1280x720(seed: int = 0) -> np.ndarray:
     return cv2.resize(img, (1280, 720))
 
 
-def bench_model(spec: str, precision: str, tmp: Path, reps: int) -> tuple:
+def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = ()) -> tuple:
     name, size, batch = (spec.split(":") + ["416", "1"])[:3]
     size, batch = int(size), int(batch)
     cfg, wts = model_files(name, tmp)
+    shipped = resolve(name)[1] is not None
     row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
     prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True,
                     device_preprocess=False, device_decode=False)
@@ -135,10 +136,26 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int) -> tuple:
     ex = det.executor(batch)
     row["device"] = det.runtime.device_name
     row["run_ms"] = median_ms(lambda: ex.run(blob), reps)
+    if flushes:
+        row["run_ms_by_flush_every"] = {}
+        for every in flushes:
+            ex.flush_every = every
+            row["run_ms_by_flush_every"][every] = median_ms(lambda: ex.run(blob), reps)
+        ex.flush_every = 0
+        log(f"  Executor.run ms by flush_every: {row['run_ms_by_flush_every']}")
     row["forward_ms"] = median_ms(lambda: det.forward(blob), reps)
     row["enqueue_us_per_launch"] = enqueue_us(det, ex, reps)
     row["launches"] = frame_launches(det, ex)
+    if not shipped:        # random weights detect thousands of boxes: detect and in-flight figures need real ones
+        d = row["device_ms"]
+        row["ratios"] = {"run/device": row["run_ms"] / d, "forward/device": row["forward_ms"] / d,
+                         "host_overhead_run_ms": row["run_ms"] - d}
+        log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | run {row['run_ms']:.2f} | "
+            f"forward {row['forward_ms']:.2f} | {row['launches']['network']} launches, "
+            f"{row['enqueue_us_per_launch']:.1f} us each (random weights: no detect figures)")
+        return row, det
     frames = [frame_1280x720(i) for i in range(batch)]
+
     def on_path(device: bool):
         def run() -> None:
             det.device_preprocess = device
@@ -254,6 +271,7 @@ def main() -> None:
     ap.add_argument("--video-frames", type=int, default=300)
     ap.add_argument("--zoo", default="", help="zoo names to count launches of, e.g. yolov3-tiny,yolov4-tiny,yolov3,yolov4")
     ap.add_argument("--json", default="", help="write every figure here")
+    ap.add_argument("--flush", default="", help="also time Executor.run flushing every N launches, e.g. 4,16,64")
     args = ap.parse_args()
     np.seterr(all="ignore")      # random weights may saturate a head: no warnings in the figures
     data: dict = {"argv": sys.argv[1:], "models": []}
@@ -267,7 +285,7 @@ def main() -> None:
         first = None
         for prec in args.precision.split(","):
             for spec in filter(None, args.models.split(",")):
-                row, det = bench_model(spec, prec, tmp, args.reps)
+                row, det = bench_model(spec, prec, tmp, args.reps, tuple(int(v) for v in args.flush.split(",") if v))
                 data["models"].append(row)
                 save()
                 if first is None and row["batch"] == 1:
