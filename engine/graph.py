@@ -99,6 +99,10 @@ class Node:
             if a.get("residual") is not None:
                 s += f" +add {a['activation2']}"
             return s
+        if self.op in ("act", "connected", "deconv", "local"):
+            return f"{self.op} {a['activation']}"
+        if self.op == "norm_channels":
+            return a["mode"]
         return self.op
 
 
@@ -296,7 +300,7 @@ def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps:
     if cp is not None:
         scale, attrs["bias"] = fold_batchnorm(cp, bn_eps, np.ones(l.c, np.float32))
         attrs["weights"] = scale
-    return Node("affine", [i], [x], out, attrs)
+    return Node("batchnorm", [i], [x], out, attrs)
 
 
 def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:

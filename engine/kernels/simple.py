@@ -56,7 +56,7 @@ def bind(ctx: BindContext, node: Node) -> list:
     act = ctx.defines(ACT=act_id(a.get("activation", "linear")))
     if node.op == "act":
         return [_launch(ctx, node, "yc_act", act, X + Y, (x.c * x.h * x.w, B))]
-    if node.op == "affine":
+    if node.op == "batchnorm":
         args = X + Y + [_param(ctx, node, "weights"), _param(ctx, node, "bias"), np.int32(hw)]
         return [_launch(ctx, node, "yc_affine", act, args, (hw, out.c, B))]
     if node.op == "connected":
