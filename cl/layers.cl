@@ -363,3 +363,29 @@ __kernel void yc_local(__global const dtype* restrict X, const int x_off, const 
     }
     ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
 }
+
+/* [normalization]/[lrn] (forward_normalization_layer): out = x * norm^-beta per pixel, with
+ * Darknet's running window sum: norm_0 = kappa + alpha * sum_{j < SIZE/2} x_j^2, then
+ * norm_k = norm_{k-1} - alpha x_{k-(SIZE-1)/2-1}^2 + alpha x_{k+SIZE/2}^2 (terms outside [0, C)
+ * skipped). Global (HW, batch). */
+__kernel void yc_lrn(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                     __global dtype* restrict Y, const int y_off, const int y_bstride,
+                     const int C, const int HW, const int SIZE, const float alpha, const float beta,
+                     const float kappa)
+{
+    const int n = get_global_id(0), b = get_global_id(1);
+    const int xb = x_off + b * x_bstride + n, yb = y_off + b * y_bstride + n;
+    float norm = kappa;
+    for (int k = 0; k < SIZE / 2 && k < C; ++k) {
+        const float v = LD(X, xb + k * HW);
+        norm += alpha * v * v;
+    }
+    for (int k = 0; k < C; ++k) {
+        if (k > 0) {
+            const int prev = k - (SIZE - 1) / 2 - 1, next = k + SIZE / 2;
+            if (prev >= 0) { const float v = LD(X, xb + prev * HW); norm -= alpha * v * v; }
+            if (next < C) { const float v = LD(X, xb + next * HW); norm += alpha * v * v; }
+        }
+        ST(Y, yb + k * HW, LD(X, xb + k * HW) * pow(norm, -beta));
+    }
+}

@@ -24,14 +24,14 @@ BN_EPS = 1e-5   # Darknet's (normalize_cpu and fuse_conv_batchnorm); OpenCV's im
 # Layer kinds that produce a fresh tensor (and so can write into a concat slice).
 PRODUCERS = {"convolutional", "maxpool", "avgpool", "upsample", "reorg", "shortcut", "scale_channels", "sam",
              "softmax", "connected", "deconvolutional", "crop", "batchnorm", "activation", "logistic",
-             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul", "local"}
+             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul", "local", "normalization"}
 # Layers whose output is their input: Darknet's [empty] shares its input's buffer, [cost] is skipped
 # at inference, [dropout] scales only in training, and the heads are decoded on the host.
 PASS_THROUGH = ("dropout", "empty", "cost") + HEADS
 # Element-wise one-input layers -> the node op that runs them.
 SIMPLE_OPS = {"avgpool": "avgpool", "upsample": "upsample", "reorg": "reorg", "softmax": "softmax",
               "crop": "crop", "activation": "act", "logistic": "act", "local_avgpool": "local_avgpool",
-              "reorg3d": "reorg3d", "l2norm": "l2norm"}
+              "reorg3d": "reorg3d", "l2norm": "l2norm", "normalization": "lrn"}
 
 
 @dataclass(eq=False)

@@ -407,6 +407,15 @@ def _reorg3d(s, i, c, h, w, prev):
     return [prev], c * stride * stride, h // stride, w // stride, dict(stride=stride)
 
 
+def _normalization(s, i, c, h, w, prev):
+    """[normalization]/[lrn]: local response normalisation across channels (forward_normalization_layer)."""
+    size = s.int("size", 5, 1, MAX_CHANNELS)
+    if size // 2 > c:   # Darknet's first window would read past the channels
+        raise s.error(f"size={size} is more than twice the {c} input channels", "size")
+    return [prev], c, h, w, dict(alpha=s.float("alpha", 0.0001), beta=s.float("beta", 0.75),
+                                 kappa=s.float("kappa", 1.0), size=size)
+
+
 def _l2norm(s, i, c, h, w, prev):
     return [prev], c, h, w, {}
 
@@ -437,7 +446,7 @@ _SIMPLE: dict = {"convolutional": _conv, "maxpool": _maxpool, "avgpool": _avgpoo
                  "gaussian_yolo": _gaussian_yolo, "detection": _detection, "connected": _connected,
                  "deconvolutional": _deconv, "local": _local, "crop": _crop, "batchnorm": _batchnorm, "activation": _activation_layer,
                  "logistic": _logistic_layer, "local_avgpool": _local_avgpool, "reorg3d": _reorg3d,
-                 "l2norm": _l2norm, "empty": _empty, "cost": _cost, "implicit": _implicit, "implicit_add": _implicit,
+                 "l2norm": _l2norm, "normalization": _normalization, "empty": _empty, "cost": _cost, "implicit": _implicit, "implicit_add": _implicit,
                  "implicit_mul": _implicit}
 _WITH_LAYERS: dict = {"route": _route, "shortcut": _shortcut, "scale_channels": _scale_channels, "sam": _sam}
 

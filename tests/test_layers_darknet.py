@@ -304,6 +304,8 @@ CASES = {
     "reorg3d": (conv(3, 3, 1) + sec("reorg3d", stride=2), (12, 8), ["conv", "reorg3d"]),
     "reorg3d_s3": (conv(2, 3, 1) + sec("reorg3d", stride=3), (9, 6), ["conv", "reorg3d"]),
     "l2norm": (conv(5, 3, 1) + sec("l2norm"), (11, 9), ["conv", "l2norm"]),
+    "lrn": (conv(9, 3, 1) + sec("normalization", alpha=0.01, beta=0.75, kappa=2, size=5), (11, 9), ["conv", "lrn"]),
+    "lrn_size_4": (conv(6, 3, 1) + sec("lrn", alpha=0.002, beta=0.5, kappa=3, size=4), (11, 9), ["conv", "lrn"]),
     "empty_silence_cost": (conv(4, 3, 1) + sec("empty") + sec("silence") + conv(3, 1, 1) + sec("cost", type="sse"),
                            (11, 9), ["conv", "conv"]),
     "implicit": (conv(4, 3, 1) + sec("implicit", filters=6, atoms=2), (11, 9), ["conv", "implicit"]),
@@ -320,6 +322,20 @@ def test_layer(tmp_path, name):
     got, ref, det = run(tmp_path, body, size=size)
     assert ops(det) == want_ops
     assert_close(got, ref)
+
+
+def test_reference_lrn_window_is_darknets():
+    """Darknet's running sum leaves out channel size/2's square from every window: checked on a direct sum."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 2, (1, 9, 2, 3))
+    o = np_darknet.Options(SimpleNamespace(options={"alpha": ("0.01", 0), "beta": ("0.75", 0), "kappa": ("2", 0),
+                                                    "size": ("5", 0)}))
+    sq = x * x
+    want = np.empty_like(x)
+    for k in range(9):
+        window = sum(sq[:, j] for j in range(max(0, k - 2), min(9, k + 3)))
+        want[:, k] = x[:, k] * (2 + 0.01 * (window - sq[:, 2])) ** -0.75
+    assert np.allclose(np_darknet.normalization(o, x), want)
 
 
 def test_layers_fp16_and_batch(tmp_path):

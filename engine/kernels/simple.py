@@ -81,6 +81,9 @@ def bind(ctx: BindContext, node: Node) -> list:
     if node.op == "reorg3d":
         args = X + i32(x.c, x.h, x.w) + Y + i32(a["stride"])
         return [_launch(ctx, node, "yc_reorg3d", d, args, (hw, out.c, B))]
+    if node.op == "lrn":
+        args = X + Y + i32(x.c, hw, a["size"]) + [np.float32(a["alpha"]), np.float32(a["beta"]), np.float32(a["kappa"])]
+        return [_launch(ctx, node, "yc_lrn", d, args, (hw, B))]
     if node.op == "l2norm":
         return [_launch(ctx, node, "yc_l2norm", d, X + Y + i32(x.c, hw), (hw, B))]
     raise ValueError(f"no kernel for op {node.op}")
