@@ -339,9 +339,16 @@ def test_reference_lrn_window_is_darknets():
 
 
 def test_layers_fp16_and_batch(tmp_path):
+    """Half storage through every new kernel (two images a batch)."""
     body = conv(4, 3, 1) + sec("batchnorm") + sec("local_avgpool", size=2, stride=2) + sec("l2norm") + \
-        sec("deconvolutional", filters=3, size=2, stride=2, activation="elu") + sec("crop", crop_height=4, crop_width=6)
-    got, ref, _ = run(tmp_path, body, size=(12, 10), precision="fp16")
+        sec("deconvolutional", filters=3, size=2, stride=2, activation="elu") + sec("crop", crop_height=4, crop_width=6) + \
+        sec("local", filters=4, size=3, pad=1, activation="linear") + sec("lrn", size=3, kappa=2, alpha=0.01) + \
+        sec("reorg3d", stride=2) + sec("activation", activation="gelu") + \
+        conv(6, 1, 1, act="normalize_channels_softmax_maxval") + sec("implicit_mul", filters=6) + \
+        sec("scale_channels", **{"from": -2})
+    got, ref, det = run(tmp_path, body, size=(12, 10), precision="fp16")
+    assert {"batchnorm", "local_avgpool", "l2norm", "deconv", "crop", "local", "lrn", "reorg3d", "act",
+            "norm_channels", "implicit"} <= set(ops(det))
     assert_close(got, ref, rtol=2e-2)
 
 
