@@ -507,3 +507,36 @@ def test_bench_random_params_cover_every_weighted_layer(tmp_path):
         for name in ("biases", "weights", "scales", "mean", "variance"):
             a, b = getattr(cp, name), getattr(back[i], name)
             assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), (i, name)
+
+
+HOSTILE = ["0", "-1", "-7", "99999999", "1e9", "2.5", "abc", ""]
+NEW_SECTIONS = {
+    "connected": ["output", "batch_normalize", "activation"],
+    "deconvolutional": ["filters", "size", "stride", "pad", "padding", "batch_normalize"],
+    "local": ["filters", "size", "stride", "pad"],
+    "crop": ["crop_height", "crop_width", "noadjust", "flip"],
+    "local_avgpool": ["size", "stride", "stride_x", "stride_y", "padding"],
+    "reorg3d": ["stride", "reverse"],
+    "normalization": ["size", "alpha", "beta", "kappa"],
+    "implicit": ["filters", "atoms", "mean"],
+    "Gaussian_yolo": ["classes", "num", "mask", "anchors", "scale_x_y"],
+    "detection": ["classes", "num", "side", "coords", "softmax"],
+    "activation": ["activation"],
+}
+
+
+@pytest.mark.parametrize("section", NEW_SECTIONS)
+def test_hostile_values_give_clean_errors(tmp_path, section):
+    """Every option of the new sections, given nonsense, parses or fails with one yolo-cl error
+    naming the file (never another exception): shapes only, no device needed."""
+    from yolo_cl.errors import YoloClError
+    cfg = tmp_path / "h.cfg"
+    for key in NEW_SECTIONS[section]:
+        for value in HOSTILE:
+            cfg.write_text(f"[net]\nwidth=16\nheight=16\nchannels=3\n\n[convolutional]\nfilters=18\nsize=1\n\n"
+                           f"[{section}]\n{key}={value}\n")
+            try:
+                sections = parse_cfg(cfg)
+                build_layers(sections, parse_net(sections[0]))
+            except YoloClError as e:
+                assert str(e).startswith(str(cfg)) and "\n" not in str(e), str(e)
