@@ -67,7 +67,9 @@ def bind(ctx: BindContext, node: Node) -> list:
     if node.op == "deconv":
         args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w) + [_param(ctx, node, "weights"), _param(ctx, node, "bias")] \
             + i32(a["size"], a["stride"], a["pad"])
-        return [_launch(ctx, node, "yc_deconv", act, args, (hw, out.c, B))]
+        s = a["stride"]
+        phases = s * s * (-(-out.h // s)) * (-(-out.w // s))
+        return [_launch(ctx, node, "yc_deconv", act, args, (phases, out.c, B))]
     if node.op == "local":
         args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w, out.c) + \
             [_param(ctx, node, "weights"), _param(ctx, node, "bias")] + i32(a["size"], a["stride"], a["pad"])
