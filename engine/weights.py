@@ -44,7 +44,7 @@ class Header:
         return self.major * 10 + self.minor >= 2 and self.major < 1000 and self.minor < 1000
 
 
-def conv_param_count(layer) -> int:
+def param_count(layer) -> int:
     """Number of float32 values a layer reads from the weights file (0 for layers without parameters)."""
     p, kind = layer.p, layer.kind
     if kind == "convolutional":
@@ -63,6 +63,9 @@ def conv_param_count(layer) -> int:
     if kind in ("implicit", "implicit_add", "implicit_mul"):
         return p["filters"] * p["atoms"]
     return 0
+
+
+conv_param_count = param_count   # its name from when only convolutions had parameters
 
 
 def read_layer(layer, take, transpose: bool) -> ConvParams:
@@ -128,15 +131,15 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
     path = show(str(path), 300)
     regular_file_size(p, path, WeightsError, "weights file")
     header = read_header(p)
-    convs = [l for l in layers if conv_param_count(l)]
-    expected = header.nbytes + 4 * sum(conv_param_count(l) for l in convs)
+    weighted = [l for l in layers if param_count(l)]
+    expected = header.nbytes + 4 * sum(param_count(l) for l in weighted)
     check_weights(expected, path)   # before any read: a cfg asking for 10^12 floats stops here
     actual = p.stat().st_size
     if actual != expected:
         # Name the first layer the file cannot fully supply (or say how much is left over).
         offset, missing = header.nbytes, None
-        for l in convs:
-            offset += 4 * conv_param_count(l)
+        for l in weighted:
+            offset += 4 * param_count(l)
             if offset > actual:
                 missing = l
                 break
@@ -160,7 +163,7 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
         return data[pos - n:pos]
 
     transpose = header.major > 1000 or header.minor > 1000   # Darknet's load_weights_upto
-    for l in convs:
+    for l in weighted:
         cp = read_layer(l, take, transpose)
         where = f"{path}: layer {l.index} [{l.kind}] (line {l.section.line})"
         for name in ("biases", "weights", "scales", "mean", "variance"):
