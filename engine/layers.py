@@ -304,7 +304,9 @@ def _gaussian_yolo(s, i, c, h, w, prev):
 
 def _detection(s, i, c, h, w, prev):
     """YOLOv1 head on a flat input: side x side cells of classes, then num confidences, then num boxes."""
-    coords = s.int("coords", 1, 4, 4)
+    coords = s.int("coords", 1)
+    if coords != 4:   # get_detection_detections reads 4 values a box whatever coords says
+        raise s.error(f"coords={coords}: only coords=4 is defined (Darknet's decoding reads 4 values a box)", "coords")
     classes = s.int("classes", 1, 1, 100000)
     num = s.int("num", 1, 1, 1000)
     side = s.int("side", 7, 1, MAX_SIDE)

@@ -480,6 +480,14 @@ def test_detection_decode(tmp_path, use_softmax, use_sqrt):
     assert det.postprocess([o[0] for o in got], 48, 32, thresh=0.1)
 
 
+def test_detection_without_coords_4_is_refused(tmp_path):
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
+                   "classes=3\n")
+    with pytest.raises(CfgError, match=r"bad.cfg:9: \[detection\]: coords=1: only coords=4"):
+        yolo_cl.Detector(cfg, tmp_path / "none.weights")
+
+
 def test_detection_size_mismatch_is_refused(tmp_path):
     cfg = tmp_path / "bad.cfg"
     cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
