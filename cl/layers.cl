@@ -328,7 +328,9 @@ void yc_connected(__global const dtype* restrict X, const int x_off, const int x
 
 /* [deconvolutional] as a gather: output (f, oy, ox) sums Wt[f][c][ky][kx] x[c][iy][ix] over the taps
  * with oy = iy*S + ky - PAD (and the same in x): what Darknet's GEMM + col2im scatters there.
- * Batchnorm folded into Wt and Bias. Global (OH*OW, F, batch). */
+ * Work-items are ordered by output phase (oy % S, ox % S) so neighbours share their taps (no
+ * divergence, contiguous input reads): n = phase * QH * QW + qy * QW + qx, oy = qy*S + py.
+ * Batchnorm folded into Wt and Bias. Global (S*S*QH*QW, F, batch), QH = ceil(OH/S), QW = ceil(OW/S). */
 __kernel void yc_deconv(__global const dtype* restrict X, const int x_off, const int x_bstride,
                         const int C, const int H, const int W,
                         __global dtype* restrict Y, const int y_off, const int y_bstride, const int OH, const int OW,
@@ -336,24 +338,25 @@ __kernel void yc_deconv(__global const dtype* restrict X, const int x_off, const
                         const int SIZE, const int S, const int PAD)
 {
     const int n = get_global_id(0), f = get_global_id(1), b = get_global_id(2);
-    const int oy = n / OW, ox = n - oy * OW;
+    const int QH = (OH + S - 1) / S, QW = (OW + S - 1) / S;
+    const int phase = n / (QH * QW), q = n - phase * QH * QW;
+    const int py = phase / S, px = phase - py * S;
+    const int qy = q / QW, qx = q - qy * QW;
+    const int oy = qy * S + py, ox = qx * S + px;
+    if (oy >= OH || ox >= OW) return;
     const int xb = x_off + b * x_bstride;
     float s = Bias[f];
-    for (int ky = 0; ky < SIZE; ++ky) {
-        const int ty = oy + PAD - ky;
-        if (ty < 0 || ty % S) continue;
-        const int iy = ty / S;
-        if (iy >= H) continue;
-        for (int kx = 0; kx < SIZE; ++kx) {
-            const int tx = ox + PAD - kx;
-            if (tx < 0 || tx % S) continue;
-            const int ix = tx / S;
-            if (ix >= W) continue;
+    for (int ky = (oy + PAD) % S; ky < SIZE; ky += S) {   /* the taps with (oy + PAD - ky) % S == 0 */
+        const int iy = (oy + PAD - ky) / S;
+        if (iy < 0 || iy >= H) continue;
+        for (int kx = (ox + PAD) % S; kx < SIZE; kx += S) {
+            const int ix = (ox + PAD - kx) / S;
+            if (ix < 0 || ix >= W) continue;
             __global const float* w = Wt + ((size_t)f * C * SIZE + ky) * SIZE + kx;
             for (int c = 0; c < C; ++c) s += w[c * SIZE * SIZE] * LD(X, xb + (c * H + iy) * W + ix);
         }
     }
-    ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
+    ST(Y, y_off + b * y_bstride + f * OH * OW + oy * OW + ox, yc_activate(s, ACT));
 }
 
 /* [local] (forward_local_layer): output (f, oy, ox) = Bias[f][oy][ox] + the window at (oy*S - PAD,
@@ -382,4 +385,30 @@ __kernel void yc_local(__global const dtype* restrict X, const int x_off, const 
         }
     }
     ST(Y, y_off + b * y_bstride + f * OH * OW + n, yc_activate(s, ACT));
+}
+
+/* [normalization]/[lrn] (forward_normalization_layer): out = x * norm^-beta per pixel, with
+ * Darknet's running window sum: norm_0 = kappa + alpha * sum_{j < SIZE/2} x_j^2, then
+ * norm_k = norm_{k-1} - alpha x_{k-(SIZE-1)/2-1}^2 + alpha x_{k+SIZE/2}^2 (terms outside [0, C)
+ * skipped). Global (HW, batch). */
+__kernel void yc_lrn(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                     __global dtype* restrict Y, const int y_off, const int y_bstride,
+                     const int C, const int HW, const int SIZE, const float alpha, const float beta,
+                     const float kappa)
+{
+    const int n = get_global_id(0), b = get_global_id(1);
+    const int xb = x_off + b * x_bstride + n, yb = y_off + b * y_bstride + n;
+    float norm = kappa;
+    for (int k = 0; k < SIZE / 2 && k < C; ++k) {
+        const float v = LD(X, xb + k * HW);
+        norm += alpha * v * v;
+    }
+    for (int k = 0; k < C; ++k) {
+        if (k > 0) {
+            const int prev = k - (SIZE - 1) / 2 - 1, next = k + SIZE / 2;
+            if (prev >= 0) { const float v = LD(X, xb + prev * HW); norm -= alpha * v * v; }
+            if (next < C) { const float v = LD(X, xb + next * HW); norm += alpha * v * v; }
+        }
+        ST(Y, yb + k * HW, LD(X, xb + k * HW) * pow(norm, -beta));
+    }
 }

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import YoloClError
-from .weights import ConvParams, conv_param_count, read_layer
+from .weights import ConvParams, param_count, read_layer
 
 COMPARE = (None, "opencv", "opencv-opencl")   # opencv: the device's natural OpenCV target; -opencl: always OpenCL
 
@@ -114,7 +114,7 @@ def random_params(layers: list, seed: int = 0) -> dict:
     out = {}
     for l in layers:
         if l.kind != "convolutional":
-            if conv_param_count(l):
+            if param_count(l):
                 out[l.index] = read_layer(l, _filler, False)
             continue
         p = l.p
@@ -146,7 +146,7 @@ def write_darknet_weights(path: Path, layers: list, params: dict) -> None:
             return block
         for l in layers:
             if l.kind != "convolutional":
-                if conv_param_count(l):   # the blocks random_params made, regenerated in file order
+                if param_count(l):   # the blocks random_params made, regenerated in file order
                     read_layer(l, lambda n: written(_filler(n)), False)
                 continue
             cp = params[l.index]

@@ -43,12 +43,11 @@ SECTION_KINDS = {
     "deconvolutional": "deconvolutional", "deconv": "deconvolutional",
     "crop": "crop", "batchnorm": "batchnorm", "activation": "activation", "logistic": "logistic",
     "local_avgpool": "local_avgpool", "local_avg": "local_avgpool",
-    "reorg3d": "reorg3d", "l2norm": "l2norm", "empty": "empty", "silence": "empty", "cost": "cost", "local": "local",
+    "reorg3d": "reorg3d", "l2norm": "l2norm", "empty": "empty", "silence": "empty", "cost": "cost", "local": "local", "normalization": "normalization", "lrn": "normalization",
     "implicit": "implicit", "implicit_add": "implicit_add", "implicit_mul": "implicit_mul",
 }
 # Sections Darknet has but yolo-cl does not run: named so the error can say so.
-UNSUPPORTED = {"crnn", "rnn", "gru", "lstm", "conv_lstm", "history", "normalization", "lrn",
-               "contrastive"}
+UNSUPPORTED = {"crnn", "rnn", "gru", "lstm", "conv_lstm", "history", "contrastive"}
 
 MAX_CFG_BYTES = 4 << 20
 MAX_SECTIONS = 10000

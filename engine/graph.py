@@ -26,14 +26,14 @@ BN_EPS = 1e-5   # Darknet's (normalize_cpu and fuse_conv_batchnorm); OpenCV's im
 # Layer kinds that produce a fresh tensor (and so can write into a concat slice).
 PRODUCERS = {"convolutional", "maxpool", "avgpool", "upsample", "reorg", "shortcut", "scale_channels", "sam",
              "softmax", "connected", "deconvolutional", "crop", "batchnorm", "activation", "logistic",
-             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul", "local"}
+             "local_avgpool", "reorg3d", "l2norm", "implicit", "implicit_add", "implicit_mul", "local", "normalization"}
 # Layers whose output is their input: Darknet's [empty] shares its input's buffer, [cost] is skipped
 # at inference, [dropout] scales only in training, and the heads are decoded on the host.
 PASS_THROUGH = ("dropout", "empty", "cost") + HEADS
 # Element-wise one-input layers -> the node op that runs them.
 SIMPLE_OPS = {"avgpool": "avgpool", "upsample": "upsample", "reorg": "reorg", "softmax": "softmax",
               "crop": "crop", "activation": "act", "logistic": "act", "local_avgpool": "local_avgpool",
-              "reorg3d": "reorg3d", "l2norm": "l2norm"}
+              "reorg3d": "reorg3d", "l2norm": "l2norm", "normalization": "lrn"}
 
 
 @dataclass(eq=False)
@@ -101,6 +101,10 @@ class Node:
             if a.get("residual") is not None:
                 s += f" +add {a['activation2']}"
             return s
+        if self.op in ("act", "connected", "deconv", "local"):
+            return f"{self.op} {a['activation']}"
+        if self.op == "norm_channels":
+            return a["mode"]
         return self.op
 
 
@@ -333,7 +337,7 @@ def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps:
     if cp is not None:
         scale, attrs["bias"] = fold_batchnorm(cp, bn_eps, np.ones(l.c, np.float32))
         attrs["weights"] = scale
-    return Node("affine", [i], [x], out, attrs)
+    return Node("batchnorm", [i], [x], out, attrs)
 
 
 def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:

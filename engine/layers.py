@@ -307,6 +307,12 @@ def _nms(s: Section) -> dict:
     return dict(nms_kind=nms_kind, beta_nms=s.float("beta_nms", 0.6))
 
 
+def _heard(s: Section, keys: tuple) -> None:
+    """Read options Darknet reads only for training, so they count as used (never as typos)."""
+    for key in keys:
+        s.str(key, "")
+
+
 def _gaussian_yolo(s, i, c, h, w, prev):
     """Gaussian YOLOv3 head: per anchor x, y, w, h each as (mean, sigma), objectness, classes."""
     classes = s.int("classes", 20, 1, 100000)
@@ -317,21 +323,26 @@ def _gaussian_yolo(s, i, c, h, w, prev):
                       f"{len(mask) * (classes + 9)}", "classes")
     point = s.str("yolo_point", "center")
     point = point if point in ("left_top", "right_bottom") else "center"
+    _heard(s, ("max", "max_delta", "counters_per_class", "label_smooth_eps", "objectness_smooth", "uc_normalizer",
+               "iou_normalizer", "obj_normalizer", "cls_normalizer", "delta_normalizer", "iou_loss",
+               "iou_thresh_kind", "jitter", "resize", "ignore_thresh", "truth_thresh", "iou_thresh", "random", "map"))
     return [prev], c, h, w, dict(classes=classes, mask=mask, anchors=anchors, scale_x_y=s.float("scale_x_y", 1.0),
                                  yolo_point=point, **_nms(s))
 
 
 def _detection(s, i, c, h, w, prev):
     """YOLOv1 head on a flat input: side x side cells of classes, then num confidences, then num boxes."""
-    coords = s.int("coords", 1, 4, 4)
+    coords = s.int("coords", 1)
+    if coords != 4:   # get_detection_detections reads 4 values a box whatever coords says
+        raise s.error(f"coords={coords}: only coords=4 is defined (Darknet's decoding reads 4 values a box)", "coords")
     classes = s.int("classes", 1, 1, 100000)
     num = s.int("num", 1, 1, 1000)
     side = s.int("side", 7, 1, MAX_SIDE)
     need = side * side * ((1 + coords) * num + classes)
     if c * h * w != need:
         raise s.error(f"input has {c * h * w} values; side={side}, num={num}, classes={classes} need {need}", "side")
-    for key in ("rescore", "forced", "max", "reorg"):
-        s.int(key, 0)
+    _heard(s, ("rescore", "forced", "max", "reorg", "coord_scale", "object_scale", "noobject_scale", "class_scale",
+               "jitter", "resize", "random"))
     return [prev], c, h, w, dict(classes=classes, num=num, side=side, softmax=bool(s.int("softmax", 0)),
                                  sqrt=bool(s.int("sqrt", 0)), nms_kind="default", beta_nms=0.6)
 
@@ -382,8 +393,7 @@ def _crop(s, i, c, h, w, prev):
     cw = s.int("crop_width", 1, 1, MAX_SIDE)
     if ch > h or cw > w:
         raise s.error(f"a {cw}x{ch} crop does not fit the {w}x{h} input", "crop_height")
-    for key in ("flip", "angle", "saturation", "exposure", "shift"):   # training-time augmentation
-        s.float(key, 0.0)
+    _heard(s, ("flip", "angle", "saturation", "exposure", "shift"))   # training-time augmentation
     noadjust = bool(s.int("noadjust", 0, 0, 1))
     return [prev], c, ch, cw, dict(dy=(h - ch) // 2, dx=(w - cw) // 2, scale=1.0 if noadjust else 2.0,
                                    shift=0.0 if noadjust else -1.0)
@@ -426,6 +436,15 @@ def _reorg3d(s, i, c, h, w, prev):
     return [prev], c * stride * stride, h // stride, w // stride, dict(stride=stride)
 
 
+def _normalization(s, i, c, h, w, prev):
+    """[normalization]/[lrn]: local response normalisation across channels (forward_normalization_layer)."""
+    size = s.int("size", 5, 1, MAX_CHANNELS)
+    if size // 2 > c:   # Darknet's first window would read past the channels
+        raise s.error(f"size={size} is more than twice the {c} input channels", "size")
+    return [prev], c, h, w, dict(alpha=s.float("alpha", 0.0001), beta=s.float("beta", 0.75),
+                                 kappa=s.float("kappa", 1.0), size=size)
+
+
 def _l2norm(s, i, c, h, w, prev):
     return [prev], c, h, w, {}
 
@@ -436,16 +455,13 @@ def _empty(s, i, c, h, w, prev):
 
 def _cost(s, i, c, h, w, prev):
     """[cost] computes a training loss; at inference Darknet's network output skips it, so it passes through."""
-    s.str("type", "sse")
-    s.float("scale", 1.0)
-    s.float("ratio", 0.0)
+    _heard(s, ("type", "scale", "ratio"))
     return [prev], c, h, w, {}
 
 
 def _implicit(s, i, c, h, w, prev):
     """A learned constant of (filters, atoms, 1), no input ([implicit]; YOLOR's [implicit_add]/[implicit_mul])."""
-    s.float("mean", 1.0 if s.kind == "implicit_mul" else 0.0)
-    s.float("std", 0.2)
+    _heard(s, ("mean", "std"))   # the initialisation; the weights file holds the values
     filters = s.int("filters", 128, 1, MAX_CHANNELS)
     atoms = s.int("atoms", 1, 1, MAX_SIDE)
     return [], filters, atoms, 1, dict(filters=filters, atoms=atoms)
@@ -456,7 +472,7 @@ _SIMPLE: dict = {"convolutional": _conv, "maxpool": _maxpool, "avgpool": _avgpoo
                  "gaussian_yolo": _gaussian_yolo, "detection": _detection, "connected": _connected,
                  "deconvolutional": _deconv, "local": _local, "crop": _crop, "batchnorm": _batchnorm, "activation": _activation_layer,
                  "logistic": _logistic_layer, "local_avgpool": _local_avgpool, "reorg3d": _reorg3d,
-                 "l2norm": _l2norm, "empty": _empty, "cost": _cost, "implicit": _implicit, "implicit_add": _implicit,
+                 "l2norm": _l2norm, "normalization": _normalization, "empty": _empty, "cost": _cost, "implicit": _implicit, "implicit_add": _implicit,
                  "implicit_mul": _implicit}
 _WITH_LAYERS: dict = {"route": _route, "shortcut": _shortcut, "scale_channels": _scale_channels, "sam": _sam}
 

@@ -54,7 +54,7 @@ def seen_is_wide(major: int, minor: int) -> bool:
     return major * 10 + minor >= 2 and major < 1000 and minor < 1000
 
 
-def conv_param_count(layer) -> int:
+def param_count(layer) -> int:
     """Number of float32 values a layer reads from the weights file (0 for layers without parameters)."""
     p, kind = layer.p, layer.kind
     if kind == "convolutional":
@@ -72,6 +72,8 @@ def conv_param_count(layer) -> int:
         return layer.c * layer.h * layer.w * (1 + p["in_c"] * p["size"] ** 2)
     if kind in ("implicit", "implicit_add", "implicit_mul"):
         return p["filters"] * p["atoms"]
+    if kind == "shortcut":
+        return p.get("nweights", 0)   # AlexeyAB's weights_type: load_shortcut_weights
     return 0
 
 
@@ -116,13 +118,6 @@ def read_layer(layer, take, transpose: bool) -> ConvParams:
     return ConvParams(biases, w, scales, mean, variance)
 
 
-def param_count(layer) -> int:
-    """Number of float32 values ``layer`` reads from the weights file (0: it has no parameters)."""
-    if layer.kind == "shortcut":
-        return layer.p.get("nweights", 0)   # AlexeyAB's weights_type: load_shortcut_weights
-    return conv_param_count(layer)
-
-
 def needs_weights(layers: list) -> bool:
     """True if any layer has parameters: a route/shortcut/upsample/maxpool-only network needs no file."""
     return any(param_count(l) for l in layers)
@@ -163,15 +158,15 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
     p = Path(path)
     path = show(str(path), 300)
     actual = regular_file_size(p, path, WeightsError, "weights file")
-    convs = [l for l in layers if param_count(l)]
-    header = read_header(p, actual, sum(param_count(l) for l in layers))
-    expected = header.nbytes + 4 * sum(param_count(l) for l in convs)
+    weighted = [l for l in layers if param_count(l)]
+    header = read_header(p, actual, sum(param_count(l) for l in weighted))
+    expected = header.nbytes + 4 * sum(param_count(l) for l in weighted)
     check_weights(expected, path)   # before any read: a cfg asking for 10^12 floats stops here
     actual = p.stat().st_size
     if actual != expected:
         # Name the first layer the file cannot fully supply (or say how much is left over).
         offset, missing = header.nbytes, None
-        for l in convs:
+        for l in weighted:
             offset += 4 * param_count(l)
             if offset > actual:
                 missing = l
@@ -195,7 +190,7 @@ def load_weights(path: Union[str, Path], layers: list) -> dict:
         pos += n
         return data[pos - n:pos]
 
-    for l in convs:
+    for l in weighted:
         cp = read_layer(l, take, header.transpose)
         where = f"{path}: layer {l.index} [{l.kind}] (line {l.section.line})"
         for name in ("biases", "weights", "scales", "mean", "variance"):

@@ -365,6 +365,24 @@ def reorg3d(o: Options, x: np.ndarray) -> np.ndarray:
     return y
 
 
+def normalization(o: Options, x: np.ndarray) -> np.ndarray:
+    """forward_normalization_layer, its running window sum literally: the first window holds channels
+    [0, size/2), each next one drops channel k - (size-1)/2 - 1 and adds channel k + size/2."""
+    c = x.shape[1]
+    alpha, beta, kappa, size = o.float("alpha", 0.0001), o.float("beta", 0.75), o.float("kappa", 1.0), o.int("size", 5)
+    sq = x * x
+    norms = np.empty_like(x)
+    norms[:, 0] = kappa + alpha * sq[:, :size // 2].sum(axis=1)
+    for k in range(1, c):
+        norms[:, k] = norms[:, k - 1]
+        prev, nxt = k - (size - 1) // 2 - 1, k + size // 2
+        if prev >= 0:
+            norms[:, k] -= alpha * sq[:, prev]
+        if nxt < c:
+            norms[:, k] += alpha * sq[:, nxt]
+    return x * norms ** -beta
+
+
 def l2norm(o: Options, x: np.ndarray) -> np.ndarray:
     """l2normalize_cpu: each pixel's channel vector over its norm."""
     return x / np.sqrt((x * x).sum(axis=1, keepdims=True))
@@ -419,6 +437,8 @@ def forward_layer(layer, x: np.ndarray, outs: list, params: dict) -> np.ndarray:
         return reorg3d(o, x)
     if kind == "l2norm":
         return l2norm(o, x)
+    if kind == "normalization":
+        return normalization(o, x)
     if kind in ("implicit", "implicit_add", "implicit_mul"):
         return implicit(o, x.shape[0], params[i])
     if kind in ("dropout", "yolo", "region", "gaussian_yolo", "detection", "empty", "cost"):

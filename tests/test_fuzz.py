@@ -32,7 +32,7 @@ from yolo_cl.kernels import workspace_elems
 from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.limits import check_executor
 from yolo_cl.planner import plan_memory
-from yolo_cl.weights import conv_param_count, load_weights
+from yolo_cl.weights import load_weights, param_count
 
 ROOT = Path(__file__).resolve().parents[1]
 CFGS = sorted((ROOT / "models" / "cfg").glob("*.cfg")) + [ROOT / "models" / "yolov3-tiny.cfg"]
@@ -296,7 +296,7 @@ def tiny_prefix(n_convs: int) -> tuple:
     sections = parse_cfg("prefix.cfg", cfg)
     layers = build_layers(sections, parse_net(sections[0], 32))
     header = TINY_WEIGHTS.open("rb").read(20)
-    nbytes = 4 * sum(conv_param_count(l) for l in layers if l.kind == "convolutional")
+    nbytes = 4 * sum(param_count(l) for l in layers if l.kind == "convolutional")
     with TINY_WEIGHTS.open("rb") as f:
         f.seek(20)
         body = f.read(nbytes)

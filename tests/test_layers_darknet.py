@@ -293,9 +293,9 @@ CASES = {
              (11, 9), ["conv", "crop"]),
     "crop_noadjust": (conv(3, 3, 1) + sec("crop", crop_height=4, crop_width=3, noadjust=1), (10, 8), ["conv", "crop"]),
     "crop_of_input": (sec("crop", crop_height=9, crop_width=10), (11, 9), ["crop"]),
-    "batchnorm": (conv(4, 3, 1, bn=0, act="linear") + sec("batchnorm"), (11, 9), ["conv", "affine"]),
+    "batchnorm": (conv(4, 3, 1, bn=0, act="linear") + sec("batchnorm"), (11, 9), ["conv", "batchnorm"]),
     "batchnorm_then_activation": (conv(4, 3, 1) + sec("batchnorm") + sec("activation", activation="mish"),
-                                  (11, 9), ["conv", "affine", "act"]),
+                                  (11, 9), ["conv", "batchnorm", "act"]),
     "logistic": (conv(4, 3, 1) + sec("logistic"), (11, 9), ["conv", "act"]),
     "local_avgpool": (conv(3, 3, 1) + sec("local_avgpool", size=2, stride=2), (11, 9), ["conv", "local_avgpool"]),
     "local_avgpool_3s1": (conv(3, 3, 1) + sec("local_avg", size=3, stride=1), (11, 9), ["conv", "local_avgpool"]),
@@ -304,6 +304,8 @@ CASES = {
     "reorg3d": (conv(3, 3, 1) + sec("reorg3d", stride=2), (12, 8), ["conv", "reorg3d"]),
     "reorg3d_s3": (conv(2, 3, 1) + sec("reorg3d", stride=3), (9, 6), ["conv", "reorg3d"]),
     "l2norm": (conv(5, 3, 1) + sec("l2norm"), (11, 9), ["conv", "l2norm"]),
+    "lrn": (conv(9, 3, 1) + sec("normalization", alpha=0.01, beta=0.75, kappa=2, size=5), (11, 9), ["conv", "lrn"]),
+    "lrn_size_4": (conv(6, 3, 1) + sec("lrn", alpha=0.002, beta=0.5, kappa=3, size=4), (11, 9), ["conv", "lrn"]),
     "empty_silence_cost": (conv(4, 3, 1) + sec("empty") + sec("silence") + conv(3, 1, 1) + sec("cost", type="sse"),
                            (11, 9), ["conv", "conv"]),
     "implicit": (conv(4, 3, 1) + sec("implicit", filters=6, atoms=2), (11, 9), ["conv", "implicit"]),
@@ -322,10 +324,31 @@ def test_layer(tmp_path, name):
     assert_close(got, ref)
 
 
+def test_reference_lrn_window_is_darknets():
+    """Darknet's running sum leaves out channel size/2's square from every window: checked on a direct sum."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 2, (1, 9, 2, 3))
+    o = np_darknet.Options(SimpleNamespace(options={"alpha": ("0.01", 0), "beta": ("0.75", 0), "kappa": ("2", 0),
+                                                    "size": ("5", 0)}))
+    sq = x * x
+    want = np.empty_like(x)
+    for k in range(9):
+        window = sum(sq[:, j] for j in range(max(0, k - 2), min(9, k + 3)))
+        want[:, k] = x[:, k] * (2 + 0.01 * (window - sq[:, 2])) ** -0.75
+    assert np.allclose(np_darknet.normalization(o, x), want)
+
+
 def test_layers_fp16_and_batch(tmp_path):
+    """Half storage through every new kernel (two images a batch)."""
     body = conv(4, 3, 1) + sec("batchnorm") + sec("local_avgpool", size=2, stride=2) + sec("l2norm") + \
-        sec("deconvolutional", filters=3, size=2, stride=2, activation="elu") + sec("crop", crop_height=4, crop_width=6)
-    got, ref, _ = run(tmp_path, body, size=(12, 10), precision="fp16")
+        sec("deconvolutional", filters=3, size=2, stride=2, activation="elu") + sec("crop", crop_height=4, crop_width=6) + \
+        sec("local", filters=4, size=3, pad=1, activation="linear") + sec("lrn", size=3, kappa=2, alpha=0.01) + \
+        sec("reorg3d", stride=2) + sec("activation", activation="gelu") + \
+        conv(6, 1, 1, act="normalize_channels_softmax_maxval") + sec("implicit_mul", filters=6) + \
+        sec("scale_channels", **{"from": -2})
+    got, ref, det = run(tmp_path, body, size=(12, 10), precision="fp16")
+    assert {"batchnorm", "local_avgpool", "l2norm", "deconv", "crop", "local", "lrn", "reorg3d", "act",
+            "norm_channels", "implicit"} <= set(ops(det))
     assert_close(got, ref, rtol=2e-2)
 
 
@@ -457,6 +480,14 @@ def test_detection_decode(tmp_path, use_softmax, use_sqrt):
     assert det.postprocess([o[0] for o in got], 48, 32, thresh=0.1)
 
 
+def test_detection_without_coords_4_is_refused(tmp_path):
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
+                   "classes=3\n")
+    with pytest.raises(CfgError, match=r"bad.cfg:9: \[detection\]: coords=1: only coords=4"):
+        yolo_cl.Detector(cfg, tmp_path / "none.weights")
+
+
 def test_detection_size_mismatch_is_refused(tmp_path):
     cfg = tmp_path / "bad.cfg"
     cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
@@ -484,3 +515,36 @@ def test_bench_random_params_cover_every_weighted_layer(tmp_path):
         for name in ("biases", "weights", "scales", "mean", "variance"):
             a, b = getattr(cp, name), getattr(back[i], name)
             assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), (i, name)
+
+
+HOSTILE = ["0", "-1", "-7", "99999999", "1e9", "2.5", "abc", ""]
+NEW_SECTIONS = {
+    "connected": ["output", "batch_normalize", "activation"],
+    "deconvolutional": ["filters", "size", "stride", "pad", "padding", "batch_normalize"],
+    "local": ["filters", "size", "stride", "pad"],
+    "crop": ["crop_height", "crop_width", "noadjust", "flip"],
+    "local_avgpool": ["size", "stride", "stride_x", "stride_y", "padding"],
+    "reorg3d": ["stride", "reverse"],
+    "normalization": ["size", "alpha", "beta", "kappa"],
+    "implicit": ["filters", "atoms", "mean"],
+    "Gaussian_yolo": ["classes", "num", "mask", "anchors", "scale_x_y"],
+    "detection": ["classes", "num", "side", "coords", "softmax"],
+    "activation": ["activation"],
+}
+
+
+@pytest.mark.parametrize("section", NEW_SECTIONS)
+def test_hostile_values_give_clean_errors(tmp_path, section):
+    """Every option of the new sections, given nonsense, parses or fails with one yolo-cl error
+    naming the file (never another exception): shapes only, no device needed."""
+    from yolo_cl.errors import YoloClError
+    cfg = tmp_path / "h.cfg"
+    for key in NEW_SECTIONS[section]:
+        for value in HOSTILE:
+            cfg.write_text(f"[net]\nwidth=16\nheight=16\nchannels=3\n\n[convolutional]\nfilters=18\nsize=1\n\n"
+                           f"[{section}]\n{key}={value}\n")
+            try:
+                sections = parse_cfg(cfg)
+                build_layers(sections, parse_net(sections[0]))
+            except YoloClError as e:
+                assert str(e).startswith(str(cfg)) and "\n" not in str(e), str(e)

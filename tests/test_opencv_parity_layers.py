@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import yolo_cl
-from yolo_cl.weights import conv_param_count
+from yolo_cl.weights import param_count
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_layers_darknet import conv, sec, write_net  # noqa: E402
@@ -51,7 +51,7 @@ def opencv_order(weights: Path, layers: list, out: Path) -> Path:
     data = np.fromfile(weights, "<f4", offset=20)
     parts, pos = [], 0
     for l in layers:
-        n = conv_param_count(l)
+        n = param_count(l)
         block = data[pos:pos + n]
         if l.kind == "connected" and l.p["bn"]:
             o, k = l.p["outputs"], l.p["inputs"]

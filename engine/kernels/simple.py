@@ -56,7 +56,7 @@ def bind(ctx: BindContext, node: Node) -> list:
     act = ctx.defines(ACT=act_id(a.get("activation", "linear")))
     if node.op == "act":
         return [_launch(ctx, node, "yc_act", act, X + Y, (x.c * x.h * x.w, B))]
-    if node.op == "affine":
+    if node.op == "batchnorm":
         args = X + Y + [_param(ctx, node, "weights"), _param(ctx, node, "bias"), np.int32(hw)]
         return [_launch(ctx, node, "yc_affine", act, args, (hw, out.c, B))]
     if node.op == "connected":
@@ -67,7 +67,9 @@ def bind(ctx: BindContext, node: Node) -> list:
     if node.op == "deconv":
         args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w) + [_param(ctx, node, "weights"), _param(ctx, node, "bias")] \
             + i32(a["size"], a["stride"], a["pad"])
-        return [_launch(ctx, node, "yc_deconv", act, args, (hw, out.c, B))]
+        s = a["stride"]
+        phases = s * s * (-(-out.h // s)) * (-(-out.w // s))
+        return [_launch(ctx, node, "yc_deconv", act, args, (phases, out.c, B))]
     if node.op == "local":
         args = X + i32(x.c, x.h, x.w) + Y + i32(out.h, out.w, out.c) + \
             [_param(ctx, node, "weights"), _param(ctx, node, "bias")] + i32(a["size"], a["stride"], a["pad"])
@@ -81,6 +83,9 @@ def bind(ctx: BindContext, node: Node) -> list:
     if node.op == "reorg3d":
         args = X + i32(x.c, x.h, x.w) + Y + i32(a["stride"])
         return [_launch(ctx, node, "yc_reorg3d", d, args, (hw, out.c, B))]
+    if node.op == "lrn":
+        args = X + Y + i32(x.c, hw, a["size"]) + [np.float32(a["alpha"]), np.float32(a["beta"]), np.float32(a["kappa"])]
+        return [_launch(ctx, node, "yc_lrn", d, args, (hw, B))]
     if node.op == "l2norm":
         return [_launch(ctx, node, "yc_l2norm", d, X + Y + i32(x.c, hw), (hw, B))]
     raise ValueError(f"no kernel for op {node.op}")
