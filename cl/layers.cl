@@ -4,28 +4,40 @@
  * yc_ prefix: some OpenCL compilers reserve names such as `upsample`. */
 #include "common.h"
 
-__kernel void yc_maxpool(__global const dtype* restrict X, const int x_off, const int x_bstride,
-                         const int H, const int W,
-                         __global dtype* restrict Y, const int y_off, const int y_bstride,
-                         const int OH, const int OW, const int SIZE, const int SX, const int SY, const int PADDING)
+/* Maxpool with the window as defines (MP_SIZE, MP_SX, MP_SY, MP_PAD = padding / 2), one work-item
+ * per output row: global size (OH, C, batch). A plain loop over the row with the window unrolled
+ * runs 2-5x faster on PoCL than one work-item per output pixel with the window as arguments. */
+#ifdef MP_SIZE
+__kernel void yc_maxpool_rows(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                              const int H, const int W,
+                              __global dtype* restrict Y, const int y_off, const int y_bstride,
+                              const int OH, const int OW)
 {
-    const int n = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
-    const int oy = n / OW, ox = n - oy * OW;
-    const int y0 = oy * SY - PADDING / 2, x0 = ox * SX - PADDING / 2;
-    const int base = x_off + b * x_bstride + c * H * W;
-    float m = -FLT_MAX;
-    for (int dy = 0; dy < SIZE; ++dy) {
-        const int iy = y0 + dy;
-        if (iy < 0 || iy >= H) continue;
-        for (int dx = 0; dx < SIZE; ++dx) {
-            const int ix = x0 + dx;
-            if (ix < 0 || ix >= W) continue;
-            const float v = LD(X, base + iy * W + ix);
-            m = v > m ? v : m;   /* not fmax(): PoCL compiles it to an out-of-line call */
+    const int oy = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int y0 = oy * MP_SY - MP_PAD;
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    const size_t yr = y_off + (size_t)b * y_bstride + ((size_t)c * OH + oy) * OW;
+    for (int ox = 0; ox < OW; ++ox) {
+        const int x0 = ox * MP_SX - MP_PAD;
+        float m = -FLT_MAX;
+        #pragma unroll
+        for (int dy = 0; dy < MP_SIZE; ++dy) {
+            const int iy = y0 + dy;
+            if (iy >= 0 && iy < H) {
+                #pragma unroll
+                for (int dx = 0; dx < MP_SIZE; ++dx) {
+                    const int ix = x0 + dx;
+                    if (ix >= 0 && ix < W) {
+                        const float v = LD(Xc, iy * W + ix);
+                        m = v > m ? v : m;
+                    }
+                }
+            }
         }
+        ST(Y, yr + ox, m);
     }
-    ST(Y, y_off + b * y_bstride + c * OH * OW + n, m);
 }
+#endif
 
 /* maxpool_depth: output channel g is the max over input channels g, g+OC, g+2*OC, ... */
 __kernel void yc_maxpool_depth(__global const dtype* restrict X, const int x_off, const int x_bstride,

@@ -189,6 +189,7 @@ class BenchReport:
     cpu_ms: list = field(default_factory=list)
     tuned: dict = field(default_factory=dict)       # origin level -> conv node count
     opencv: Optional[dict] = None
+    span_ms: list = field(default_factory=list)     # first kernel's start to last kernel's end, per run
 
     @property
     def gflop(self) -> float:
@@ -218,6 +219,11 @@ class BenchReport:
                   f"end to end (Executor.run wall, {len(self.wall_ms)} runs): median {wall:.2f} ms, min "
                   f"{min(self.wall_ms):.2f} ms; host overhead {float(np.median(np.subtract(self.wall_ms, self.device_ms))):.2f} "
                   f"ms/frame (wall - device)"]
+        if self.span_ms:
+            span = float(np.median(self.span_ms))
+            lines.append(f"  of which between kernels (the driver starting each one): {span - dev:.2f} ms over "
+                         f"{len(self.launches)} launches; outside the kernels' span (enqueue, copies, Python): "
+                         f"{wall - span:.2f} ms")
         if any(l.name.startswith("wino") for l in self.launches):
             lines.append("(GFLOP/s count a conv's direct-convolution FLOPs: Winograd does fewer multiplies, so its "
                          "rates are effective ones and may exceed the peak)")
@@ -233,7 +239,33 @@ class BenchReport:
                          f"(min){'  -> yolo-cl is faster' if wall < ow else ''}")
             if self.cpu_ms and o.get("cpu_ms"):
                 lines.append(f"yolo-cl / OpenCV CPU time: {float(np.median(self.cpu_ms)) / float(np.median(o['cpu_ms'])):.3f}")
+            if o.get("layer_ms"):
+                lines += [""] + self.layer_comparison()
         return "\n".join(lines)
+
+    def layer_comparison(self) -> list:
+        """Lines of the per-node table against OpenCV: our device ms (all launches of the node) next
+        to OpenCV's ms for the same Darknet layers (its ``getPerfProfile``, median over the runs)."""
+        o = self.opencv["layer_ms"]
+        rows, seen = [], set()
+        for l in self.launches:
+            if rows and rows[-1][0] == l.node:
+                rows[-1][2] += l.ms
+                continue
+            rows.append([l.node, l.op, l.ms])
+        lines = ["per node against OpenCV (device ms; OpenCV's layers it fused into a neighbour count 0):",
+                 f"{'node':>8}  {'op':<24} {'yolo-cl':>8} {'OpenCV':>8} {'ratio':>6}"]
+        for node, op, ms in rows:
+            idx = [int(i) for i in node.split("+")]
+            seen.update(idx)
+            ocv = sum(o.get(i, 0.0) for i in idx)
+            lines.append(f"{node:>8}  {op[:24]:<24} {ms:>8.3f} {ocv:>8.3f} {(f'{ms / ocv:.2f}' if ocv > 0 else ''):>6}")
+        rest = sum(v for k, v in o.items() if k not in seen)
+        ours = sum(r[2] for r in rows)
+        lines.append(f"{'':>8}  {'layers without a launch':<24} {0.0:>8.3f} {rest:>8.3f}")
+        total = sum(o.values())
+        lines.append(f"{'':>8}  {'total':<24} {ours:>8.3f} {total:>8.3f} {(f'{ours / total:.2f}' if total else ''):>6}")
+        return lines
 
 
 def _config_text(cfg: dict) -> str:
@@ -293,13 +325,15 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
             ocv.run(blob)
     if ocv is not None:
         ocv.reset()
-    wall, dev, cpu, per = [], [], [], []
+    wall, dev, cpu, per, span = [], [], [], [], []
     for i in range(repeat):
         c0, t0 = time.process_time(), time.perf_counter()
         ex.run(blob, profile=True)
         wall.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
         times = ex.layer_times()
+        if ex.events:
+            span.append((ex.events[-1].profile.end - ex.events[0].profile.start) * 1e-6)
         per.append([t.ms for t in times])
         dev.append(sum(t.ms for t in times))
         if ocv is not None:
@@ -312,7 +346,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
     plat = rt.device.platform.name.strip()
     report = BenchReport(str(model), (net.width, net.height), batch, precision, rt.device_name, plat, rt.driver,
                          rt.device_type, the_peak, peak_src, wdesc, launches, wall, dev,
-                         cpu if rt.is_cpu else [], tuned)
+                         cpu if rt.is_cpu else [], tuned, span_ms=span)
     if ocv is not None:
         report.opencv = ocv.summary(rt.is_cpu and ocv.target == "CPU backend")
         ocv.close()
@@ -340,7 +374,8 @@ class _OpenCV:
         self.target = "CPU backend" if cpu else "OpenCL target"
         self.net.setPreferableTarget(cv2.dnn.DNN_TARGET_CPU if cpu else cv2.dnn.DNN_TARGET_OPENCL)
         self.names = self.net.getUnconnectedOutLayersNames()
-        self.wall, self.cpu = [], []
+        self.layer_of = [_darknet_index(n) for n in self.net.getLayerNames()]
+        self.wall, self.cpu, self.per_layer = [], [], []
 
     def run(self, blob: np.ndarray) -> None:
         c0, t0 = time.process_time(), time.perf_counter()
@@ -348,14 +383,27 @@ class _OpenCV:
         self.net.forward(self.names)
         self.wall.append((time.perf_counter() - t0) * 1e3)
         self.cpu.append((time.process_time() - c0) * 1e3)
+        self.per_layer.append(self._layer_ms())
+
+    def _layer_ms(self) -> dict:
+        """This run's time per Darknet layer index (-1: OpenCV layers of no Darknet layer), from
+        ``getPerfProfile``: OpenCV times each of its layers; layers it fused into a neighbour read 0."""
+        _, ticks = self.net.getPerfProfile()
+        scale = 1e3 / self.cv2.getTickFrequency()
+        out: dict = {}
+        for idx, t in zip(self.layer_of, np.asarray(ticks, dtype=np.float64).ravel()):
+            out[idx] = out.get(idx, 0.0) + float(t) * scale
+        return out
 
     def reset(self) -> None:
         """Forget the warm-up runs."""
-        self.wall, self.cpu = [], []
+        self.wall, self.cpu, self.per_layer = [], [], []
 
     def summary(self, cpu: bool) -> dict:
+        keys = sorted({k for run in self.per_layer for k in run})
+        layer_ms = {k: float(np.median([run.get(k, 0.0) for run in self.per_layer])) for k in keys}
         return {"version": self.cv2.__version__, "target": self.target, "wall_ms": list(self.wall),
-                "cpu_ms": list(self.cpu) if cpu else []}
+                "cpu_ms": list(self.cpu) if cpu else [], "layer_ms": layer_ms if self.per_layer else {}}
 
     def close(self) -> None:
         if self.tmp:
@@ -363,6 +411,12 @@ class _OpenCV:
                 os.unlink(self.tmp)
             except OSError:
                 pass
+
+
+def _darknet_index(name: str) -> int:
+    """The Darknet layer index in an OpenCV layer name (``conv_12``, ``bn_12``, ``shortcut_4``), else -1."""
+    tail = name.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 def _opencv_net(cfg: Path, weights: Optional[Path], layers: list, params: dict, cpu: bool,

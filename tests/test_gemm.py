@@ -258,3 +258,28 @@ def test_conv_algorithms(rt, tmp_path, c, k, d, g):
         assert err < 1e-4, f"{cfg}: relative error {err:.2e}"
     bad = {"family": "cpu", "algo": "implicit", **dict(nv, NV=2)}      # 16 does not divide the width 24
     assert "divide" in gc.conv_illegal(nodes[0], bad)
+
+
+@pytest.mark.parametrize("c,k,d,g", [(3, 3, 1, 1), (32, 3, 1, 1), (4, 5, 2, 2)], ids=["3x3-c3", "3x3-c32", "5x5-dil2-groups"])
+def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
+    """The untuned pick, at either precision, is a legal config of the family that computes the
+    conv (checked against NumPy); F(4x4) Winograd only with fp32 storage."""
+    from yolo_cl.cfg import parse_cfg
+    from yolo_cl.graph import build_graph
+    from yolo_cl.layers import build_layers, parse_net
+    from yolo_cl.tuner import ConvBench
+    path = tmp_path / "net.cfg"
+    path.write_text(CONV_NET.format(c=c, k=k, d=d, g=g))
+    sections = parse_cfg(path)
+    net = parse_net(sections[0], None)
+    nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
+    for node in nodes:
+        for half in (False, True):
+            cfg = gc.heuristic_config(node, 2, half)
+            M, N, K, G = gc.gemm_shape(node, cfg)
+            assert cfg["algo"] in gc.conv_algos(node)
+            assert gc.why_illegal(cfg, M, N, K) is None and gc.conv_illegal(node, cfg) is None, cfg
+            assert not (half and cfg.get("m", 2) != 2), cfg
+            bench = ConvBench(rt, node, 2, half, rt.queue, seed=5)
+            err = bench.check(bench.bind(cfg))
+            assert err < (1e-2 if half else 1e-4), f"{cfg}: relative error {err:.2e}"

@@ -141,6 +141,10 @@ def test_neighbour_bucket_and_illegal_entries(tmp_path):
     tmod.write_db(path, [record(configs={tmod.shape_key(small): CFG_B})])
     db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
     assert db.conv_config(big) == CFG_B
+    far = convs(tmp_path, 48, 40)[0]                                     # 1920 -> n2048: two buckets up
+    assert db.conv_config(far) == gemm_cpu.heuristic_config(far)        # too far to trust
+    tmod.write_db(path, [record(configs={tmod.shape_key(big): CFG_D})])  # one bucket away: used
+    assert tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path).conv_config(far) == CFG_D
     bad = dict(CFG_A, WG=7)           # 7 does not divide the column blocks of 900 pixels
     tmod.write_db(path, [record(configs={tmod.shape_key(big): bad, tmod.shape_key(small): bad})])
     db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
@@ -364,3 +368,15 @@ def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
     assert "conv configs: 4 device+driver" in out          # the user cache (YOLO_CL_CACHE) was read
     assert "OpenCV DNN" in out and "yolo-cl / OpenCV latency" in out and "host overhead" in out
     assert out.count("conv ") >= 4 and "peak 100.0 GFLOP/s (given)" in out
+    table = out[out.index("per node against OpenCV"):].splitlines()
+    rows = [l.split() for l in table[2:] if l.split() and l.split()[0][0].isdigit()]
+    assert len(rows) >= 4 and all(float(r[-2]) > 0 for r in rows), table   # OpenCV's ms per node
+    assert "total" in table[-1]
+
+
+def test_no_shipped_tuning_switch(monkeypatch):
+    """YOLO_CL_NO_SHIPPED_TUNING=1 hides the shipped files (the heuristic-alone measurement)."""
+    monkeypatch.delenv("YOLO_CL_NO_SHIPPED_TUNING", raising=False)
+    assert any(p.name == "pocl-cpu.yaml" for p in tmod.shipped_db_paths())
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    assert tmod.shipped_db_paths() == []

@@ -41,14 +41,15 @@ def algorithms(node: Node) -> list:
     return ["im2col"]
 
 
-def heuristic_config(node: Node, device_is_cpu: bool, batch: int = 1) -> dict:
-    """A sane untuned choice: the layer's natural algorithm and a mid-size register block."""
+def heuristic_config(node: Node, device_is_cpu: bool, batch: int = 1, half: bool = False) -> dict:
+    """A sane untuned choice: the layer's natural algorithm and a mid-size register block
+    (``half``: for half storage, which rules out some algorithms on a CPU)."""
     algo = algorithms(node)[0]
     if algo == "depthwise":
         return {"algo": algo}
     if not device_is_cpu:
         return gemm_local.heuristic_config(node, batch)
-    return gemm_cpu.heuristic_config(node, batch)
+    return gemm_cpu.heuristic_config(node, batch, half)
 
 
 def cpu_candidates(node: Node, rt, batch: int = 1) -> list:
@@ -112,7 +113,7 @@ def _bind_chosen(ctx: BindContext, node: Node) -> list:
     A tuned config comes from a file written on some other day, driver or device: one that
     no longer compiles (or is malformed) must cost speed, never the model.
     """
-    fallback = heuristic_config(node, ctx.rt.is_cpu, ctx.batch)
+    fallback = heuristic_config(node, ctx.rt.is_cpu, ctx.batch, ctx.half)
     if ctx.tuning is None:
         return bind(ctx, node, fallback)
     config = None

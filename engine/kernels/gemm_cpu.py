@@ -214,12 +214,22 @@ def cost(cfg: dict, M: int, N: int, K: int, Z: int = 1, threads: int = 2, lanes:
     return (work * unroll + traffic + 150.0 * groups) / fill
 
 
-def heuristic(M: int, N: int, K: int, Z: int = 1) -> dict:
-    """An untuned pick: the cost model's best over the register blocks and orders, KU 1, driver
-    work-groups."""
+# The heuristic's fixed tunables: on recorded PoCL traversals (tools/heuristic_eval.py) a k loop
+# unrolled by 4, one work-item per work-group and column blocks first were the better choice on
+# most shapes, where the cost model's estimates of these three are weakest. Behind im2col (a B
+# matrix 9x the input) the tuner picked row blocks first (ORD 1) on all five stride-2 shapes of
+# yolov4 416.
+HEURISTIC_FIXED = {"KU": 4, "WG": 1, "ORD": 0}
+HEURISTIC_ORD = {"im2col": 1}          # for strided convs (a stride-1 one has the implicit GEMM)
+
+
+def heuristic(M: int, N: int, K: int, Z: int = 1, fits=None, order: int = HEURISTIC_FIXED["ORD"]) -> dict:
+    """An untuned pick: the cost model's best register block with ``HEURISTIC_FIXED`` tunables
+    and grid ``order`` (and, given ``fits``, only blocks it accepts)."""
     best, best_cost = None, None
     for c in space(M, N, K):
-        if c["KU"] != 1 or c["WG"] != 0:
+        c = {**c, **HEURISTIC_FIXED, "ORD": order}
+        if why_illegal(c, M, N, K) is not None or (fits is not None and not fits(c)):
             continue
         e = cost(c, M, N, K, Z)
         if best_cost is None or e < best_cost:
@@ -278,17 +288,35 @@ def candidates(node: Node, rt, batch: int = 1, half: bool = False) -> list:
     return out
 
 
-def heuristic_config(node: Node, batch: int = 1) -> dict:
-    """The untuned choice for a conv on a CPU: the cost model's best algorithm and block (KU 1,
-    driver work-groups; Winograd only as F(2x2), safe at either precision)."""
+# Stride-1 convs with K up to this (3x3 over 16 channels) run the implicit GEMM untuned: on the
+# recorded traversals it beat im2col 1.9-3.2x and Winograd 2.7-9x there (the transforms dominate),
+# with IMPLICIT_BLOCK where its 16 columns divide the output rows.
+IMPLICIT_MAX_K = 144
+IMPLICIT_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2}   # the best implicit block on both recorded shapes
+
+
+def heuristic_config(node: Node, batch: int = 1, half: bool = False) -> dict:
+    """The untuned choice for a conv on a CPU: the cost model's best algorithm and block
+    (Winograd F(4x4) only with fp32 storage, as in the tuner's candidates)."""
     best, best_cost = None, None
-    for algo in conv_algos(node):
-        for m in (wino_tiles(True) if algo == "winograd" else (None,)):
+    algos = conv_algos(node)
+    if "implicit" in algos and conv_gemm_shape(node)[2] <= IMPLICIT_MAX_K:
+        M, N, K, G = conv_gemm_shape(node)
+        head = {"family": FAMILY, "algo": "implicit"}
+        for cfg in ({**head, **IMPLICIT_BLOCK, **HEURISTIC_FIXED},
+                    {**head, **heuristic(M, N, K, batch * G, lambda c: conv_illegal(node, {**head, **c}) is None)}):
+            if why_illegal(cfg, M, N, K) is None and conv_illegal(node, cfg) is None:
+                return cfg
+    for algo in algos:
+        for m in (wino_tiles(half) if algo == "winograd" else (None,)):
             head = {"family": FAMILY, "algo": algo} if m is None else {"family": FAMILY, "algo": algo, "m": m}
             M, N, K, G = gemm_shape(node, head)
-            if algo == "implicit":
-                continue         # im2col's block choice may not divide the output width: tuning only
-            cfg = {**head, **heuristic(M, N, K, batch * G)}
+            fits = lambda c, head=head: conv_illegal(node, {**head, **c}) is None   # noqa: E731
+            strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
+            order = HEURISTIC_ORD.get(algo, HEURISTIC_FIXED["ORD"]) if strided else HEURISTIC_FIXED["ORD"]
+            cfg = {**head, **heuristic(M, N, K, batch * G, fits, order)}
+            if conv_illegal(node, cfg) is not None:
+                continue
             c = conv_cost(node, cfg, batch)
             if best_cost is None or c < best_cost:
                 best, best_cost = cfg, c

@@ -27,8 +27,9 @@ def bind(ctx: BindContext, node: Node) -> list:
     hw = out.h * out.w
     d = ctx.defines()
     if node.op == "maxpool":
-        args = X + i32(x.h, x.w) + Y + i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["padding"])
-        return [_launch(ctx, node, "yc_maxpool", d, args, (hw, out.c, B))]
+        args = X + i32(x.h, x.w) + Y + i32(out.h, out.w)
+        window = ctx.defines(MP_SIZE=a["size"], MP_SX=a["stride_x"], MP_SY=a["stride_y"], MP_PAD=a["padding"] // 2)
+        return [_launch(ctx, node, "yc_maxpool_rows", window, args, (out.h, out.c, B))]
     if node.op == "maxpool_depth":
         args = X + i32(x.c, x.h * x.w) + Y + i32(out.c)
         return [_launch(ctx, node, "yc_maxpool_depth", d, args, (hw, out.c, B))]

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Untuned vs tuned in one process: the heuristic's network time against the tuning database's.
+
+Builds two executors of one model on one device -- one binding the tuning database's configs
+(user cache and shipped files, with their fall-backs), one binding the heuristic alone -- and
+runs them alternately, so load on a shared machine hits both alike. Reports the median wall
+time and process CPU time per frame of each and their ratio (untuned / tuned), and, with
+``--opencv``, OpenCV DNN's CPU backend interleaved as a third.
+
+    PYTHONPATH=... python tools/bench_untuned.py yolov4:416 --repeat 9 --opencv
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_eval import graph_of   # noqa: E402  (a sibling tool)
+
+
+class _Heuristic:
+    """A tuning database that knows nothing: every conv gets the heuristic."""
+
+    def __init__(self, rt, half: bool) -> None:
+        self.rt, self.half = rt, half
+
+    def conv_config(self, node, batch: int = 1) -> dict:
+        from yolo_cl.kernels import conv
+        return conv.heuristic_config(node, self.rt.is_cpu, batch, self.half)
+
+
+def timed(fn) -> tuple:
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", metavar="NAME:SIZE")
+    p.add_argument("--repeat", type=int, default=9)
+    p.add_argument("--device")
+    p.add_argument("--opencv", action="store_true", help="also OpenCV DNN's CPU backend, interleaved")
+    args = p.parse_args(argv)
+    from yolo_cl.bench import _opencv_net, random_params
+    from yolo_cl.cfg import parse_cfg
+    from yolo_cl.executor import Executor
+    from yolo_cl.graph import build_graph
+    from yolo_cl.layers import build_layers, parse_net
+    from yolo_cl.runtime import Runtime
+    from yolo_cl.tuner import TuningDatabase
+    from yolo_cl.zoo import resolve
+    name, _, size = args.model.partition(":")
+    cfg = resolve(name)[0] if resolve(name) else Path(name)
+    sections = parse_cfg(cfg)
+    net = parse_net(sections[0], int(size or 416))
+    layers = build_layers(sections, net)
+    params = random_params(layers)
+    graph = build_graph(net, layers, params)
+    rt = Runtime(args.device)
+    db = TuningDatabase.for_runtime(rt)
+    runs = {"tuned": Executor(rt, graph, 1, False, db), "heuristic": Executor(rt, graph, 1, False, _Heuristic(rt, False))}
+    levels: dict = {}
+    for level, _ in db.origin.values():
+        levels[level] = levels.get(level, 0) + 1
+    blob = np.random.default_rng(0).random((1, net.channels, net.height, net.width), dtype=np.float32)
+    fns = {k: (lambda ex=ex: ex.run(blob)) for k, ex in runs.items()}
+    if args.opencv:
+        ocv = _opencv_net(cfg, None, layers, params, True, rt.is_cpu)
+        fns["opencv"] = lambda: ocv.run(blob)
+    for fn in fns.values():
+        fn()
+    times = {k: [] for k in fns}
+    for _ in range(args.repeat):
+        for k, fn in fns.items():
+            times[k].append(timed(fn))
+    print(f"{args.model} on {rt.device_name}: tuned conv configs by origin {levels}; {args.repeat} interleaved runs")
+    med = {k: np.median(np.array(v), axis=0) for k, v in times.items()}
+    for k, (w, c) in med.items():
+        print(f"  {k:<10} wall {w:8.2f} ms   process CPU {c:8.2f} ms")
+    h, t = med["heuristic"], med["tuned"]
+    print(f"  heuristic / tuned: wall {h[0] / t[0]:.3f}, CPU {h[1] / t[1]:.3f}")
+    if args.opencv:
+        o = med["opencv"]
+        print(f"  tuned / OpenCV: wall {t[0] / o[0]:.3f}, CPU {t[1] / o[1]:.3f};  heuristic / OpenCV: wall "
+              f"{h[0] / o[0]:.3f}, CPU {h[1] / o[1]:.3f}")
+        ocv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
