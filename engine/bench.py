@@ -168,6 +168,31 @@ class LaunchStat:
     ms: float
     flops: int
     config: dict
+    bytes: int = 0        # the least its node moves: inputs, weights and output (for the roofline)
+
+
+def node_bytes(node, itemsize: int) -> int:
+    """Bytes a node must at least read and write: its inputs, its weights and its output."""
+    views = list(node.inputs) + [node.output]
+    n = sum(v.c * v.h * v.w for v in views if hasattr(v, "c"))
+    w = node.attrs.get("weights")
+    return (n + (w.size if hasattr(w, "size") else 0)) * itemsize
+
+
+def memory_bandwidth(rt, nbytes: int = 64 << 20, runs: int = 5) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read plus written), best of ``runs``."""
+    cl = rt.cl
+    src, dst = rt.alloc(nbytes, "bandwidth probe"), rt.alloc(nbytes, "bandwidth probe")
+    queue = rt.queue if rt.profiling else cl.CommandQueue(
+        rt.context, rt.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    best = 0.0
+    for _ in range(runs):
+        ev = cl.enqueue_copy(queue, dst, src)
+        ev.wait()
+        best = max(best, 2 * nbytes / max((ev.profile.end - ev.profile.start) * 1e-9, 1e-9) / 1e9)
+    src.release()
+    dst.release()
+    return best
 
 
 @dataclass
@@ -190,6 +215,7 @@ class BenchReport:
     tuned: dict = field(default_factory=dict)       # origin level -> conv node count
     opencv: Optional[dict] = None
     span_ms: list = field(default_factory=list)     # first kernel's start to last kernel's end, per run
+    bandwidth: Optional[float] = None                # device memory GB/s (copy), for the roofline
 
     @property
     def gflop(self) -> float:
@@ -278,8 +304,9 @@ def _config_text(cfg: dict) -> str:
 # -- running it -----------------------------------------------------------------------------
 def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", device=None,
               compare: Optional[str] = None, repeat: int = 20, weights: Optional[str] = None,
-              peak: Optional[float] = None, warmup: int = 2, progress=None) -> BenchReport:
-    """Benchmark ``model`` (zoo name or cfg path); see the module doc."""
+              peak: Optional[float] = None, warmup: int = 2, progress=None, plot: bool = False) -> BenchReport:
+    """Benchmark ``model`` (zoo name or cfg path); see the module doc. ``plot`` also measures the
+    device's memory bandwidth (``BenchReport.bandwidth``) for a roofline."""
     from .cfg import parse_cfg
     from .executor import Executor
     from .graph import build_graph
@@ -341,12 +368,15 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
         if progress:
             progress(i + 1, repeat)
     med = np.median(np.array(per), axis=0)
-    launches = [LaunchStat(t.label, t.op, t.name, float(m), t.flops, t.config)
-                for t, m in zip(ex.layer_times(), med)]
+    item = 2 if precision == "fp16" else 4
+    launches = [LaunchStat(t.label, t.op, t.name, float(m), t.flops, t.config, node_bytes(l.node, item))
+                for t, m, l in zip(ex.layer_times(), med, ex.launches)]
     plat = rt.device.platform.name.strip()
     report = BenchReport(str(model), (net.width, net.height), batch, precision, rt.device_name, plat, rt.driver,
                          rt.device_type, the_peak, peak_src, wdesc, launches, wall, dev,
                          cpu if rt.is_cpu else [], tuned, span_ms=span)
+    if plot:
+        report.bandwidth = memory_bandwidth(rt)
     if ocv is not None:
         report.opencv = ocv.summary(rt.is_cpu and ocv.target == "CPU backend")
         ocv.close()

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "device on a machine busy with other work")
     t.add_argument("--exhaustive", action="store_true", help="time every legal candidate (slow; the baseline)")
     t.add_argument("--jobs", type=_positive, help="compile this many candidates at once (default: CPUs, at most 16)")
+    t.add_argument("--plot", metavar="PNG", help="draw each shape's search (every timing, the best so far) into PNG")
+    t.add_argument("--traversal", metavar="RECORDING", help="with --plot: a tools/tune_eval.py recording whose full "
+                   "traversals' best times are drawn beside the search's")
     t.set_defaults(func=cmd_tune)
 
     b = sub.add_parser("bench", parents=[common],
@@ -182,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "device, its OpenCL target on a GPU; opencv-opencl: its OpenCL target)")
     b.add_argument("--repeat", type=_positive, default=20, help="timed runs (default 20)")
     b.add_argument("--peak", type=float, metavar="GFLOPS", help="device peak (default: measured once and cached)")
+    b.add_argument("--plot", metavar="PNG", help="draw per-launch device time and a roofline into PNG")
     b.set_defaults(func=cmd_bench)
 
     m = sub.add_parser("map", parents=[common], help="mAP of a model on a labelled image set, as 'darknet detector map'",
@@ -646,17 +650,35 @@ def cmd_tune(args) -> int:
     from .tuner import check_db_writable, tune_model, user_db_path
     db = check_output_file(args.db, "tuning database") if args.db else user_db_path()   # before tuning
     check_db_writable(db)
-    tune_model(args.model, args.size, args.batch, args.precision, args.device, args.budget, args.db, args.clock,
-               args.exhaustive, jobs=args.jobs)
+    traversal = None
+    if args.plot:
+        from .plots import recorded_bests, require
+        require()
+        check_output_file(args.plot, "figure")
+        traversal = recorded_bests(args.traversal) if args.traversal else None
+    results = tune_model(args.model, args.size, args.batch, args.precision, args.device, args.budget, args.db,
+                         args.clock, args.exhaustive, jobs=args.jobs)
+    if args.plot and results:
+        from .plots import tune_figure
+        tune_figure(args.plot, results, traversal)
+        print(f"wrote {display(args.plot)}")
     return 0
 
 
 def cmd_bench(args) -> int:
     """Benchmark a model layer by layer (and against OpenCV DNN with --compare opencv)."""
     from .bench import run_bench
+    if args.plot:
+        from .plots import require
+        require()
+        check_output_file(args.plot, "figure")
     report = run_bench(args.model, args.size, args.batch, args.precision, args.device, args.compare, args.repeat,
-                       args.weights, args.peak)
+                       args.weights, args.peak, plot=bool(args.plot))
     print(report.render())
+    if args.plot:
+        from .plots import bench_figure
+        bench_figure(args.plot, report)
+        print(f"wrote {display(args.plot)}")
     return 0
 
 

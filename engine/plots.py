@@ -38,37 +38,60 @@ def _save(fig, path: Path) -> None:
     write_file(path, buf.getvalue(), "figure")
 
 
-def bench_figure(path, rows: list, peak_gflops: float, bandwidth_gbs: Optional[float], title: str) -> None:
-    """Per-launch device time as bars coloured by algorithm, and a roofline of the convolutions.
-
-    ``rows``: dicts with ``label`` (layer), ``algo``, ``ms``, ``flops`` and ``bytes`` (the bytes the
-    launch must move at least: inputs, weights, output); launches without FLOPs appear only as bars."""
+def bench_figure(path, report) -> None:
+    """Per-launch device time as bars coloured by algorithm, and a roofline of the layers: each node's
+    FLOPs per byte it must move (inputs, weights, output) against its achieved GFLOP/s, under the
+    device's measured FMA peak and copy bandwidth. ``report``: a ``yolo_cl.bench.BenchReport``."""
     plt = _pyplot()
+    launches = report.launches
+    algo = [str(l.config.get("algo") or l.name) if l.config else l.name for l in launches]
     fig, (bars, roof) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [2.2, 1]})
-    algos = list(dict.fromkeys(r["algo"] for r in rows))
-    colours = {a: plt.cm.tab10(i % 10) for i, a in enumerate(algos)}
-    xs = range(len(rows))
-    bars.bar(xs, [r["ms"] for r in rows], color=[colours[r["algo"]] for r in rows])
+    kinds = list(dict.fromkeys(algo))
+    colours = {a: plt.cm.tab10(i % 10) for i, a in enumerate(kinds)}
+    xs = range(len(launches))
+    bars.bar(xs, [l.ms for l in launches], color=[colours[a] for a in algo])
     bars.set_xticks(list(xs))
-    bars.set_xticklabels([r["label"] for r in rows], rotation=90, fontsize=6)
-    bars.set(ylabel="device time (ms)", title=f"{title}: {sum(r['ms'] for r in rows):.2f} ms in {len(rows)} launches")
-    bars.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[a]) for a in algos], labels=algos, fontsize=7)
-    pts = [r for r in rows if r["flops"] > 0 and r["bytes"] > 0 and r["ms"] > 0]
+    bars.set_xticklabels([l.node for l in launches], rotation=90, fontsize=6)
+    title = f"{report.model} {report.size[0]}x{report.size[1]} b{report.batch} {report.precision} on {report.device}"
+    bars.set(ylabel="device time (ms)", xlabel="layer",
+             title=f"{title}: {sum(l.ms for l in launches):.2f} ms in {len(launches)} launches")
+    bars.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[a]) for a in kinds], labels=kinds, fontsize=7)
+    nodes: dict = {}
+    for l, a in zip(launches, algo):           # a node's launches (e.g. Winograd's three) count together
+        n = nodes.setdefault(l.node, {"ms": 0.0, "flops": 0, "bytes": l.bytes, "algo": a, "top": -1})
+        n["ms"] += l.ms
+        n["flops"] += l.flops
+        if l.flops > n["top"]:                 # coloured by the launch that does the arithmetic
+            n["top"], n["algo"] = l.flops, a
+    pts = [n for n in nodes.values() if n["flops"] > 0 and n["bytes"] > 0 and n["ms"] > 0]
     if pts:
-        ai = [r["flops"] / r["bytes"] for r in pts]
-        perf = [r["flops"] / (r["ms"] * 1e6) for r in pts]
-        lo, hi = min(ai + [0.1]) / 2, max(ai + [100.0]) * 2
-        roof.scatter(ai, perf, c=[colours[r["algo"]] for r in pts], s=18)
+        ai = [n["flops"] / n["bytes"] for n in pts]
+        perf = [n["flops"] / (n["ms"] * 1e6) for n in pts]
+        roof.scatter(ai, perf, c=[colours[n["algo"]] for n in pts], s=18)
+        lo, hi = min(ai) / 2, max(ai) * 2
         grid = [lo * (hi / lo) ** (i / 100) for i in range(101)]
-        if bandwidth_gbs:
-            roof.plot(grid, [min(peak_gflops, bandwidth_gbs * x) for x in grid], "k-", lw=1,
-                      label=f"peak {peak_gflops:.0f} GFLOP/s, {bandwidth_gbs:.0f} GB/s")
+        if report.bandwidth:
+            roof.plot(grid, [min(report.peak, report.bandwidth * x) for x in grid], "k-", lw=1,
+                      label=f"peak {report.peak:.0f} GFLOP/s, {report.bandwidth:.0f} GB/s")
         else:
-            roof.axhline(peak_gflops, color="k", lw=1, label=f"peak {peak_gflops:.0f} GFLOP/s")
-        roof.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="GFLOP/s",
+            roof.axhline(report.peak, color="k", lw=1, label=f"peak {report.peak:.0f} GFLOP/s")
+        roof.set(xscale="log", yscale="log", xlabel="FLOPs per byte moved", ylabel="GFLOP/s",
                  title="roofline (direct-convolution FLOPs)")
         roof.legend(fontsize=7)
     _save(fig, Path(path))
+
+
+def recorded_bests(path) -> dict:
+    """``{shape key: best ms}`` of the full traversals in a ``tools/tune_eval.py`` recording (.json or .json.gz)."""
+    import gzip
+    import json
+    try:
+        raw = Path(path).read_bytes()
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        return {s["key"]: float(s["full_ms"]) for shapes in data["models"].values() for s in shapes
+                if s.get("full_ms") is not None}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise YoloClError(f"{path}: not a tune_eval recording ({e})") from None
 
 
 def tune_figure(path, results: list, traversal: Optional[dict] = None) -> None:

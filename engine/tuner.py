@@ -608,6 +608,7 @@ class Tuner:
         self.half = precision == "fp16"
         self.fraction, self.reps, self.seed = fraction, reps, seed
         self.progress = progress
+        self.deadline: Optional[float] = None
         self.tol = TOLERANCE[precision]
         self.jobs = max(1, jobs if jobs is not None else min(16, os.cpu_count() or 1))
         # Worker processes compile into the on-disk binary cache, which this process then loads
@@ -691,6 +692,11 @@ class Tuner:
             self._pool.shutdown()
             self._pool = None
 
+    def expired(self) -> bool:
+        """True once ``deadline`` (a ``time.perf_counter()`` value, or None) has passed: a search then
+        stops timing new candidates and keeps the best it has (``yolo-cl tune --budget``)."""
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
     def _measure(self, bench: ConvBench, cfg: dict, reps: int, state: dict) -> float:
         """Check then time one candidate; inf if it fails to build, bind or match the reference."""
         key = config_key(cfg)
@@ -751,7 +757,7 @@ class Tuner:
 
         def try_(c: dict, reps: int) -> None:
             k = keys[id(c)]
-            if k in timed or len(state["timed"]) >= budget and k not in state["timed"]:
+            if k in timed or len(state["timed"]) >= budget and k not in state["timed"] or self.expired():
                 return
             timed[k] = (self._measure(bench, c, reps, state), c)
 
@@ -767,7 +773,7 @@ class Tuner:
         # 2. around the fastest ANCHORS so far: their schedule siblings, then one-tunable neighbours,
         #    cheapest (by cost) first, until the budget is spent.
         for _ in range(budget):
-            if len(state["timed"]) >= budget:
+            if len(state["timed"]) >= budget or self.expired():
                 break
             best = sorted((v for v in timed.values() if v[0] < math.inf), key=lambda v: v[0])[:ANCHORS]
             hood = [around(b[1]) for b in best]
@@ -792,6 +798,8 @@ class Tuner:
         state = new_state()
         timed = {}
         for i in range(0, len(cands), TRAVERSE_CHUNK):
+            if self.expired():
+                break
             chunk = cands[i:i + TRAVERSE_CHUNK]
             self._bind_many(bench, chunk, state)
             for c in chunk:
@@ -920,35 +928,41 @@ def expected_timings(results: list) -> int:
 
 # -- the command line -------------------------------------------------------------------------
 class ProgressBar:
-    """A one-line progress bar on stderr (redrawn in place on a terminal, every 10% otherwise)."""
+    """Progress of a tuning run on stderr: tqdm's bar on a terminal; elsewhere (a log, CI) a plain
+    line every ``interval`` seconds, so a long run is visibly alive without flooding the log."""
 
-    def __init__(self, total: int, label: str, stream=None) -> None:
+    def __init__(self, total: int, label: str, stream=None, interval: float = 30.0) -> None:
         import sys
+        from tqdm import tqdm
         self.total, self.label, self.done = max(total, 1), label, 0
         self.stream = stream if stream is not None else sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._last = -1
-        self.t0 = time.perf_counter()
+        self.interval, self.t0 = interval, time.perf_counter()
+        self._last = -math.inf                      # the first update prints at once
+        self._bar = tqdm(total=self.total, desc=label, unit="timing", file=self.stream, leave=False,
+                         dynamic_ncols=True) if self.tty else None
 
     def __call__(self, n: int = 1, label: Optional[str] = None) -> None:
         self.done = min(self.total, self.done + n)
         if label is not None:
             self.label = label
-        frac = self.done / self.total
-        step = int(frac * 10)
-        if not self.tty and step == self._last:
+        if self._bar is not None:
+            if label is not None:
+                self._bar.set_description_str(label[:60], refresh=False)
+            self._bar.update(n)
             return
-        self._last = step
-        bar = "#" * int(frac * 30)
-        line = (f"[{bar:<30}] {100 * frac:5.1f}% {self.done}/{self.total} timings, "
-                f"{time.perf_counter() - self.t0:.0f} s  {self.label}")
-        self.stream.write(("\r" + line[:150]) if self.tty else line[:150] + "\n")
+        now = time.perf_counter()
+        if now - self._last < self.interval and self.done < self.total:
+            return
+        self._last = now
+        spent = now - self.t0
+        eta = f", about {spent / self.done * (self.total - self.done):.0f} s left" if self.done else ""
+        self.stream.write(f"tuning: {self.done}/{self.total} timings, {spent:.0f} s{eta}  {self.label}"[:200] + "\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()
 
 
 def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", device=None,
@@ -993,6 +1007,7 @@ def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", d
     bar = ProgressBar(total, "", sys.stderr) if progress else None
     tuner.progress = bar
     results, t0 = [], time.perf_counter()
+    tuner.deadline = t0 + budget_s if budget_s is not None else None   # a shape in progress stops there too
     try:
         for node in todo:
             if budget_s is not None and time.perf_counter() - t0 > budget_s:
@@ -1011,7 +1026,7 @@ def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", d
     for r in results:
         print(f"  {r.key:<42} {r.ms:8.3f} ms {r.gflops:7.1f} GFLOP/s  timed {r.timed}/{r.candidates}  "
               f"{_short(r.config)}", file=out)
-    print(f"saved {len(results)} configs to {db.user_path}", file=out, flush=True)
+    print(f"saved {sum(r.ms < math.inf for r in results)} configs to {db.user_path}", file=out, flush=True)
     return results
 
 
