@@ -26,6 +26,7 @@
  *   IMPLICIT KS SX SY PAD DIL  B is gathered from the NCHW input (trailing args H, W, OW)
  */
 #include "common.h"
+#include "gemm_epilogue.h"
 
 #ifndef MWG
 #define MWG 64
@@ -120,24 +121,6 @@
 #if SB
 #define LB_PER ((KWG * NWG / VWB) / THREADS)      /* B vectors each work-item loads per tile */
 #endif
-
-/* The fused epilogue of one element: bias, ACT, [+ R, ACT2], store. */
-inline void yc_gemm_store(const float acc, const int m, const int n, const int g, const int M, const int ldc,
-                          __global const float* restrict bias, __global dtype* restrict C, const size_t cb,
-                          __global const dtype* restrict R, const size_t rbase)
-{
-#ifdef NO_BIAS
-    const float bi = 0.0f;
-#else
-    const float bi = bias[g * M + m];
-#endif
-    const size_t row = (size_t)(g * M + m) * ldc;
-    float v = yc_activate(acc + bi, ACT);
-#ifdef RESIDUAL
-    v = yc_activate(v + LD(R, rbase + row + n), ACT2);
-#endif
-    ST(C, cb + row + n, v);
-}
 
 __kernel __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
 void yc_gemm_local(__global const dtype* restrict A, __global const float* restrict bias,

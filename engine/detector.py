@@ -19,13 +19,14 @@ from .cfg import parse_cfg
 from .errors import ImageError, YoloClError
 from .executor import Executor
 from .graph import BN_EPS, build_graph
+from .kernels.gemm_mma import db_precision, mode_for as mma_mode
 from .layers import build_layers, head_layers, parse_net
 from .preprocess import FITS, Placement, check_image, placement, to_blob
 from .runtime import Runtime
 from .weights import load_weights
 from .zoo import default_names, read_names, resolve
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "tf32")
 
 
 class Detector:
@@ -70,9 +71,10 @@ class Detector:
         self.fit = fit
         self.precision = precision
         self.runtime = Runtime(device, profiling=profiling)
+        self.mma = mma_mode(self.runtime, precision)     # tensor cores where the probe passes
         if tuning is None:
             from .tuner import TuningDatabase
-            tuning = TuningDatabase.for_runtime(self.runtime, precision)
+            tuning = TuningDatabase.for_runtime(self.runtime, db_precision(precision, self.mma))
         self.tuning = tuning
         self._executors: dict = {}
         self._weights: dict = {}
@@ -103,7 +105,7 @@ class Detector:
             ex = self._executors.get((batch, size))
             if ex is None:
                 ex = Executor(self.runtime, self.graph_for(size), batch, self.precision == "fp16", self.tuning,
-                              self._weights)
+                              self._weights, mma=self.mma)
                 self._executors[(batch, size)] = ex
             return ex
 
