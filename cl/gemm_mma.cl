@@ -23,6 +23,9 @@
  *   MWG NWG KWG    work-group tile of C and the k-slice staged per iteration
  *   WM WN          warps per work-group along M and N: each warp owns a (MWG/WM) x (NWG/WN) tile
  *                  of m16n8 fragments
+ *   SK             split K over SK work-groups per tile (more work-groups where M x N gives few);
+ *                  each writes raw partial sums to P = (float*)C as [SK][Z][M][N], and gemm_local.cl's
+ *                  yc_gemm_splitk sums them and applies the epilogue
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only where the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B gathered from the NCHW input (trailing args H, W, OW)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
@@ -52,6 +55,9 @@
 #endif
 #ifndef KPAD
 #define KPAD 64
+#endif
+#ifndef SK
+#define SK 1
 #endif
 
 #if defined(MMA_TF32)
@@ -160,6 +166,26 @@ inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, 
 #define B_AT(k, n) ((bok && K_OK(k)) ? BBITS((size_t)(k) * ldb + (n)) : 0u)
 #endif
 
+#ifdef MMA_F16
+#define B_WORD(k, n) (B_AT(k, n) | (B_AT((k) + 1, n) << 16))
+#else
+#define B_WORD(k, n) B_AT(k, n)
+#endif
+/* The B column a work-item stages for load slot v (found once where it never changes). */
+#if THREADS % NWG == 0
+#define B_COL_FIXED 1
+#define B_COLUMN(v)
+#elif defined(IMPLICIT)
+#define B_COLUMN(v)                                                                              \
+    const int bn = n0 + (v) % NWG;                                                               \
+    const bool nok = bn < N;                                                                     \
+    const int iy0 = (bn / OW) * SY - PAD, ix0 = (bn - (bn / OW) * OW) * SX - PAD;
+#else
+#define B_COLUMN(v)                                                                              \
+    const int bn = n0 + (v) % NWG;                                                               \
+    const bool nok = bn < N;
+#endif
+
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void yc_gemm_mma(__global const dtype* restrict A, __global const float* restrict bias,
                  __global const dtype* restrict B, const int b_off, const int b_bstride,
@@ -177,7 +203,14 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
     const int wm = warp / WN, wn = warp - wm * WN;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
+#if SK > 1
+    const int z = get_global_id(2) / SK, ks = get_global_id(2) - z * SK;
+    const int kchunk = ROUND_UP((K + SK - 1) / SK, KWG);     /* the host makes every split non-empty */
+    const int kbeg = ks * kchunk, kend = min(K, kbeg + kchunk);
+#else
     const int z = get_global_id(2);
+    const int kbeg = 0, kend = K;
+#endif
     const int b = z / G, grp = z - b * G;
     const int Mp = ROUND_UP(M, MPAD), KpW = ROUND_UP(K, KPAD) / KPW;    /* A row stride in words */
     const __global uint* Aw = (const __global uint*)A + ((size_t)grp * Mp + m0) * KpW;
@@ -193,8 +226,7 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
 #endif
 
     /* Each work-item stages the same B columns every tile: n = (tid + p*THREADS) % NWG. */
-#if THREADS % NWG == 0
-#define B_COL_FIXED 1
+#ifdef B_COL_FIXED
     const int bn = n0 + tid % NWG;
     const bool nok = bn < N;
 #ifdef IMPLICIT
@@ -213,61 +245,51 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
             #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-    const int ntiles = (K + KWG - 1) / KWG;
-    for (int kt = 0; kt < ntiles; ++kt) {
-        const int k0 = kt * KWG;
-        /* Global -> registers: A as 16-byte vectors, B one word (two k for f16) per column. */
-        #pragma unroll
-        for (int p = 0; p < LA_PER; ++p) {
-            const int v = tid + p * THREADS;
-            if (NA4 % THREADS == 0 || v < NA4) {
-                const int r = v / (KU / 4), c = v - r * (KU / 4);
-                ra[p] = *(const __global uint4*)(Aw + (size_t)r * KpW + k0 / KPW + c * 4);
-            }
-        }
-        #pragma unroll
-        for (int p = 0; p < LB_PER; ++p) {
-            const int v = tid + p * THREADS;
-            const int kw = v / NWG;
-#ifndef B_COL_FIXED
-            const int bn = n0 + v % NWG;
-            const bool nok = bn < N;
-#ifdef IMPLICIT
-            const int oy = bn / OW, ox = bn - (bn / OW) * OW;
-            const int iy0 = oy * SY - PAD, ix0 = ox * SX - PAD;
-#endif
-#endif
-            const bool bok = nok && (NB % THREADS == 0 || v < NB);
-            const int k = k0 + kw * KPW;
-#ifdef MMA_F16
-            rb[p] = B_AT(k, bn) | (B_AT(k + 1, bn) << 16);
-#else
-            rb[p] = B_AT(k, bn);
-#endif
-        }
-        /* Registers -> local memory: A as [m][k-word], B transposed to [n][k-word]. */
-        #pragma unroll
-        for (int p = 0; p < LA_PER; ++p) {
-            const int v = tid + p * THREADS;
-            if (NA4 % THREADS == 0 || v < NA4) {
-                const int r = v / (KU / 4), c = v - r * (KU / 4);
-                *(__local uint4*)(As + r * LDS + c * 4) = ra[p];
-            }
-        }
-        #pragma unroll
-        for (int p = 0; p < LB_PER; ++p) {
-            const int v = tid + p * THREADS;
-            if (NB % THREADS == 0 || v < NB)
-                Bs[(v % NWG) * LDS + v / NWG] = rb[p];
-        }
+/* Global -> registers for the tile at k0: A as 16-byte vectors, B one word (two k for f16) per column. */
+#define LOAD_TILE(k0)                                                                            \
+    for (int p = 0; p < LA_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NA4 % THREADS == 0 || v < NA4) {                                                     \
+            const int r = v / (KU / 4), c = v - r * (KU / 4);                                    \
+            ra[p] = *(const __global uint4*)(Aw + (size_t)r * KpW + (k0) / KPW + c * 4);          \
+        }                                                                                        \
+    }                                                                                            \
+    for (int p = 0; p < LB_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        B_COLUMN(v)                                                                              \
+        const bool bok = nok && (NB % THREADS == 0 || v < NB);                                   \
+        rb[p] = B_WORD((k0) + (v / NWG) * KPW, bn);                                              \
+    }
+/* Registers -> local memory: A as [m][k-word], B transposed to [n][k-word]. */
+#define STORE_TILE()                                                                             \
+    for (int p = 0; p < LA_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NA4 % THREADS == 0 || v < NA4) {                                                     \
+            const int r = v / (KU / 4), c = v - r * (KU / 4);                                    \
+            *(__local uint4*)(As + r * LDS + c * 4) = ra[p];                                     \
+        }                                                                                        \
+    }                                                                                            \
+    for (int p = 0; p < LB_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NB % THREADS == 0 || v < NB)                                                         \
+            Bs[(v % NWG) * LDS + v / NWG] = rb[p];                                               \
+    }
+
+    /* The next tile is fetched into registers while this one is multiplied. */
+    LOAD_TILE(kbeg)
+    for (int k0 = kbeg; k0 < kend; k0 += KWG) {
+        STORE_TILE()
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (k0 + KWG < kend) {
+            LOAD_TILE(k0 + KWG)
+        }
 
         #pragma unroll
-        for (int ks = 0; ks < KU; ks += 8) {
+        for (int kw = 0; kw < KU; kw += 8) {
             uint af[FM][4], bf[FN][2];
             #pragma unroll
             for (int i = 0; i < FM; ++i) {
-                const __local uint* p = As + (wm * WTM + i * 16 + g) * LDS + ks + t;
+                const __local uint* p = As + (wm * WTM + i * 16 + g) * LDS + kw + t;
                 af[i][0] = p[0];
                 af[i][1] = p[8 * LDS];
                 af[i][2] = p[4];
@@ -275,7 +297,7 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
             }
             #pragma unroll
             for (int j = 0; j < FN; ++j) {
-                const __local uint* p = Bs + (wn * WTN + j * 8 + g) * LDS + ks + t;
+                const __local uint* p = Bs + (wn * WTN + j * 8 + g) * LDS + kw + t;
                 bf[j][0] = p[0];
                 bf[j][1] = p[4];
             }
@@ -288,7 +310,14 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
+#if SK > 1
+    /* Raw partial sums of this K split; gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. */
+    __global float* P = (__global float*)C + ((size_t)ks * (get_global_size(2) / SK) + z) * M * N;
+#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
+#else
     /* Epilogue: bias, activation, optional residual add + ACT2, store. */
+#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), grp, M, ldc, bias, C, cb, R, rbase)
+#endif
     const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
 #ifdef RESIDUAL
     const size_t rbase = (size_t)r_off + (size_t)b * r_bstride;
@@ -309,7 +338,7 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
 #ifdef CHECK_N
                 if (n >= N) continue;
 #endif
-                yc_gemm_store(acc[i][j][q], m, n, grp, M, ldc, bias, C, cb, R, rbase);
+                STORE_C(acc[i][j][q], m, n);
             }
         }
 }

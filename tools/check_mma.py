@@ -40,8 +40,8 @@ def time_gemm(rt, mode: str, cfg: dict, n: int, reps: int) -> tuple:
     c = rt.alloc(n * n * np.dtype(dt).itemsize, "C")
     bias = rt.upload(np.zeros(n, np.float32), "bias")
     d = gm.defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, n, n, n, mode)
-    name, d, args, gs, ls = gm.launch_spec(cfg, d, n, n, n, 1, 1, [a, bias], [b] + i32(0, 0, 0, n),
-                                           [c] + i32(0, 0, n), [c] + i32(0, 0), [])
+    (_, name, d, args, gs, ls), = gm.launch_specs(cfg, d, n, n, n, 1, 1, [a, bias], [b] + i32(0, 0, 0, n),
+                                                  [c] + i32(0, 0, n), [c] + i32(0, 0), [])
     k = cl.Kernel(rt.program("gemm_mma.cl", d), name)
     k.set_args(*args)
     evs = [cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls) for _ in range(reps + 1)]

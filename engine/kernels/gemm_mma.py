@@ -5,7 +5,11 @@ inputs with fp32 accumulation (``m16n8k16``) for the ``fp16`` precision (half st
 inputs (``m16n8k8``) for ``tf32`` (float storage). A config is a dict of the kernel's tunables::
 
     {"family": "mma", "algo": "im2col" | "gemm1x1" | "implicit",
-     "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2}
+     "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "SK": 1}
+
+``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
+work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608); gemm_local.cl's split-sum
+kernel adds the partial planes (kept in the workspace) and runs the epilogue.
 
 The family is offered only where :func:`available` says so: an NVIDIA device of compute
 capability 8.0 or later on which a small GEMM of this very kernel builds, runs and matches
@@ -24,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
-from .gemm_local import DeviceLimits, device_limits, round_up
+from .gemm_local import SPLITS, DeviceLimits, device_limits, k_chunk, partial_bytes, round_up, split_k
 from ..graph import Node
 
 FAMILY = "mma"
@@ -125,11 +129,11 @@ def gemm(rt, A: np.ndarray, B: np.ndarray, mode: str, cfg: dict) -> np.ndarray:
     c = rt.alloc(M * N * np.dtype(dt).itemsize, "C")
     bias = rt.upload(np.zeros(M, np.float32), "bias")
     d = defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, M, N, K, mode)
-    args = [a, bias, b] + i32(0, 0, 0, N) + [c] + i32(0, 0, N) + [c] + i32(0, 0) + i32(M, N, K, 1)
-    k = cl.Kernel(rt.program("gemm_mma.cl", d), "yc_gemm_mma")
-    k.set_args(*args)
-    gs, ls = sizes(cfg, M, N, 1)
-    cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    for src, name, dd, args, gs, ls in launch_specs(cfg, d, M, N, K, 1, 1, [a, bias], [b] + i32(0, 0, 0, N),
+                                                    [c] + i32(0, 0, N), [c] + i32(0, 0), []):
+        k = cl.Kernel(rt.program(src, dd), name)
+        k.set_args(*args)
+        cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
     out = np.empty((M, N), dt)
     cl.enqueue_copy(rt.queue, out, c)
     rt.queue.finish()
@@ -159,6 +163,9 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return f"work-group of {threads} exceeds the device's {lim.max_wg}"
     if local_bytes(cfg, mode) > lim.local_mem:
         return "local memory exceeded"
+    sk = split_k(cfg)
+    if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
+        return "every K split must be non-empty (and SK <= 8)"
     return None
 
 
@@ -174,6 +181,8 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str) -> 
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
     d.update(MPAD=MPAD, KPAD=KPAD)
+    if split_k(cfg) > 1:
+        d["SK"] = split_k(cfg)
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
         d["MMA_EMULATE"] = True
@@ -189,14 +198,23 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str) -> 
 def sizes(cfg: dict, M: int, N: int, Z: int) -> tuple:
     """(global size, local size) of the launch over Z = batch * groups matrices."""
     threads = 32 * cfg["WM"] * cfg["WN"]
-    return (-(-N // cfg["NWG"]) * threads, -(-M // cfg["MWG"]), Z), (threads, 1, 1)
+    return (-(-N // cfg["NWG"]) * threads, -(-M // cfg["MWG"]), Z * split_k(cfg)), (threads, 1, 1)
 
 
-def launch_spec(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
-                b_args: list, c_args: list, r_args: list, extra: list) -> tuple:
-    """(kernel name, defines, args, global, local) of the GEMM; arguments as gemm_local.launch_specs'."""
+def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
+                 b_args: list, c_args: list, r_args: list, extra: list, partial=None) -> list:
+    """(source, kernel name, defines, args, global, local) of the launches that compute C: the GEMM,
+    and with SK > 1 the split sum (``partial``: a buffer of ``partial_bytes``). Arguments as
+    gemm_local.launch_specs'."""
     gs, ls = sizes(cfg, M, N, Z)
-    return "yc_gemm_mma", defines_, a_args + b_args + c_args + r_args + i32(M, N, K, G) + extra, gs, ls
+    dims = i32(M, N, K, G)
+    if split_k(cfg) == 1:
+        return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + c_args + r_args + dims + extra, gs, ls)]
+    sum_defines = {k: v for k, v in defines_.items() if k in ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS")}
+    gemm_c = [partial] + i32(0, 0, N)
+    return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls),
+            ("gemm_local.cl", "yc_gemm_splitk", {**sum_defines, "SK": split_k(cfg)},
+             [partial, a_args[1]] + c_args + r_args + i32(M, N, G), (round_up(N, 64), M, Z), (64, 1, 1))]
 
 
 def pack_weights(w: np.ndarray, G: int, mode: str) -> np.ndarray:
@@ -223,6 +241,9 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
         frags = (mwg // wm // 16) * (nwg // wn // 8) if mwg % (16 * wm) == 0 and nwg % (8 * wn) == 0 else 0
         if frags >= 2 and why_illegal(c, M, N, K, mode, implicit, lim) is None:
             out.append(c)
+            if -(-M // mwg) * -(-N // nwg) < 2 * lim.compute_units:    # few tiles: split K too
+                out += [{**c, "SK": sk} for sk in SPLITS
+                        if K >= 128 * sk and why_illegal({**c, "SK": sk}, M, N, K, mode, implicit, lim) is None]
     return out
 
 
@@ -248,6 +269,11 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
             best, best_score = p, score
     if best is None:
         best = min(space(M, N, K, mode, implicit, lim), key=lambda c: c["WM"] * c["WN"])
+    groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
+    if groups < lim.compute_units and K >= 1024:      # few tiles, long K: share K out
+        for sk in sorted(SPLITS, reverse=True):
+            if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None:
+                return {**best, "SK": sk}
     return dict(best)
 
 
@@ -307,9 +333,16 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
             d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"],
                      DIL=a["dilation"])
             extra = i32(x.h, x.w, out.w)
+    Z = ctx.batch * G
+    if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
+                             or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
+        cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
+        d.pop("SK", None)
     yb, yoff, ybs = ctx.view(out)
-    name, dd, args, gs, ls = launch_spec(cfg, d, M, N, K, G, ctx.batch * G, [wts["A"], wts["bias"]], b_args,
-                                         [yb, yoff, ybs, np.int32(N)], residual_args(ctx, node), extra)
-    k = ctx.kernel("gemm_mma.cl", name, dd, args)
-    launches.append(Launch(k, gs, ls, node, "gemm_mma", dict(cfg), node.flops * ctx.batch))
+    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
+                         residual_args(ctx, node), extra, ctx.workspace)
+    for i, (src, name, dd, args, gs, ls) in enumerate(specs):
+        k = ctx.kernel(src, name, dd, args)
+        launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum", dict(cfg),
+                               node.flops * ctx.batch if i == 0 else 0))
     return launches
