@@ -28,6 +28,7 @@
  *                  yc_gemm_splitk sums them and applies the epilogue
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only where the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B gathered from the NCHW input (trailing args H, W, OW)
+ *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
  *                  "warp" is then 32 consecutive work-items of the work-group
@@ -58,6 +59,10 @@
 #endif
 #ifndef SK
 #define SK 1
+#endif
+#if !defined(LDSM) || defined(MMA_EMULATE)
+#undef LDSM
+#define LDSM 0
 #endif
 
 #if defined(MMA_TF32)
@@ -138,6 +143,17 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                        \
                  : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3])                       \
                  : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"((b)[0]), "r"((b)[1]))
+#endif
+
+/* Fragments from local memory with ldmatrix (one instruction for a whole A or B fragment instead
+ * of 4 or 2 scalar loads); the address is the __local pointer's shared-window offset. */
+#if LDSM
+#define LDSM_X4(r, p)                                                                            \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"                \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3]) : "r"((uint)(size_t)(p)))
+#define LDSM_X2(r, p)                                                                            \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"                      \
+                 : "=r"((r)[0]), "=r"((r)[1]) : "r"((uint)(size_t)(p)))
 #endif
 
 /* One element of B as mma input bits (0 outside the matrix). */
@@ -287,6 +303,17 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
         #pragma unroll
         for (int kw = 0; kw < KU; kw += 8) {
             uint af[FM][4], bf[FN][2];
+#if LDSM
+            /* ldmatrix: lane l names row l % 8 of 8x4-word matrix l / 8; matrix q lands in register q,
+             * each lane receiving word t of row g: exactly the fragments' layout, in word units. */
+            #pragma unroll
+            for (int i = 0; i < FM; ++i)
+                LDSM_X4(af[i], As + (wm * WTM + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDS + kw
+                                + 4 * (lane >> 4));
+            #pragma unroll
+            for (int j = 0; j < FN; ++j)
+                LDSM_X2(bf[j], Bs + (wn * WTN + j * 8 + (lane & 7)) * LDS + kw + 4 * ((lane >> 3) & 1));
+#else
             #pragma unroll
             for (int i = 0; i < FM; ++i) {
                 const __local uint* p = As + (wm * WTM + i * 16 + g) * LDS + kw + t;
@@ -301,6 +328,7 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
                 bf[j][0] = p[0];
                 bf[j][1] = p[4];
             }
+#endif
             #pragma unroll
             for (int i = 0; i < FM; ++i)
                 #pragma unroll

@@ -264,7 +264,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
 
     rt = Runtime(device, profiling=True)
     mma = mode_for(rt, precision)
-    db = TuningDatabase.for_runtime(rt, db_precision(precision, mma))
+    db = TuningDatabase.for_runtime(rt, db_precision(precision, mma), mma)
     ex = Executor(rt, graph, batch, precision == "fp16", db, mma=mma)
     tuned: dict = {}
     for level, _ in db.origin.values():

@@ -74,7 +74,7 @@ class Detector:
         self.mma = mma_mode(self.runtime, precision)     # tensor cores where the probe passes
         if tuning is None:
             from .tuner import TuningDatabase
-            tuning = TuningDatabase.for_runtime(self.runtime, db_precision(precision, self.mma))
+            tuning = TuningDatabase.for_runtime(self.runtime, db_precision(precision, self.mma), self.mma)
         self.tuning = tuning
         self._executors: dict = {}
         self._weights: dict = {}

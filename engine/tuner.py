@@ -210,8 +210,11 @@ class TuningDatabase:
     """Tuned conv configs for one device and precision, with hierarchical fall-back."""
 
     def __init__(self, rt, precision: str = "fp32", paths: Optional[list] = None,
-                 user_path: Optional[Path] = None) -> None:
+                 user_path: Optional[Path] = None, mma: str = "") -> None:
+        """``mma``: the tensor-core mode in use ("" = none); then only configs of the mma family
+        (and depthwise ones) are looked up, since FMA configs tuned for this precision do not compete."""
         self.rt = rt
+        self.mma = mma
         self.precision = precision
         self.id = DeviceId.of(rt, precision)
         self.user_path = Path(user_path) if user_path is not None else user_db_path()
@@ -222,8 +225,8 @@ class TuningDatabase:
         self.stale: dict = {}         # shape key -> config found only under another driver
 
     @classmethod
-    def for_runtime(cls, rt, precision: str = "fp32") -> "TuningDatabase":
-        return cls(rt, precision)
+    def for_runtime(cls, rt, precision: str = "fp32", mma: str = "") -> "TuningDatabase":
+        return cls(rt, precision, mma=mma)
 
     def lookup(self, node: Node, batch: int = 1) -> Optional[dict]:
         """The stored config for ``node`` (a copy), or None; records where it came from."""
@@ -239,7 +242,8 @@ class TuningDatabase:
                         continue
                     cfg = {kk: v for kk, v in cfg.items() if kk not in ("ms", "gflops")} \
                         if isinstance(cfg, dict) else cfg
-                    if not _config_fits(node, cfg, self.rt):
+                    if not _config_fits(node, cfg, self.rt) or \
+                            (self.mma and cfg.get("family") in (gemm_local.FAMILY, gemm_cpu.FAMILY)):
                         continue
                     self.origin[key] = (LEVELS[level], str(path))
                     if level == 1:
@@ -266,7 +270,7 @@ class TuningDatabase:
         cfg = self.lookup(node, batch)
         if cfg is None:
             self.origin[shape_key(node, batch)] = ("heuristic", "")
-            return convk.heuristic_config(node, self.rt.is_cpu, batch)
+            return convk.heuristic_config(node, self.rt.is_cpu, batch, self.mma)
         return cfg
 
     def record(self, entries: dict, path: Optional[Path] = None) -> Path:
@@ -941,7 +945,8 @@ def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", d
     graph = build_graph(net, build_layers(sections, net), None)
     rt = Runtime(device, profiling=True)
     tuner = Tuner(rt, precision, batch, clock=clock, jobs=jobs)
-    db = TuningDatabase(rt, gemm_mma.db_precision(precision, tuner.mma), user_path=Path(db_path) if db_path else None)
+    db = TuningDatabase(rt, gemm_mma.db_precision(precision, tuner.mma), user_path=Path(db_path) if db_path else None,
+                        mma=tuner.mma)
     nodes = sorted(tuner.unique_convs(graph), key=lambda n: -n.flops)
     todo = []
     for node in nodes:

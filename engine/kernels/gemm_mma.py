@@ -37,6 +37,7 @@ MPAD, KPAD = 256, 64            # A is padded to these: every MWG divides MPAD, 
 TUNABLES = ("MWG", "NWG", "KWG", "WM", "WN")
 ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
+LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
 log = logging.getLogger("yolo_cl.kernels")
 _PROBED: dict = {}              # (device, driver, mode, emulated) -> bool
@@ -180,7 +181,7 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str) -> 
     """Kernel defines for ``cfg`` on this shape: tunables, mode, and only the bounds checks it needs."""
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
-    d.update(MPAD=MPAD, KPAD=KPAD)
+    d.update(MPAD=MPAD, KPAD=KPAD, LDSM=LDSM)
     if split_k(cfg) > 1:
         d["SK"] = split_k(cfg)
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
@@ -249,31 +250,23 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
 
 def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
               lim: DeviceLimits = DeviceLimits()) -> dict:
-    """An untuned pick: the biggest tile that still gives every compute unit a few work-groups."""
-    prefs = [{"MWG": 128, "NWG": 128, "KWG": 32, "WM": 2, "WN": 2},
-             {"MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2},
-             {"MWG": 64, "NWG": 128, "KWG": 32, "WM": 2, "WN": 2},
-             {"MWG": 64, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2},
+    """An untuned pick after the tuned H200 yolov3 winners (BENCHMARKS.md): 128 x 32 tiles of four
+    warps wherever M fills them, smaller tiles for small M, and K split where the tiles alone
+    leave compute units idle."""
+    kwg = 64 if mode == "f16" else 32
+    prefs = [{"MWG": 128, "NWG": 32, "KWG": kwg, "WM": 4, "WN": 1},
              {"MWG": 64, "NWG": 32, "KWG": 32, "WM": 2, "WN": 2},
              {"MWG": 32, "NWG": 32, "KWG": 32, "WM": 2, "WN": 1},
              {"MWG": 16, "NWG": 32, "KWG": 32, "WM": 1, "WN": 2}]
-    best, best_score = None, None
-    for p in prefs:
-        if why_illegal(p, M, N, K, mode, implicit, lim) is not None:
-            continue
-        groups = -(-M // p["MWG"]) * -(-N // p["NWG"]) * Z
-        fill = min(1.0, groups / (2 * lim.compute_units))
-        waste = 1.0 - (M * N) / (round_up(M, p["MWG"]) * round_up(N, p["NWG"]))
-        score = fill * (1.0 - waste) * (p["MWG"] * p["NWG"]) ** 0.25
-        if best_score is None or score > best_score:
-            best, best_score = p, score
-    if best is None:
-        best = min(space(M, N, K, mode, implicit, lim), key=lambda c: c["WM"] * c["WN"])
+    legal = [p for p in prefs if why_illegal(p, M, N, K, mode, implicit, lim) is None]
+    if not legal:
+        legal = [min(space(M, N, K, mode, implicit, lim), key=lambda c: c["WM"] * c["WN"])]
+    best = next((p for p in legal if round_up(M, p["MWG"]) <= 1.3 * M), legal[-1])
     groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
-    if groups < lim.compute_units and K >= 1024:      # few tiles, long K: share K out
-        for sk in sorted(SPLITS, reverse=True):
-            if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None:
-                return {**best, "SK": sk}
+    if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K: share K out
+        splits = [sk for sk in SPLITS if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None]
+        if splits:
+            return {**best, "SK": next((sk for sk in splits if groups * sk >= 4 * lim.compute_units), splits[-1])}
     return dict(best)
 
 
