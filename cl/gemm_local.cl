@@ -137,14 +137,7 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * NDIMC + tx;
     const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
-#if SK > 1
-    const int z = get_global_id(2) / SK, ks = get_global_id(2) - z * SK;
-    const int kchunk = ROUND_UP((K + SK - 1) / SK, KWG);   /* the host makes every split non-empty */
-    const int kbeg = ks * kchunk, kend = min(K, kbeg + kchunk);
-#else
-    const int z = get_global_id(2);
-    const int kbeg = 0, kend = K;
-#endif
+    YC_K_SPLIT(z, ks, kbeg, kend)
     const int b = z / G, g = z - b * G;
     const int Mp = ROUND_UP(M, MPAD), Kp = ROUND_UP(K, KPAD);
     const __global dtype* Ag = A + (size_t)g * Kp * Mp + m0;

@@ -219,14 +219,7 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
     const int wm = warp / WN, wn = warp - wm * WN;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
-#if SK > 1
-    const int z = get_global_id(2) / SK, ks = get_global_id(2) - z * SK;
-    const int kchunk = ROUND_UP((K + SK - 1) / SK, KWG);     /* the host makes every split non-empty */
-    const int kbeg = ks * kchunk, kend = min(K, kbeg + kchunk);
-#else
-    const int z = get_global_id(2);
-    const int kbeg = 0, kend = K;
-#endif
+    YC_K_SPLIT(z, ks, kbeg, kend)
     const int b = z / G, grp = z - b * G;
     const int Mp = ROUND_UP(M, MPAD), KpW = ROUND_UP(K, KPAD) / KPW;    /* A row stride in words */
     const __global uint* Aw = (const __global uint*)A + ((size_t)grp * Mp + m0) * KpW;

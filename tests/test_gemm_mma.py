@@ -258,3 +258,43 @@ def test_conv_net_end_to_end(rt, tmp_path, precision):
     assert rel_err(out, ref) < 1e-2
     fp32 = yolo_cl.Detector(str(cfg), weights).forward(blob)[0]
     assert rel_err(fp32, ref) < 1e-4 < rel_err(out, ref)   # the fp32 path stays IEEE; mma rounds
+
+
+def test_tuning_database_offers_only_mma_configs_on_tensor_cores(tmp_path):
+    """FMA configs tuned for a precision do not compete with tensor cores: with an mma mode the
+    look-up skips them (finding the mma entry, else the mma heuristic); without, nothing changes."""
+    import yaml
+    from test_tuner import convs, fake_rt, record
+    from yolo_cl import tuner as tmod
+    node = convs(tmp_path)[0]
+    key = tmod.shape_key(node)
+    local = {"family": "local", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
+    mma = {"family": "mma", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 32, "WM": 2, "WN": 1}
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(yaml.safe_dump({"version": 1, "records": [record(kind="GPU", precision="fp16",
+                                                                      configs={key: local})]}))
+    second.write_text(yaml.safe_dump({"version": 1, "records": [record(kind="GPU", precision="fp16",
+                                                                       configs={key: mma})]}))
+    rt = fake_rt(kind="GPU")
+    user = tmp_path / "user.yaml"
+    assert tmod.TuningDatabase(rt, "fp16", paths=[first, second], user_path=user).conv_config(node) == local
+    assert tmod.TuningDatabase(rt, "fp16", paths=[first, second], user_path=user, mma="f16").conv_config(node) == mma
+    assert tmod.TuningDatabase(rt, "fp16", paths=[first], user_path=user, mma="f16").conv_config(node) == \
+        gm.heuristic_config(node, "f16")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
+    """On tensor cores (emulated here) the tuner's candidates are the mma family's, and a real
+    candidate lands between the fp32 gate and the precision's own (fp16 1e-2, tf32 2e-2)."""
+    from test_tuner import convs
+    from yolo_cl import tuner as tmod
+    node = convs(tmp_path, 12, 12)[2]                       # 3x3/2 mish
+    tuner = tmod.Tuner(rt, precision, reps=1)
+    assert tuner.mma == gm.MODES[precision] and tuner.tol == tmod.TOLERANCE[precision]
+    cands = tuner.candidates(node)
+    assert cands and all(c["family"] == gm.FAMILY for c in cands)
+    assert {c["algo"] for c in cands} == {"implicit", "im2col"}
+    bench = tmod.ConvBench(rt, node, 1, precision == "fp16", tuner.queue, mma=tuner.mma)
+    err = bench.check(bench.bind(gm.heuristic_config(node, tuner.mma)))
+    assert tmod.TOLERANCE["fp32"] < err < tuner.tol

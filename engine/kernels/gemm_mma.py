@@ -28,7 +28,8 @@ from typing import Optional
 import numpy as np
 
 from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
-from .gemm_local import SPLITS, DeviceLimits, device_limits, k_chunk, partial_bytes, round_up, split_k
+from .gemm_local import (SPLITS, DeviceLimits, b_operand, device_limits, k_chunk, partial_bytes, round_up,
+                         split_k, tile_defines)
 from ..graph import Node
 
 FAMILY = "mma"
@@ -182,17 +183,10 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str) -> 
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
     d.update(MPAD=MPAD, KPAD=KPAD, LDSM=LDSM)
-    if split_k(cfg) > 1:
-        d["SK"] = split_k(cfg)
+    d.update(tile_defines(cfg, M, N, K))
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
         d["MMA_EMULATE"] = True
-    if M % cfg["MWG"]:
-        d["CHECK_M"] = True
-    if N % cfg["NWG"]:
-        d["CHECK_N"] = True
-    if K % cfg["KWG"]:
-        d["CHECK_K"] = True
     return d
 
 
@@ -309,23 +303,12 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     wts = packed_upload(ctx, node, (node.layers[0], mode, FAMILY),
                         lambda: pack_weights(a["weights"].reshape(a["filters"], -1), G, mode))
     x, out = node.inputs[0], node.output
-    launches = []
-    xb, xoff, xbs = ctx.view(x)
+    launches, b_args = b_operand(ctx, node, algo)
     extra = []
     d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode)
-    if algo == "im2col":
-        KN = K * N
-        im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ctx.workspace] + \
-            i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], G)
-        k = ctx.kernel("conv.cl", "yc_im2col", ctx.defines(), im2col_args)
-        launches.append(Launch(k, (N, K, ctx.batch * G), None, node, "im2col"))
-        b_args = [ctx.workspace, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
-    else:
-        b_args = [xb, xoff, xbs, np.int32((a["in_c"] // G) * x.h * x.w), np.int32(x.h * x.w)]
-        if algo == "implicit":
-            d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"],
-                     DIL=a["dilation"])
-            extra = i32(x.h, x.w, out.w)
+    if algo == "implicit":
+        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
+        extra = i32(x.h, x.w, out.w)
     Z = ctx.batch * G
     if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
                              or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
