@@ -26,6 +26,7 @@
  *   IMPLICIT KS SX SY PAD DIL  B is gathered from the NCHW input (trailing args H, W, OW)
  */
 #include "common.h"
+#include "gemm_epilogue.h"
 
 #ifndef MWG
 #define MWG 64
@@ -121,24 +122,6 @@
 #define LB_PER ((KWG * NWG / VWB) / THREADS)      /* B vectors each work-item loads per tile */
 #endif
 
-/* The fused epilogue of one element: bias, ACT, [+ R, ACT2], store. */
-inline void yc_gemm_store(const float acc, const int m, const int n, const int g, const int M, const int ldc,
-                          __global const float* restrict bias, __global dtype* restrict C, const size_t cb,
-                          __global const dtype* restrict R, const size_t rbase)
-{
-#ifdef NO_BIAS
-    const float bi = 0.0f;
-#else
-    const float bi = bias[g * M + m];
-#endif
-    const size_t row = (size_t)(g * M + m) * ldc;
-    float v = yc_activate(acc + bi, ACT);
-#ifdef RESIDUAL
-    v = yc_activate(v + LD(R, rbase + row + n), ACT2);
-#endif
-    ST(C, cb + row + n, v);
-}
-
 __kernel __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
 void yc_gemm_local(__global const dtype* restrict A, __global const float* restrict bias,
                    __global const dtype* restrict B, const int b_off, const int b_bstride,
@@ -154,14 +137,7 @@ void yc_gemm_local(__global const dtype* restrict A, __global const float* restr
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * NDIMC + tx;
     const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
-#if SK > 1
-    const int z = get_global_id(2) / SK, ks = get_global_id(2) - z * SK;
-    const int kchunk = ROUND_UP((K + SK - 1) / SK, KWG);   /* the host makes every split non-empty */
-    const int kbeg = ks * kchunk, kend = min(K, kbeg + kchunk);
-#else
-    const int z = get_global_id(2);
-    const int kbeg = 0, kend = K;
-#endif
+    YC_K_SPLIT(z, ks, kbeg, kend)
     const int b = z / G, g = z - b * G;
     const int Mp = ROUND_UP(M, MPAD), Kp = ROUND_UP(K, KPAD);
     const __global dtype* Ag = A + (size_t)g * Kp * Mp + m0;

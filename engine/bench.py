@@ -316,8 +316,9 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
     from .weights import load_weights
     from .zoo import resolve
 
-    if precision not in ("fp32", "fp16"):
-        raise YoloClError(f"precision '{precision}' is not one of fp32, fp16")
+    from .kernels.gemm_mma import db_precision, mode_for
+    if precision not in ("fp32", "fp16", "tf32"):
+        raise YoloClError(f"precision '{precision}' is not one of fp32, fp16, tf32")
     if compare not in COMPARE:
         raise YoloClError(f"--compare '{compare}' is not one of {', '.join(c for c in COMPARE if c)}")
     z = resolve(model) if not Path(model).is_file() else None
@@ -335,8 +336,9 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
     graph = build_graph(net, layers, params)
 
     rt = Runtime(device, profiling=True)
-    db = TuningDatabase.for_runtime(rt, precision)
-    ex = Executor(rt, graph, batch, precision == "fp16", db)
+    mma = mode_for(rt, precision)
+    db = TuningDatabase.for_runtime(rt, db_precision(precision, mma), mma)
+    ex = Executor(rt, graph, batch, precision == "fp16", db, mma=mma)
     tuned: dict = {}
     for level, _ in db.origin.values():
         tuned[level] = tuned.get(level, 0) + 1

@@ -23,6 +23,7 @@ from .cfg import parse_cfg, warn_unheard
 from .errors import ImageError, YoloClError
 from .executor import Executor, batch_bucket
 from .graph import BN_EPS, build_graph
+from .kernels.gemm_mma import db_precision, mode_for as mma_mode
 from .layers import build_layers, head_layers, parse_net
 from .outputs import head_output, layer_indices, layer_name
 from .preprocess import FITS, Placement, check_image, placement, to_blob
@@ -30,7 +31,7 @@ from .runtime import Runtime
 from .weights import load_weights, needs_weights
 from .zoo import default_names, read_names, resolve
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "tf32")
 MAX_EXECUTORS = 8     # (batch, size) executors kept, least recently used dropped first
 log = logging.getLogger("yolo_cl.detector")
 
@@ -88,9 +89,10 @@ class Detector:
             self.runtime.on_first_build = lambda: print(
                 f"yolo-cl: compiling OpenCL kernels for {self.runtime.device_name} (once: they are cached under "
                 f"{cache_dir() / 'binaries'})", file=sys.stderr, flush=True)
+        self.mma = mma_mode(self.runtime, precision)     # tensor cores where the probe passes
         if tuning is None:
             from .tuner import TuningDatabase
-            tuning = TuningDatabase.for_runtime(self.runtime, precision)
+            tuning = TuningDatabase.for_runtime(self.runtime, db_precision(precision, self.mma), self.mma)
         self.tuning = tuning
         self._executors: OrderedDict = OrderedDict()
         self._warned_nonfinite = False
@@ -147,7 +149,7 @@ class Detector:
                 while len(self._executors) >= MAX_EXECUTORS:
                     self._executors.popitem(last=False)
                 ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision == "fp16", self.tuning,
-                              self._weights, progress=self.progress)
+                              self._weights, progress=self.progress, mma=self.mma)
                 self._executors[key] = ex
             else:
                 self._executors.move_to_end(key)

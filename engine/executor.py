@@ -47,11 +47,12 @@ class Executor:
 
     def __init__(self, rt, graph: Graph, batch: int = 1, half: bool = False, tuning=None,
                  weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
-                 progress: bool = False) -> None:
+                 progress: bool = False, mma: str = "") -> None:
         """``command_buffer``: None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
         is not 0), True requires one, False replays the launch list with one enqueue each.
         ``progress``: a progress bar over the layers on stderr when binding them takes more than a
-        second (it is compiling) and stderr is a terminal."""
+        second (it is compiling) and stderr is a terminal. ``mma``: the tensor-core mode convs
+        compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families."""
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
         self.plan = plan_memory(graph, batch)
         item = 2 if half else 4
@@ -59,7 +60,7 @@ class Executor:
                        batch, item, getattr(rt, "device", None))   # refuse before allocating anything
         self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
         ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
-        self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning,
+        self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {})
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
         self.workspace_bytes = ws * item if ws else 0

@@ -45,7 +45,7 @@ from .errors import YoloClError, reason
 from .graph import Node, Tensor, View
 from .kernels import BindContext, conv_gemm_shape
 from .kernels import conv as convk
-from .kernels import gemm_cpu, gemm_local
+from .kernels import gemm_cpu, gemm_local, gemm_mma
 from .resources import resource_dir
 from .runtime import atomic_write, cache_dir
 
@@ -53,7 +53,7 @@ log = logging.getLogger("yolo_cl.tuner")
 
 DB_VERSION = 1
 LEVELS = ("device+driver", "device", "vendor", "type")
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "tf32": 2e-2}
 TIMED_FRACTION = 0.25
 BUILDS = ("processes", "threads")
 TRAVERSE_CHUNK = 256        # candidates a traversal binds (compiles) in parallel before timing them
@@ -241,6 +241,8 @@ def _config_fits(node: Node, config: dict, rt) -> bool:
                     and gemm_cpu.conv_illegal(node, config) is None)
         if fam == gemm_local.FAMILY:
             return config["algo"] in gemm_local.conv_algos(node) + ["winograd"]
+        if fam == gemm_mma.FAMILY:
+            return config["algo"] in gemm_mma.conv_algos(node)
     except (KeyError, TypeError, ValueError):
         return False
     return False
@@ -250,8 +252,11 @@ class TuningDatabase:
     """Tuned conv configs for one device and precision, with hierarchical fall-back."""
 
     def __init__(self, rt, precision: str = "fp32", paths: Optional[list] = None,
-                 user_path: Optional[Path] = None) -> None:
+                 user_path: Optional[Path] = None, mma: str = "") -> None:
+        """``mma``: the tensor-core mode in use ("" = none); then only configs of the mma family
+        (and depthwise ones) are looked up, since FMA configs tuned for this precision do not compete."""
         self.rt = rt
+        self.mma = mma
         self.precision = precision
         self.id = DeviceId.of(rt, precision)
         self.user_path = Path(user_path) if user_path is not None else user_db_path()
@@ -262,8 +267,8 @@ class TuningDatabase:
         self.stale: dict = {}         # shape key -> config found only under another driver
 
     @classmethod
-    def for_runtime(cls, rt, precision: str = "fp32") -> "TuningDatabase":
-        return cls(rt, precision)
+    def for_runtime(cls, rt, precision: str = "fp32", mma: str = "") -> "TuningDatabase":
+        return cls(rt, precision, mma=mma)
 
     def lookup(self, node: Node, batch: int = 1) -> Optional[dict]:
         """The stored config for ``node`` (a copy), or None; records where it came from."""
@@ -279,7 +284,8 @@ class TuningDatabase:
                         continue
                     cfg = {kk: v for kk, v in cfg.items() if kk not in ("ms", "gflops")} \
                         if isinstance(cfg, dict) else cfg
-                    if not _config_fits(node, cfg, self.rt):
+                    if not _config_fits(node, cfg, self.rt) or \
+                            (self.mma and cfg.get("family") in (gemm_local.FAMILY, gemm_cpu.FAMILY)):
                         continue
                     self.origin[key] = (LEVELS[level], str(path))
                     if level == 1:
@@ -306,7 +312,7 @@ class TuningDatabase:
         cfg = self.lookup(node, batch)
         if cfg is None:
             self.origin[shape_key(node, batch)] = ("heuristic", "")
-            return convk.heuristic_config(node, self.rt.is_cpu, batch, self.precision == "fp16")
+            return convk.heuristic_config(node, self.rt.is_cpu, batch, self.precision == "fp16", self.mma)
         return cfg
 
     def record(self, entries: dict, path: Optional[Path] = None) -> Path:
@@ -392,7 +398,8 @@ class ConvBench:
     random ones.
     """
 
-    def __init__(self, rt, node: Node, batch: int, half: bool, queue, seed: int = 0, reference: bool = True) -> None:
+    def __init__(self, rt, node: Node, batch: int, half: bool, queue, seed: int = 0, reference: bool = True,
+                 mma: str = "") -> None:
         self.rt, self.batch, self.half, self.queue = rt, batch, half, queue
         rng = np.random.default_rng(seed)
         a = dict(node.attrs)
@@ -420,7 +427,7 @@ class ConvBench:
         self.dtype = np.float16 if half else np.float32
         self.arena = rt.alloc(total * item, "tuner arena")
         ws = max(convk.workspace_elems(self.node, batch), gemm_cpu.workspace_elems(self.node, batch))
-        self.ctx = BindContext(rt, self.arena, _Plan(offsets), batch, half)
+        self.ctx = BindContext(rt, self.arena, _Plan(offsets), batch, half, mma=mma)
         self.ctx.workspace = rt.alloc(ws * item, "tuner workspace") if ws else self.arena
         self.offsets, self.tensors, self.total = offsets, tensors, total
         x = rng.standard_normal((batch, x0.c, x0.h, x0.w)).astype(np.float32)
@@ -499,6 +506,8 @@ def _cost_fn(node: Node, batch: int, rt) -> Callable:
         if cfg.get("family") == gemm_cpu.FAMILY:
             return gemm_cpu.conv_cost(node, cfg, batch)
         if cfg.get("family") == gemm_local.FAMILY:
+            return _local_cost(node, cfg, batch, rt)
+        if cfg.get("family") == gemm_mma.FAMILY:     # same tile economics, warps instead of work-items
             return _local_cost(node, cfg, batch, rt)
         return 0.0
     return cost
@@ -606,10 +615,11 @@ class Tuner:
             raise YoloClError(f"build '{build}' is not one of {', '.join(BUILDS)}")
         self.rt, self.precision, self.batch, self.clock = rt, precision, batch, clock
         self.half = precision == "fp16"
+        self.mma = gemm_mma.mode_for(rt, precision)     # tensor cores: the mma family alone is searched
         self.fraction, self.reps, self.seed = fraction, reps, seed
         self.progress = progress
         self.deadline: Optional[float] = None
-        self.tol = TOLERANCE[precision]
+        self.tol = TOLERANCE[gemm_mma.db_precision(precision, self.mma)]
         self.jobs = max(1, jobs if jobs is not None else min(16, os.cpu_count() or 1))
         # Worker processes compile into the on-disk binary cache, which this process then loads
         # from: without that cache they would compile for nothing.
@@ -624,6 +634,8 @@ class Tuner:
     def candidates(self, node: Node) -> list:
         if convk.is_depthwise(node):
             return [{"algo": "depthwise"}]
+        if self.mma:
+            return convk.gpu_candidates(node, self.rt, self.batch, self.mma)
         if self.rt.is_cpu:
             return gemm_cpu.candidates(node, self.rt, self.batch, self.half)
         return [c for c in convk.gpu_candidates(node, self.rt, self.batch)
@@ -654,7 +666,7 @@ class Tuner:
         if self.jobs <= 1 or len(todo) <= 1:
             return
         t0 = time.perf_counter()
-        pk = _program_key(bench.node, self.batch, self.half)
+        pk = _program_key(bench.node, self.batch, self.half, self.mma)
         if self.build == "processes":
             new = [c for k, c in todo.items() if (pk, k) not in self._built]     # e.g. a search after a traversal
             if len(new) > 1:
@@ -679,7 +691,7 @@ class Tuner:
         spec = device_spec(self.rt.device)
         parts = [cfgs[i::self.jobs] for i in range(self.jobs)]
         try:
-            list(self._pool.map(_worker_bind, *zip(*[(spec, bench.node, self.batch, self.half, p)
+            list(self._pool.map(_worker_bind, *zip(*[(spec, bench.node, self.batch, self.half, p, self.mma)
                                                       for p in parts if p])))
         except Exception as e:      # noqa: BLE001 - e.g. a worker the driver killed: bind here instead
             log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__, reason(e))
@@ -737,7 +749,7 @@ class Tuner:
         """Guided search: time at most ``fraction`` of the legal candidates (see module doc)."""
         t0 = time.perf_counter()
         cands = self.candidates(node)
-        bench = ConvBench(self.rt, node, self.batch, self.half, self.queue, self.seed)
+        bench = ConvBench(self.rt, node, self.batch, self.half, self.queue, self.seed, mma=self.mma)
         state = new_state()
         n = len(cands)
         budget = max(1, int(self.fraction * n)) if n > 1 else 1
@@ -794,7 +806,7 @@ class Tuner:
         """Full traversal: check and time every legal candidate (the baseline the search is judged by)."""
         t0 = time.perf_counter()
         cands = self.candidates(node)
-        bench = ConvBench(self.rt, node, self.batch, self.half, self.queue, self.seed)
+        bench = ConvBench(self.rt, node, self.batch, self.half, self.queue, self.seed, mma=self.mma)
         state = new_state()
         timed = {}
         for i in range(0, len(cands), TRAVERSE_CHUNK):
@@ -810,7 +822,7 @@ class Tuner:
         """Successive halving over the finalists: re-time the best 4 with more runs, then the best 2."""
         ok = sorted((v for v in timed.values() if v[0] < math.inf), key=lambda v: v[0])
         if not ok:
-            cfg = convk.heuristic_config(node, self.rt.is_cpu, self.batch, self.half)
+            cfg = convk.heuristic_config(node, self.rt.is_cpu, self.batch, self.half, self.mma)
             return TuneResult(shape_key(node, self.batch), cfg, math.inf, node.flops * self.batch, n,
                               len(state["timed"]), state["rejected"], time.perf_counter() - t0)
         finalists = [c for _, c in ok[:4]]
@@ -853,16 +865,16 @@ class Tuner:
 _WORKER: dict = {}      # in a compile worker: its runtime, and the bench of the shape it last bound
 
 
-def _worker_bind(device: str, node: Node, batch: int, half: bool, cfgs: list) -> int:
+def _worker_bind(device: str, node: Node, batch: int, half: bool, cfgs: list, mma: str = "") -> int:
     """In a compile worker process: bind (and so build into the binary cache) and run once each config."""
     from .runtime import Runtime
     if "rt" not in _WORKER:
         _WORKER["rt"] = Runtime(device)
     rt = _WORKER["rt"]
-    key = _program_key(node, batch, half)
+    key = _program_key(node, batch, half, mma)
     if _WORKER.get("key") != key:
         _WORKER["bench"] = None         # free the last shape's buffers first
-        _WORKER["bench"] = ConvBench(rt, node, batch, half, rt.queue, reference=False)
+        _WORKER["bench"] = ConvBench(rt, node, batch, half, rt.queue, reference=False, mma=mma)
         _WORKER["key"] = key
     bench = _WORKER["bench"]
     for c in cfgs:
@@ -878,10 +890,10 @@ def _worker_bind(device: str, node: Node, batch: int, half: bool, cfgs: list) ->
     return len(cfgs)
 
 
-def _program_key(node: Node, batch: int, half: bool) -> tuple:
+def _program_key(node: Node, batch: int, half: bool, mma: str = "") -> tuple:
     """What, besides the config, decides which programs binding a conv builds."""
     a = node.attrs
-    return shape_key(node, batch), a.get("activation"), a.get("activation2"), a.get("residual") is not None, half
+    return shape_key(node, batch), a.get("activation"), a.get("activation2"), a.get("residual") is not None, half, mma
 
 
 def device_spec(device) -> str:
@@ -988,8 +1000,9 @@ def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", d
     net = parse_net(sections[0], size)
     graph = build_graph(net, build_layers(sections, net), None)
     rt = Runtime(device, profiling=True)
-    db = TuningDatabase(rt, precision, user_path=Path(db_path) if db_path else None)
     tuner = Tuner(rt, precision, batch, clock=clock, jobs=jobs)
+    db = TuningDatabase(rt, gemm_mma.db_precision(precision, tuner.mma), user_path=Path(db_path) if db_path else None,
+                        mma=tuner.mma)
     nodes = sorted(tuner.unique_convs(graph), key=lambda n: -n.flops)
     todo = []
     for node in nodes:

@@ -40,6 +40,7 @@ class BindContext:
     half: bool
     workspace: object = None
     tuning: object = None          # tuning database lookups (None: heuristics)
+    mma: str = ""                  # tensor-core mode of the mma family ("f16", "tf32"; "" = none)
     weight_cache: dict = field(default_factory=dict)   # device weights, shared by every batch size
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -14,7 +14,7 @@ import logging
 import numpy as np
 
 from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, residual_args
-from . import gemm_cpu, gemm_local, winograd
+from . import gemm_cpu, gemm_local, gemm_mma, winograd
 from ..errors import YoloClError, reason
 from ..graph import Node
 
@@ -41,12 +41,15 @@ def algorithms(node: Node) -> list:
     return ["im2col"]
 
 
-def heuristic_config(node: Node, device_is_cpu: bool, batch: int = 1, half: bool = False) -> dict:
+def heuristic_config(node: Node, device_is_cpu: bool, batch: int = 1, half: bool = False, mma: str = "") -> dict:
     """A sane untuned choice: the layer's natural algorithm and a mid-size register block
-    (``half``: for half storage, which rules out some algorithms on a CPU)."""
+    (``half``: for half storage, which rules out some algorithms on a CPU; on tensor cores,
+    ``mma`` = "f16" or "tf32", the mma family)."""
     algo = algorithms(node)[0]
     if algo == "depthwise":
         return {"algo": algo}
+    if mma:
+        return gemm_mma.heuristic_config(node, mma, batch)
     if not device_is_cpu:
         return gemm_local.heuristic_config(node, batch)
     return gemm_cpu.heuristic_config(node, batch, half)
@@ -59,10 +62,13 @@ def cpu_candidates(node: Node, rt, batch: int = 1) -> list:
     return gemm_cpu.candidates(node, rt, batch)
 
 
-def gpu_candidates(node: Node, rt, batch: int = 1) -> list:
-    """Legal GPU-family configs for ``node`` (local GEMM: gemm1x1/implicit/im2col; Winograd), for the tuner."""
+def gpu_candidates(node: Node, rt, batch: int = 1, mma: str = "") -> list:
+    """Legal GPU-family configs for ``node`` (local GEMM: gemm1x1/implicit/im2col; Winograd; on
+    tensor cores, ``mma``, the mma family alone), for the tuner."""
     if is_depthwise(node):
         return []
+    if mma:
+        return gemm_mma.candidates(node, rt, mma, batch)
     return gemm_local.candidates(node, rt, batch) + winograd.candidates(node, rt, batch)
 
 
@@ -101,6 +107,8 @@ def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
         return winograd.bind(ctx, node, config)
     if config.get("family") == gemm_local.FAMILY:
         return gemm_local.bind(ctx, node, config)
+    if config.get("family") == gemm_mma.FAMILY:
+        return gemm_mma.bind(ctx, node, config)
     weights = upload_weights(ctx, node)
     if algo == "depthwise":
         return [_bind_depthwise(ctx, node, config, weights)]
@@ -113,12 +121,15 @@ def _bind_chosen(ctx: BindContext, node: Node) -> list:
     A tuned config comes from a file written on some other day, driver or device: one that
     no longer compiles (or is malformed) must cost speed, never the model.
     """
-    fallback = heuristic_config(node, ctx.rt.is_cpu, ctx.batch, ctx.half)
+    fallback = heuristic_config(node, ctx.rt.is_cpu, ctx.batch, ctx.half, ctx.mma)
     if ctx.tuning is None:
         return bind(ctx, node, fallback)
     config = None
     try:
         config = ctx.tuning.conv_config(node, ctx.batch)
+        if ctx.mma and isinstance(config, dict) and config.get("family") != gemm_mma.FAMILY \
+                and config.get("algo") != "depthwise":
+            config = fallback       # FMA configs (tuned or heuristic) do not compete with tensor cores
         _check_basic_config(node, config)
         return bind(ctx, node, config)
     except (YoloClError, KeyError, TypeError, ValueError, ctx.rt.cl.Error) as e:

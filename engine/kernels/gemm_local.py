@@ -150,14 +150,15 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int) -> dict:
     """Kernel defines for ``cfg`` on this shape: tunables plus only the bounds checks it needs."""
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
-    if split_k(cfg) > 1:
-        d["SK"] = split_k(cfg)
-    if M % cfg["MWG"]:
-        d["CHECK_M"] = True
-    if N % cfg["NWG"]:
-        d["CHECK_N"] = True
-    if K % cfg["KWG"]:
-        d["CHECK_K"] = True
+    d.update(tile_defines(cfg, M, N, K))
+    return d
+
+
+def tile_defines(cfg: dict, M: int, N: int, K: int) -> dict:
+    """The split (SK) and the bounds checks a tile of MWG x NWG x KWG needs on this shape (both GPU GEMM families)."""
+    d = {"SK": split_k(cfg)} if split_k(cfg) > 1 else {}
+    d.update({f"CHECK_{dim}": True for dim, size, tile in (("M", M, "MWG"), ("N", N, "NWG"), ("K", K, "KWG"))
+              if size % cfg[tile]})
     return d
 
 
@@ -314,6 +315,23 @@ def packed_weights(ctx: BindContext, node: Node) -> dict:
                          lambda: pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], ctx.dtype))
 
 
+def b_operand(ctx: BindContext, node: Node, algo: str) -> tuple:
+    """(launches, B arguments) of a conv's GEMM: the input itself (gemm1x1, implicit), or an im2col
+    pass into the workspace first. B arguments: [buffer, offset, batch stride, group stride, ldb]."""
+    a = node.attrs
+    M, N, K, G = conv_gemm_shape(node)
+    x, out = node.inputs[0], node.output
+    xb, xoff, xbs = ctx.view(x)
+    if algo != "im2col":
+        return [], [xb, xoff, xbs, np.int32((a["in_c"] // G) * x.h * x.w), np.int32(x.h * x.w)]
+    KN = K * N
+    im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ctx.workspace] + \
+        i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], G)
+    k = ctx.kernel("conv.cl", "yc_im2col", ctx.defines(), im2col_args)
+    return [Launch(k, (N, K, ctx.batch * G), None, node, "im2col")], \
+        [ctx.workspace, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
+
+
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Launches for a conv under a local-family config: [im2col,] GEMM."""
     a = node.attrs
@@ -330,20 +348,10 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if reason is not None:
         from ..errors import YoloClError
         raise YoloClError(f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
-    launches = []
-    xb, xoff, xbs = ctx.view(x)
-    if algo == "gemm1x1" or implicit:
-        b_args = [xb, xoff, xbs, np.int32((a["in_c"] // G) * x.h * x.w), np.int32(x.h * x.w)]
-    elif algo == "im2col":
-        KN = K * N
-        im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ctx.workspace] + \
-            i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], G)
-        k = ctx.kernel("conv.cl", "yc_im2col", ctx.defines(), im2col_args)
-        launches.append(Launch(k, (N, K, ctx.batch * G), None, node, "im2col"))
-        b_args = [ctx.workspace, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
-    else:
+    if algo not in ALGOS:
         from ..errors import YoloClError
         raise YoloClError(f"algorithm '{algo}' is not one of the local GEMM family's {', '.join(ALGOS)}")
+    launches, b_args = b_operand(ctx, node, algo)
     Z = ctx.batch * G
     if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
                              or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):

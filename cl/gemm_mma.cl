@@ -1,0 +1,365 @@
+/* C[m][n] = epilogue(sum_k A[m][k] * B[k][n]) on NVIDIA tensor cores: mma.sync through inline PTX.
+ *
+ * Same role, arguments and epilogue as yc_gemm_local (cl/gemm_local.cl), so the conv binding is
+ * shared; only A's layout differs:
+ *   A  weights packed once at load time as [G][Mp][Kp], ROW-major (k contiguous), zero-padded to
+ *      Mp = M rounded up to MPAD and Kp = K rounded up to KPAD: half for MMA_F16, float rounded
+ *      to TF32 for MMA_TF32. Every A tile is in bounds and read as 16-byte vectors;
+ *   B  (k, n) at b_off + b*b_bstride + g*b_gstride + k*ldb + n, or with IMPLICIT the conv input
+ *      (im2col gathered on the fly); staged TRANSPOSED into local memory ([n][k]), which is the
+ *      "col" operand layout mma wants;
+ *   C, R  (m, n) at off + b*bstride + (g*M + m)*ldc + n (a conv can write into a concat slice).
+ *
+ * Precision (one of):
+ *   MMA_F16    mma.sync.m16n8k16.row.col.f32.f16.f16.f32: half inputs (needs HALF_STORAGE),
+ *              float accumulation
+ *   MMA_TF32   mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32: float storage, inputs rounded to
+ *              TF32 (10-bit mantissa, round to nearest, ties away: PTX cvt.rna) when staged
+ * Both instructions take the same register shapes: A 4 x 32-bit, B 2 x 32-bit, C/D 4 floats,
+ * and 8 32-bit words of K per instruction (16 halves or 8 tf32). Local tiles are kept in 32-bit
+ * words ("k-words"), so one fragment loader serves both.
+ *
+ * Tiling (the tuner's space; engine/kernels/gemm_mma.py enumerates legal sets):
+ *   MWG NWG KWG    work-group tile of C and the k-slice staged per iteration
+ *   WM WN          warps per work-group along M and N: each warp owns a (MWG/WM) x (NWG/WN) tile
+ *                  of m16n8 fragments
+ *   SK             split K over SK work-groups per tile (more work-groups where M x N gives few);
+ *                  each writes raw partial sums to P = (float*)C as [SK][Z][M][N], and gemm_local.cl's
+ *                  yc_gemm_splitk sums them and applies the epilogue
+ *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only where the tile does not divide
+ *   IMPLICIT KS SX SY PAD DIL  B gathered from the NCHW input (trailing args H, W, OW)
+ *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
+ *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
+ *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
+ *                  "warp" is then 32 consecutive work-items of the work-group
+ */
+#include "common.h"
+#include "gemm_epilogue.h"
+
+#ifndef MWG
+#define MWG 64
+#endif
+#ifndef NWG
+#define NWG 64
+#endif
+#ifndef KWG
+#define KWG 32
+#endif
+#ifndef WM
+#define WM 2
+#endif
+#ifndef WN
+#define WN 2
+#endif
+#ifndef MPAD
+#define MPAD 256
+#endif
+#ifndef KPAD
+#define KPAD 64
+#endif
+#ifndef SK
+#define SK 1
+#endif
+#if !defined(LDSM) || defined(MMA_EMULATE)
+#undef LDSM
+#define LDSM 0
+#endif
+
+#if defined(MMA_TF32)
+#define KPW 1                  /* k values per 32-bit word */
+#else
+#define MMA_F16 1
+#define KPW 2
+#ifndef HALF_STORAGE
+#error "MMA_F16 needs HALF_STORAGE"
+#endif
+#endif
+
+#define KU (KWG / KPW)         /* k-words per staged tile row */
+#define LDS (KU + 4)           /* local row stride in words: 8g + t lands on 32 distinct banks */
+#define WARPS (WM * WN)
+#define THREADS (32 * WARPS)
+#define WTM (MWG / WM)         /* a warp's tile */
+#define WTN (NWG / WN)
+#define FM (WTM / 16)          /* its fragments */
+#define FN (WTN / 8)
+#define NA4 (MWG * KU / 4)     /* uint4 loads per A tile */
+#define NB (NWG * KU)          /* words per B tile */
+#define LA_PER ((NA4 + THREADS - 1) / THREADS)
+#define LB_PER ((NB + THREADS - 1) / THREADS)
+#define ROUND_UP(x, r) ((((x) + (r) - 1) / (r)) * (r))
+
+/* A float as TF32 bits: round to nearest, ties away from zero (cvt.rna.tf32.f32). */
+inline uint yc_tf32(const float x) { return (as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+#ifdef MMA_EMULATE
+/* One mma of a warp in plain C: each lane publishes its A and B registers, then computes its
+ * four C elements from the published registers, locating each A/B element by the PTX ISA's
+ * fragment layout (g = lane / 4, t = lane % 4):
+ *   f16  m16n8k16: a0 A[g][2t,2t+1] a1 A[g+8][2t,2t+1] a2 A[g][2t+8,2t+9] a3 A[g+8][2t+8,2t+9]
+ *                  b0 B[2t,2t+1][g] b1 B[2t+8,2t+9][g]           (low half = lower k)
+ *   tf32 m16n8k8:  a0 A[g][t] a1 A[g+8][t] a2 A[g][t+4] a3 A[g+8][t+4]  b0 B[t][g] b1 B[t+4][g]
+ *   both:          c0 C[g][2t] c1 C[g][2t+1] c2 C[g+8][2t] c3 C[g+8][2t+1]
+ * Every work-item of the work-group calls this the same number of times (the barriers). */
+inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, const int lane)
+{
+    __local uint* me = xch + lane * 6;
+    for (int i = 0; i < 4; ++i) me[i] = a[i];
+    me[4] = b[0];
+    me[5] = b[1];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int g = lane >> 2, t = lane & 3;
+    for (int q = 0; q < 4; ++q) {
+        const int r = g + 8 * (q >> 1), c = 2 * t + (q & 1);
+        float s = d[q];
+#ifdef MMA_F16
+        for (int k = 0; k < 16; ++k) {
+            const int aw = ((r & 7) * 4 + ((k & 7) >> 1)) * 6 + (r >> 3) + 2 * (k >> 3);
+            const int bw = (c * 4 + ((k & 7) >> 1)) * 6 + 4 + (k >> 3);
+            s = fma(vload_half(2 * aw + (k & 1), (__local const half*)xch),
+                    vload_half(2 * bw + (k & 1), (__local const half*)xch), s);
+        }
+#else
+        for (int k = 0; k < 8; ++k) {
+            const int aw = ((r & 7) * 4 + (k & 3)) * 6 + (r >> 3) + 2 * (k >> 2);
+            const int bw = (c * 4 + (k & 3)) * 6 + 4 + (k >> 2);
+            s = fma(as_float(xch[aw]), as_float(xch[bw]), s);
+        }
+#endif
+        d[q] = s;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define MMA(d, a, b) yc_mma((d), (a), (b), xch, lane)
+#elif defined(MMA_F16)
+#define MMA(d, a, b)                                                                             \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "                           \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                        \
+                 : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3])                       \
+                 : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"((b)[0]), "r"((b)[1]))
+#else
+#define MMA(d, a, b)                                                                             \
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "                          \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                        \
+                 : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3])                       \
+                 : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"((b)[0]), "r"((b)[1]))
+#endif
+
+/* Fragments from local memory with ldmatrix (one instruction for a whole A or B fragment instead
+ * of 4 or 2 scalar loads); the address is the __local pointer's shared-window offset. */
+#if LDSM
+#define LDSM_X4(r, p)                                                                            \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"                \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3]) : "r"((uint)(size_t)(p)))
+#define LDSM_X2(r, p)                                                                            \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"                      \
+                 : "=r"((r)[0]), "=r"((r)[1]) : "r"((uint)(size_t)(p)))
+#endif
+
+/* One element of B as mma input bits (0 outside the matrix). */
+#ifdef MMA_F16
+#define BBITS(i) ((uint)((__global const ushort*)Bg)[i])
+#else
+#define BBITS(i) yc_tf32(Bg[i])
+#endif
+#ifdef CHECK_K
+#define K_OK(k) ((k) < K)
+#else
+#define K_OK(k) true
+#endif
+#ifdef IMPLICIT
+/* B[k][n] of the implicit im2col matrix as mma input bits; (iy0, ix0) is column n's first pixel. */
+inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, const int iy0, const int ix0,
+                          const int H, const int W)
+{
+    const int c = k / (KS * KS), r = k - c * (KS * KS);
+    const int ky = r / KS, kx = r - ky * KS;
+    const int iy = iy0 + ky * DIL, ix = ix0 + kx * DIL;
+    return (ok && iy >= 0 && iy < H && ix >= 0 && ix < W) ? BBITS((size_t)(c * H + iy) * W + ix) : 0u;
+}
+#define B_AT(k, n) yc_b_implicit(Bg, (k), bok && K_OK(k), iy0, ix0, H, W)
+#else
+#define B_AT(k, n) ((bok && K_OK(k)) ? BBITS((size_t)(k) * ldb + (n)) : 0u)
+#endif
+
+#ifdef MMA_F16
+#define B_WORD(k, n) (B_AT(k, n) | (B_AT((k) + 1, n) << 16))
+#else
+#define B_WORD(k, n) B_AT(k, n)
+#endif
+/* The B column a work-item stages for load slot v (found once where it never changes). */
+#if THREADS % NWG == 0
+#define B_COL_FIXED 1
+#define B_COLUMN(v)
+#elif defined(IMPLICIT)
+#define B_COLUMN(v)                                                                              \
+    const int bn = n0 + (v) % NWG;                                                               \
+    const bool nok = bn < N;                                                                     \
+    const int iy0 = (bn / OW) * SY - PAD, ix0 = (bn - (bn / OW) * OW) * SX - PAD;
+#else
+#define B_COLUMN(v)                                                                              \
+    const int bn = n0 + (v) % NWG;                                                               \
+    const bool nok = bn < N;
+#endif
+
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void yc_gemm_mma(__global const dtype* restrict A, __global const float* restrict bias,
+                 __global const dtype* restrict B, const int b_off, const int b_bstride,
+                 const int b_gstride, const int ldb,
+                 __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
+                 __global const dtype* restrict R, const int r_off, const int r_bstride,
+                 const int M, const int N, const int K, const int G
+#ifdef IMPLICIT
+                 , const int H, const int W, const int OW
+#endif
+                 )
+{
+    const int tid = get_local_id(0);
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp - wm * WN;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
+    YC_K_SPLIT(z, ks, kbeg, kend)
+    const int b = z / G, grp = z - b * G;
+    const int Mp = ROUND_UP(M, MPAD), KpW = ROUND_UP(K, KPAD) / KPW;    /* A row stride in words */
+    const __global uint* Aw = (const __global uint*)A + ((size_t)grp * Mp + m0) * KpW;
+    const __global dtype* Bg = B + b_off + (size_t)b * b_bstride + (size_t)grp * b_gstride;
+
+    __local uint4 As4[MWG * LDS / 4];          /* uint4: 16-byte aligned for the vector stores */
+    __local uint4 Bs4[NWG * LDS / 4];
+    __local uint* As = (__local uint*)As4;
+    __local uint* Bs = (__local uint*)Bs4;
+#ifdef MMA_EMULATE
+    __local uint xchg[WARPS * 32 * 6];
+    __local uint* xch = xchg + warp * 32 * 6;
+#endif
+
+    /* Each work-item stages the same B columns every tile: n = (tid + p*THREADS) % NWG. */
+#ifdef B_COL_FIXED
+    const int bn = n0 + tid % NWG;
+    const bool nok = bn < N;
+#ifdef IMPLICIT
+    const int oy = bn / OW, ox = bn - (bn / OW) * OW;
+    const int iy0 = oy * SY - PAD, ix0 = ox * SX - PAD;
+#endif
+#endif
+
+    uint4 ra[LA_PER];
+    uint rb[LB_PER];
+    float acc[FM][FN][4];
+    #pragma unroll
+    for (int i = 0; i < FM; ++i)
+        #pragma unroll
+        for (int j = 0; j < FN; ++j)
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+/* Global -> registers for the tile at k0: A as 16-byte vectors, B one word (two k for f16) per column. */
+#define LOAD_TILE(k0)                                                                            \
+    for (int p = 0; p < LA_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NA4 % THREADS == 0 || v < NA4) {                                                     \
+            const int r = v / (KU / 4), c = v - r * (KU / 4);                                    \
+            ra[p] = *(const __global uint4*)(Aw + (size_t)r * KpW + (k0) / KPW + c * 4);          \
+        }                                                                                        \
+    }                                                                                            \
+    for (int p = 0; p < LB_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        B_COLUMN(v)                                                                              \
+        const bool bok = nok && (NB % THREADS == 0 || v < NB);                                   \
+        rb[p] = B_WORD((k0) + (v / NWG) * KPW, bn);                                              \
+    }
+/* Registers -> local memory: A as [m][k-word], B transposed to [n][k-word]. */
+#define STORE_TILE()                                                                             \
+    for (int p = 0; p < LA_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NA4 % THREADS == 0 || v < NA4) {                                                     \
+            const int r = v / (KU / 4), c = v - r * (KU / 4);                                    \
+            *(__local uint4*)(As + r * LDS + c * 4) = ra[p];                                     \
+        }                                                                                        \
+    }                                                                                            \
+    for (int p = 0; p < LB_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NB % THREADS == 0 || v < NB)                                                         \
+            Bs[(v % NWG) * LDS + v / NWG] = rb[p];                                               \
+    }
+
+    /* The next tile is fetched into registers while this one is multiplied. */
+    LOAD_TILE(kbeg)
+    for (int k0 = kbeg; k0 < kend; k0 += KWG) {
+        STORE_TILE()
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (k0 + KWG < kend) {
+            LOAD_TILE(k0 + KWG)
+        }
+
+        #pragma unroll
+        for (int kw = 0; kw < KU; kw += 8) {
+            uint af[FM][4], bf[FN][2];
+#if LDSM
+            /* ldmatrix: lane l names row l % 8 of 8x4-word matrix l / 8; matrix q lands in register q,
+             * each lane receiving word t of row g: exactly the fragments' layout, in word units. */
+            #pragma unroll
+            for (int i = 0; i < FM; ++i)
+                LDSM_X4(af[i], As + (wm * WTM + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDS + kw
+                                + 4 * (lane >> 4));
+            #pragma unroll
+            for (int j = 0; j < FN; ++j)
+                LDSM_X2(bf[j], Bs + (wn * WTN + j * 8 + (lane & 7)) * LDS + kw + 4 * ((lane >> 3) & 1));
+#else
+            #pragma unroll
+            for (int i = 0; i < FM; ++i) {
+                const __local uint* p = As + (wm * WTM + i * 16 + g) * LDS + kw + t;
+                af[i][0] = p[0];
+                af[i][1] = p[8 * LDS];
+                af[i][2] = p[4];
+                af[i][3] = p[8 * LDS + 4];
+            }
+            #pragma unroll
+            for (int j = 0; j < FN; ++j) {
+                const __local uint* p = Bs + (wn * WTN + j * 8 + g) * LDS + kw + t;
+                bf[j][0] = p[0];
+                bf[j][1] = p[4];
+            }
+#endif
+            #pragma unroll
+            for (int i = 0; i < FM; ++i)
+                #pragma unroll
+                for (int j = 0; j < FN; ++j)
+                    MMA(acc[i][j], af[i], bf[j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+#if SK > 1
+    /* Raw partial sums of this K split; gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. */
+    __global float* P = (__global float*)C + ((size_t)ks * (get_global_size(2) / SK) + z) * M * N;
+#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
+#else
+    /* Epilogue: bias, activation, optional residual add + ACT2, store. */
+#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), grp, M, ldc, bias, C, cb, R, rbase)
+#endif
+    const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
+#ifdef RESIDUAL
+    const size_t rbase = (size_t)r_off + (size_t)b * r_bstride;
+#else
+    const size_t rbase = 0;
+#endif
+    #pragma unroll
+    for (int i = 0; i < FM; ++i)
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1);
+#ifdef CHECK_M
+            if (m >= M) continue;
+#endif
+            #pragma unroll
+            for (int j = 0; j < FN; ++j) {
+                const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1);
+#ifdef CHECK_N
+                if (n >= N) continue;
+#endif
+                STORE_C(acc[i][j][q], m, n);
+            }
+        }
+}

@@ -1,0 +1,324 @@
+"""The tensor-core GEMM family (``cl/gemm_mma.cl``): capability probe, configs, legality, binding.
+
+NVIDIA's OpenCL C compiler accepts inline PTX, and ``mma.sync`` reaches the tensor cores: fp16
+inputs with fp32 accumulation (``m16n8k16``) for the ``fp16`` precision (half storage), TF32
+inputs (``m16n8k8``) for ``tf32`` (float storage). A config is a dict of the kernel's tunables::
+
+    {"family": "mma", "algo": "im2col" | "gemm1x1" | "implicit",
+     "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "SK": 1}
+
+``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
+work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608); gemm_local.cl's split-sum
+kernel adds the partial planes (kept in the workspace) and runs the epilogue.
+
+The family is offered only where :func:`available` says so: an NVIDIA device of compute
+capability 8.0 or later on which a small GEMM of this very kernel builds, runs and matches
+NumPy (once per process, device, driver and mode; the binary is cached on disk like every
+other). ``YOLO_CL_MMA_EMULATE=1`` builds the kernel with ``MMA_EMULATE``: each mma is then
+computed in plain OpenCL C with the PTX fragment layout, so the family runs (slowly) on any
+device, PoCL in CI included.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from typing import Optional
+
+import numpy as np
+
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
+from .gemm_local import (SPLITS, DeviceLimits, b_operand, device_limits, k_chunk, partial_bytes, round_up,
+                         split_k, tile_defines)
+from ..graph import Node
+
+FAMILY = "mma"
+MODES = {"fp16": "f16", "tf32": "tf32"}      # precision -> mma input type
+MPAD, KPAD = 256, 64            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
+TUNABLES = ("MWG", "NWG", "KWG", "WM", "WN")
+ALGOS = ("gemm1x1", "im2col", "implicit")
+EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
+LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
+
+log = logging.getLogger("yolo_cl.kernels")
+_PROBED: dict = {}              # (device, driver, mode, emulated) -> bool
+
+
+def emulated() -> bool:
+    """Whether mma is computed in plain OpenCL C (``YOLO_CL_MMA_EMULATE=1``) instead of PTX."""
+    return os.environ.get(EMULATE_ENV, "").strip() == "1"
+
+
+def k_step(mode: str) -> int:
+    """K of one mma instruction: 16 halves or 8 tf32."""
+    return 16 if mode == "f16" else 8
+
+
+def tf32_round(x: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest TF32 value (ties away from zero), as the kernel and cvt.rna round."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+# -- capability ------------------------------------------------------------------------------
+def tensor_cores(rt) -> bool:
+    """An NVIDIA device reporting compute capability 8.0 or later (cl_nv_device_attribute_query)."""
+    d = rt.device
+    if "NVIDIA" not in d.vendor.upper() or "cl_nv_device_attribute_query" not in d.extensions:
+        return False
+    try:
+        return int(d.compute_capability_major_nv) >= 8
+    except Exception:                   # noqa: BLE001 - an attribute the driver refuses means no
+        return False
+
+
+def available(rt, mode: str) -> bool:
+    """Whether this family can run ``mode`` ("f16" or "tf32") on ``rt``'s device: the hardware
+    (or emulation) is there and a small GEMM of the real kernel matches NumPy. The probe runs in
+    a context of its own, so a kernel that faults cannot take ``rt``'s queue down with it. Any
+    failure says no, with one line at INFO level (``--verbose``)."""
+    from ..runtime import Runtime
+    key = (rt.device_name, rt.driver, mode, emulated())
+    if key not in _PROBED:
+        ok = False
+        if emulated() or tensor_cores(rt):
+            try:
+                err = probe(Runtime(rt.device, binary_cache=rt.binary_cache), mode)
+                ok = err < 1e-3
+                if not ok:
+                    log.info("tensor cores (%s) off on %s: probe GEMM error %.2g", mode, rt.device_name, err)
+            except Exception as e:      # noqa: BLE001 - a driver that cannot build or run it: FMA families
+                log.info("tensor cores (%s) off on %s: %s", mode, rt.device_name, str(e).splitlines()[0][:200])
+        _PROBED[key] = ok
+    return _PROBED[key]
+
+
+def mode_for(rt, precision: str) -> str:
+    """The mma mode a precision computes in on ``rt`` ("" where it stays on the FMA families)."""
+    mode = MODES.get(precision, "")
+    return mode if mode and available(rt, mode) else ""
+
+
+def db_precision(precision: str, mode: str) -> str:
+    """The tuning-database precision a run uses: tf32 without tensor cores runs (and tunes) as fp32."""
+    return "fp32" if precision == "tf32" and not mode else precision
+
+
+def probe(rt, mode: str) -> float:
+    """Relative error of a ragged 40x24x40 GEMM (every bounds check) against NumPy."""
+    rng = np.random.default_rng(7)
+    M, N, K = 40, 24, 40
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    cfg = {"MWG": 32, "NWG": 16, "KWG": 32 if mode == "f16" else 16, "WM": 2, "WN": 1}
+    C = gemm(rt, A, B, mode, cfg)
+    if mode == "f16":
+        A, B = A.astype(np.float16), B.astype(np.float16)
+    else:
+        A, B = tf32_round(A), tf32_round(B)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    return float(np.linalg.norm(C - ref) / np.linalg.norm(ref))
+
+
+def gemm(rt, A: np.ndarray, B: np.ndarray, mode: str, cfg: dict) -> np.ndarray:
+    """C = A @ B on the device through this family (no epilogue): the probe's and tools' GEMM."""
+    cl = rt.cl
+    (M, K), N = A.shape, B.shape[1]
+    half = mode == "f16"
+    dt = np.float16 if half else np.float32
+    a = rt.upload(pack_weights(A, 1, mode), "A")
+    b = rt.upload(np.ascontiguousarray(B, dt), "B")
+    c = rt.alloc(M * N * np.dtype(dt).itemsize, "C")
+    bias = rt.upload(np.zeros(M, np.float32), "bias")
+    d = defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, M, N, K, mode)
+    for src, name, dd, args, gs, ls in launch_specs(cfg, d, M, N, K, 1, 1, [a, bias], [b] + i32(0, 0, 0, N),
+                                                    [c] + i32(0, 0, N), [c] + i32(0, 0), []):
+        k = cl.Kernel(rt.program(src, dd), name)
+        k.set_args(*args)
+        cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    out = np.empty((M, N), dt)
+    cl.enqueue_copy(rt.queue, out, c)
+    rt.queue.finish()
+    return out.astype(np.float32)
+
+
+# -- configs ---------------------------------------------------------------------------------
+def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = False,
+                lim: DeviceLimits = DeviceLimits()) -> Optional[str]:
+    """None if ``cfg`` can run this shape in ``mode`` on a device with limits ``lim``, else the reason."""
+    try:
+        mwg, nwg, kwg, wm, wn = (int(cfg[k]) for k in TUNABLES)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"missing or malformed tunable {e}"
+    if mode not in MODES.values():
+        return f"mma mode '{mode}' is not one of {', '.join(MODES.values())}"
+    if min(mwg, nwg, kwg, wm, wn) < 1 or MPAD % mwg or KPAD % kwg:
+        return f"MWG must divide {MPAD} and KWG {KPAD}"
+    if kwg % k_step(mode):
+        return f"KWG must be a multiple of the instruction's K ({k_step(mode)})"
+    if mwg % (16 * wm) or nwg % (8 * wn):
+        return "each warp's tile must be whole m16n8 fragments"
+    if (mwg // wm // 16) * (nwg // wn // 8) > 32:
+        return "too many fragments per warp (accumulator registers)"
+    threads = 32 * wm * wn
+    if threads > lim.max_wg:
+        return f"work-group of {threads} exceeds the device's {lim.max_wg}"
+    if local_bytes(cfg, mode) > lim.local_mem:
+        return "local memory exceeded"
+    sk = split_k(cfg)
+    if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
+        return "every K split must be non-empty (and SK <= 8)"
+    return None
+
+
+def local_bytes(cfg: dict, mode: str) -> int:
+    """Local memory of the A and B tiles (plus the emulation's lane exchange)."""
+    words = int(cfg["KWG"]) // (2 if mode == "f16" else 1) + 4
+    extra = 32 * 6 * 4 * int(cfg["WM"]) * int(cfg["WN"]) if emulated() else 0
+    return (int(cfg["MWG"]) + int(cfg["NWG"])) * words * 4 + extra
+
+
+def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str) -> dict:
+    """Kernel defines for ``cfg`` on this shape: tunables, mode, and only the bounds checks it needs."""
+    d = dict(ctx_defines)
+    d.update({k: int(cfg[k]) for k in TUNABLES})
+    d.update(MPAD=MPAD, KPAD=KPAD, LDSM=LDSM)
+    d.update(tile_defines(cfg, M, N, K))
+    d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
+    if emulated():
+        d["MMA_EMULATE"] = True
+    return d
+
+
+def sizes(cfg: dict, M: int, N: int, Z: int) -> tuple:
+    """(global size, local size) of the launch over Z = batch * groups matrices."""
+    threads = 32 * cfg["WM"] * cfg["WN"]
+    return (-(-N // cfg["NWG"]) * threads, -(-M // cfg["MWG"]), Z * split_k(cfg)), (threads, 1, 1)
+
+
+def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
+                 b_args: list, c_args: list, r_args: list, extra: list, partial=None) -> list:
+    """(source, kernel name, defines, args, global, local) of the launches that compute C: the GEMM,
+    and with SK > 1 the split sum (``partial``: a buffer of ``partial_bytes``). Arguments as
+    gemm_local.launch_specs'."""
+    gs, ls = sizes(cfg, M, N, Z)
+    dims = i32(M, N, K, G)
+    if split_k(cfg) == 1:
+        return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + c_args + r_args + dims + extra, gs, ls)]
+    sum_defines = {k: v for k, v in defines_.items() if k in ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS")}
+    gemm_c = [partial] + i32(0, 0, N)
+    return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls),
+            ("gemm_local.cl", "yc_gemm_splitk", {**sum_defines, "SK": split_k(cfg)},
+             [partial, a_args[1]] + c_args + r_args + i32(M, N, G), (round_up(N, 64), M, Z), (64, 1, 1))]
+
+
+def pack_weights(w: np.ndarray, G: int, mode: str) -> np.ndarray:
+    """[G*M][K] row-major weights -> [G][Mp][Kp] zero-padded, as half (f16) or TF32-rounded float."""
+    gm, K = w.shape
+    M = gm // G
+    out = np.zeros((G, round_up(M, MPAD), round_up(K, KPAD)), np.float16 if mode == "f16" else np.float32)
+    src = w.reshape(G, M, K)
+    out[:, :M, :K] = src if mode == "f16" else tf32_round(src)
+    return out
+
+
+# -- the search space ------------------------------------------------------------------------
+_TILES = [(256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (64, 32),
+          (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)]
+_WARPS = [(2, 2), (4, 2), (2, 4), (4, 1), (1, 4), (2, 1), (1, 2), (1, 1)]
+
+
+def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: DeviceLimits = DeviceLimits()) -> list:
+    """Every legal config of the family for this shape (tiles x warp grids x k-slices)."""
+    out = []
+    for (mwg, nwg), (wm, wn), kwg in itertools.product(_TILES, _WARPS, (16, 32, 64)):
+        c = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WM": wm, "WN": wn}
+        frags = (mwg // wm // 16) * (nwg // wn // 8) if mwg % (16 * wm) == 0 and nwg % (8 * wn) == 0 else 0
+        if frags >= 2 and why_illegal(c, M, N, K, mode, implicit, lim) is None:
+            out.append(c)
+            if -(-M // mwg) * -(-N // nwg) < 2 * lim.compute_units:    # few tiles: split K too
+                out += [{**c, "SK": sk} for sk in SPLITS
+                        if K >= 128 * sk and why_illegal({**c, "SK": sk}, M, N, K, mode, implicit, lim) is None]
+    return out
+
+
+def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
+              lim: DeviceLimits = DeviceLimits()) -> dict:
+    """An untuned pick after the tuned H200 yolov3 winners (BENCHMARKS.md): 128 x 32 tiles of four
+    warps wherever M fills them, smaller tiles for small M, and K split where the tiles alone
+    leave compute units idle."""
+    kwg = 64 if mode == "f16" else 32
+    prefs = [{"MWG": 128, "NWG": 32, "KWG": kwg, "WM": 4, "WN": 1},
+             {"MWG": 64, "NWG": 32, "KWG": 32, "WM": 2, "WN": 2},
+             {"MWG": 32, "NWG": 32, "KWG": 32, "WM": 2, "WN": 1},
+             {"MWG": 16, "NWG": 32, "KWG": 32, "WM": 1, "WN": 2}]
+    legal = [p for p in prefs if why_illegal(p, M, N, K, mode, implicit, lim) is None]
+    if not legal:
+        legal = [min(space(M, N, K, mode, implicit, lim), key=lambda c: c["WM"] * c["WN"])]
+    best = next((p for p in legal if round_up(M, p["MWG"]) <= 1.3 * M), legal[-1])
+    groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
+    if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K: share K out
+        splits = [sk for sk in SPLITS if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None]
+        if splits:
+            return {**best, "SK": next((sk for sk in splits if groups * sk >= 4 * lim.compute_units), splits[-1])}
+    return dict(best)
+
+
+# -- conv binding ----------------------------------------------------------------------------
+def conv_algos(node: Node) -> list:
+    """Algorithms of this family that can run ``node``."""
+    return ["gemm1x1", "implicit", "im2col"] if is_pointwise(node) else ["implicit", "im2col"]
+
+
+def candidates(node: Node, rt, mode: str, batch: int = 1) -> list:
+    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device in ``mode``."""
+    M, N, K, G = conv_gemm_shape(node)
+    lim = device_limits(rt)
+    return [{"algo": algo, "family": FAMILY, **c}
+            for algo in conv_algos(node) for c in space(M, N, K, mode, algo == "implicit", lim)]
+
+
+def heuristic_config(node: Node, mode: str, batch: int = 1, lim: DeviceLimits = DeviceLimits()) -> dict:
+    """The untuned choice: 1x1 straight from the input, others im2col'ed on the fly (implicit)."""
+    M, N, K, G = conv_gemm_shape(node)
+    algo = conv_algos(node)[0]
+    return {"algo": algo, "family": FAMILY, **heuristic(M, N, K, batch * G, mode, algo == "implicit", lim)}
+
+
+def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """Launches for a conv under an mma config: [im2col,] GEMM."""
+    from ..errors import YoloClError
+    a = node.attrs
+    M, N, K, G = conv_gemm_shape(node)
+    mode = ctx.mma
+    algo = cfg.get("algo")
+    if not mode:
+        raise YoloClError("the tensor-core family is not available on this device and precision")
+    if algo not in ALGOS or (algo == "gemm1x1" and not is_pointwise(node)):
+        raise YoloClError(f"algorithm '{algo}' cannot run this layer in the mma family")
+    lim = device_limits(ctx.rt)
+    reason = why_illegal(cfg, M, N, K, mode, algo == "implicit", lim)
+    if reason is not None:
+        raise YoloClError(f"mma GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
+    wts = packed_upload(ctx, node, (node.layers[0], mode, FAMILY),
+                        lambda: pack_weights(a["weights"].reshape(a["filters"], -1), G, mode))
+    x, out = node.inputs[0], node.output
+    launches, b_args = b_operand(ctx, node, algo)
+    extra = []
+    d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode)
+    if algo == "implicit":
+        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
+        extra = i32(x.h, x.w, out.w)
+    Z = ctx.batch * G
+    if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
+                             or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
+        cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
+        d.pop("SK", None)
+    yb, yoff, ybs = ctx.view(out)
+    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
+                         residual_args(ctx, node), extra, ctx.workspace)
+    for i, (src, name, dd, args, gs, ls) in enumerate(specs):
+        k = ctx.kernel(src, name, dd, args)
+        launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum", dict(cfg),
+                               node.flops * ctx.batch if i == 0 else 0))
+    return launches

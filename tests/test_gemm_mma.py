@@ -1,0 +1,300 @@
+"""The tensor-core GEMM family (cl/gemm_mma.cl) against NumPy: emulated on PoCL, real on NVIDIA.
+
+On a device without tensor cores (PoCL in CI) ``YOLO_CL_MMA_EMULATE=1`` computes every mma in
+plain OpenCL C with the PTX fragment layout, so the tiling, fragment indexing, bounds and
+epilogue code run here; on an NVIDIA GPU of compute capability 8+ the same tests run the real
+instruction (tools/check_mma.py). Inputs are rounded as the hardware rounds them (half, TF32),
+so the references are exact up to float accumulation and the store.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gemm_ref import LEAKY, SlicedC, reference, rel_err
+from test_gemm_local import conv_reference
+from yolo_cl.kernels import gemm_mma as gm
+from yolo_cl.runtime import Runtime
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+@pytest.fixture(autouse=True)
+def emulate(rt, monkeypatch):
+    """Emulated mma where the device has no tensor cores; the real instruction where it has."""
+    if not gm.tensor_cores(rt):
+        monkeypatch.setenv(gm.EMULATE_ENV, "1")
+
+
+def rounded(x, mode):
+    """``x`` as the mma inputs see it."""
+    return x.astype(np.float16).astype(np.float32) if mode == "f16" else gm.tf32_round(x)
+
+
+def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=0, act2=0, c_pad=(0, 0), implicit=None):
+    """yc_gemm_mma on host arrays: A (G,M,K), B (batch,G,K,N) or the conv input; returns C (batch,G,M,N)."""
+    cl = rt.cl
+    half = mode == "f16"
+    dt = np.float16 if half else np.float32
+    G, M, K = A.shape
+    batch = B.shape[0]
+    N = B.shape[-1] if implicit is None else implicit["OH"] * implicit["OW"]
+    c = SlicedC(rt, batch, G, M, N, c_pad, dt, residual)
+    Abuf = rt.upload(gm.pack_weights(A.reshape(G * M, K), G, mode), "A")
+    biasb = rt.upload(bias.astype(np.float32), "bias")
+    Bbuf = rt.upload(B.astype(dt).ravel(), "B")
+    d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode)
+    if residual is not None:
+        d.update(RESIDUAL=True, ACT2=act2)
+    extra = []
+    if implicit is None:
+        b_args = [np.int32(0), np.int32(G * K * N), np.int32(K * N), np.int32(N)]
+    else:
+        _, C, H, W = implicit["x"]
+        d.update(IMPLICIT=True, **{k: implicit[k] for k in ("KS", "SX", "SY", "PAD", "DIL")})
+        b_args = [np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)]
+        extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
+    partial = rt.upload(np.full(max(gm.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
+    specs = gm.launch_specs(cfg, d, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
+                            [c.buf, np.int32(c.off), np.int32(c.bstride), np.int32(N)],
+                            [c.rbuf, np.int32(c.off), np.int32(c.bstride)], extra, partial)
+    assert len(specs) == (2 if gm.split_k(cfg) > 1 else 1)
+    for src, name, dd, args, gs, ls in specs:
+        k = cl.Kernel(rt.program(src, dd), name)
+        k.set_args(*args)
+        cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    return c.read()
+
+
+TOL = {"f16": 2e-3, "tf32": 1e-5}      # beyond input rounding: the half store (f16), float sums
+CONFIGS = [  # (mode, config, ragged M, N, K); emulation on PoCL is slow: shapes stay small
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1), (33, 29, 41)),
+    ("f16", dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2), (70, 37, 60)),
+    ("f16", dict(MWG=16, NWG=64, KWG=64, WM=1, WN=2), (5, 70, 17)),
+    ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2), (33, 29, 41)),
+    ("tf32", dict(MWG=32, NWG=16, KWG=32, WM=1, WN=1), (1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("mode,cfg,odd", CONFIGS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items())
+                         if isinstance(v, dict) else str(v))
+def test_gemm_ragged_and_exact_shapes(rt, mode, cfg, odd):
+    """Every bounds check emitted (ragged M, N, K), then none (tile multiples)."""
+    rng = np.random.default_rng(0)
+    for M, N, K in (odd, (cfg["MWG"], 2 * cfg["NWG"], 2 * cfg["KWG"])):
+        assert gm.why_illegal(cfg, M, N, K, mode) is None
+        A = rounded(rng.standard_normal((1, M, K)).astype(np.float32), mode)
+        B = rounded(rng.standard_normal((1, 1, K, N)).astype(np.float32), mode)
+        bias = rng.standard_normal(M).astype(np.float32)
+        out = run_gemm(rt, cfg, mode, A, B, bias, act=LEAKY)
+        assert rel_err(out, reference(A, B, bias, act=LEAKY)) < TOL[mode], (M, N, K, cfg)
+
+
+@pytest.mark.parametrize("mode", ["f16", "tf32"])
+def test_full_epilogue_groups_batches_residual_slice(rt, mode):
+    """Groups, batches, bias, leaky, a fused residual + leaky, written into a concat slice."""
+    rng = np.random.default_rng(1)
+    G, M, N, K, batch = 2, 24, 52, 40, 3
+    cfg = dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2)
+    A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
+    B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
+    bias = rng.standard_normal(G * M).astype(np.float32)
+    R = rng.standard_normal((batch, G, M, N)).astype(np.float32)
+    if mode == "f16":
+        R = R.astype(np.float16).astype(np.float32)
+    out = run_gemm(rt, cfg, mode, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(5, 3))
+    assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
+
+
+@pytest.mark.parametrize("mode,sk", [("f16", 3), ("tf32", 2)])
+def test_split_k_full_epilogue(rt, mode, sk):
+    """K split over work-groups (the last split shorter, CHECK_K), partial planes summed by
+    gemm_local.cl's yc_gemm_splitk with the whole epilogue: batches, residual, a concat slice."""
+    rng = np.random.default_rng(5)
+    G, M, N, K, batch = 1, 33, 29, 100, 2
+    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk)
+    assert gm.why_illegal(cfg, M, N, K, mode) is None
+    A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
+    B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
+    bias = rng.standard_normal(G * M).astype(np.float32)
+    R = rounded(rng.standard_normal((batch, G, M, N)).astype(np.float32), mode)
+    out = run_gemm(rt, cfg, mode, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(2, 1))
+    assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
+    assert "non-empty" in gm.why_illegal({**cfg, "SK": 8}, M, N, 40, mode)
+
+
+def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):
+    """Float inputs go in as TF32 rounded to nearest: the result matches NumPy on the rounded
+    inputs, and is off the unrounded product by TF32's error, not more."""
+    rng = np.random.default_rng(4)
+    M, N, K = 48, 40, 64
+    A = rng.standard_normal((1, M, K)).astype(np.float32)
+    B = rng.standard_normal((1, 1, K, N)).astype(np.float32)
+    bias = np.zeros(M, np.float32)
+    out = run_gemm(rt, dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2), "tf32", A, B, bias)
+    assert rel_err(out, reference(gm.tf32_round(A), gm.tf32_round(B), bias)) < 1e-5
+    assert 1e-5 < rel_err(out, reference(A, B, bias)) < 2e-3
+
+
+@pytest.mark.parametrize("mode,geom", [("f16", (3, 1, 1, 1, 1)), ("tf32", (3, 2, 1, 1, 1)),
+                                       ("f16", (3, 1, 1, 1, 2)), ("tf32", (1, 1, 0, 1, 1))],
+                         ids=["f16-3x3s1", "tf32-3x3s2", "f16-3x3g2", "tf32-1x1"])
+def test_implicit_conv(rt, mode, geom):
+    """im2col gathered inside the B-tile load, against a direct float64 convolution."""
+    ks, stride, pad, dil, groups = geom
+    rng = np.random.default_rng(3)
+    batch, C, H, W, F = 2, 6, 11, 9, 10
+    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    x = rounded(rng.standard_normal((batch, C, H, W)).astype(np.float32), mode)
+    w = rounded(rng.standard_normal((F, C // groups, ks, ks)).astype(np.float32), mode)
+    bias = rng.standard_normal(F).astype(np.float32)
+    M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
+    geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
+    cfg = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2)
+    out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo)
+    ref = conv_reference(x, w, bias, stride, pad, dil, groups)
+    assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]
+
+
+def test_space_legality_and_heuristic():
+    from yolo_cl.kernels.gemm_local import DeviceLimits
+    lim = DeviceLimits(max_wg=1024, local_mem=48 * 1024, compute_units=132)
+    for mode in ("f16", "tf32"):
+        for M, N, K in [(1024, 169, 4608), (32, 173056, 27), (255, 676, 512)]:
+            sp = gm.space(M, N, K, mode, False, lim)
+            assert len(sp) > 20 and all(gm.why_illegal(c, M, N, K, mode, False, lim) is None for c in sp)
+            assert gm.why_illegal(gm.heuristic(M, N, K, 1, mode, False, lim), M, N, K, mode, False, lim) is None
+    base = dict(MWG=64, NWG=64, KWG=32, WM=2, WN=2)
+    assert "K" in gm.why_illegal({**base, "KWG": 8}, 64, 64, 64, "f16")          # f16 mma takes k16
+    assert gm.why_illegal({**base, "KWG": 8}, 64, 64, 64, "tf32") is None
+    assert "fragments" in gm.why_illegal({**base, "MWG": 32, "WM": 4}, 64, 64, 64, "f16")
+    assert "work-group" in gm.why_illegal(base, 64, 64, 64, "f16", lim=DeviceLimits(max_wg=64))
+    assert "local memory" in gm.why_illegal(base, 64, 64, 64, "f16", lim=DeviceLimits(local_mem=1024))
+
+
+def test_probe_passes_on_tensor_cores_or_emulated_and_says_no_otherwise(rt, monkeypatch):
+    assert gm.available(rt, "f16") and gm.available(rt, "tf32")     # real, or emulated by the fixture
+    assert gm.mode_for(rt, "fp16") == "f16" and gm.mode_for(rt, "tf32") == "tf32"
+    assert gm.mode_for(rt, "fp32") == ""
+    monkeypatch.delenv(gm.EMULATE_ENV, raising=False)
+    hw = gm.tensor_cores(rt)                                         # PoCL: no NVIDIA compute capability
+    assert gm.available(rt, "f16") == hw and (gm.mode_for(rt, "tf32") == "tf32") == hw
+
+
+NET = """[net]
+width=24
+height=24
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=32
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=1
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=32
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[shortcut]
+from=-3
+activation=linear
+
+[route]
+layers=-1,-4
+
+[convolutional]
+filters=18
+size=1
+stride=1
+pad=1
+activation=linear
+"""
+
+
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+def test_conv_net_end_to_end(rt, tmp_path, precision):
+    """A small conv net (3x3, strided, 1x1, fused shortcut, concat) through the Detector on the
+    mma family, against the NumPy Darknet forward pass and the FMA fp32 path."""
+    import yolo_cl
+    from darknet_io import forward_numpy, write_random_weights
+    cfg = tmp_path / "net.cfg"
+    cfg.write_text(NET)
+    weights = write_random_weights(str(cfg), str(tmp_path / "net.weights"), calib_size=32)
+    blob = np.random.default_rng(6).random((1, 3, 24, 24), dtype=np.float32)
+    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
+    ref = ref[max(ref)]
+    det = yolo_cl.Detector(str(cfg), weights, precision=precision)
+    assert det.mma == gm.MODES[precision]
+    names = {l.name for l in det.executor(1).launches if l.node.op == "conv"}
+    assert names == {"gemm_mma"}, names                     # every conv on the mma family
+    out = det.forward(blob)[0]
+    assert rel_err(out, ref) < 1e-2
+    fp32 = yolo_cl.Detector(str(cfg), weights).forward(blob)[0]
+    assert rel_err(fp32, ref) < 1e-4 < rel_err(out, ref)   # the fp32 path stays IEEE; mma rounds
+
+
+def test_tuning_database_offers_only_mma_configs_on_tensor_cores(tmp_path):
+    """FMA configs tuned for a precision do not compete with tensor cores: with an mma mode the
+    look-up skips them (finding the mma entry, else the mma heuristic); without, nothing changes."""
+    import yaml
+    from test_tuner import convs, fake_rt, record
+    from yolo_cl import tuner as tmod
+    node = convs(tmp_path)[0]
+    key = tmod.shape_key(node)
+    local = {"family": "local", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
+    mma = {"family": "mma", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 32, "WM": 2, "WN": 1}
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(yaml.safe_dump({"version": 1, "records": [record(kind="GPU", precision="fp16",
+                                                                      configs={key: local})]}))
+    second.write_text(yaml.safe_dump({"version": 1, "records": [record(kind="GPU", precision="fp16",
+                                                                       configs={key: mma})]}))
+    rt = fake_rt(kind="GPU")
+    user = tmp_path / "user.yaml"
+    assert tmod.TuningDatabase(rt, "fp16", paths=[first, second], user_path=user).conv_config(node) == local
+    assert tmod.TuningDatabase(rt, "fp16", paths=[first, second], user_path=user, mma="f16").conv_config(node) == mma
+    assert tmod.TuningDatabase(rt, "fp16", paths=[first], user_path=user, mma="f16").conv_config(node) == \
+        gm.heuristic_config(node, "f16")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
+    """On tensor cores (emulated here) the tuner's candidates are the mma family's, and a real
+    candidate lands between the fp32 gate and the precision's own (fp16 1e-2, tf32 2e-2)."""
+    from test_tuner import convs
+    from yolo_cl import tuner as tmod
+    node = convs(tmp_path, 12, 12)[2]                       # 3x3/2 mish
+    tuner = tmod.Tuner(rt, precision, reps=1)
+    assert tuner.mma == gm.MODES[precision] and tuner.tol == tmod.TOLERANCE[precision]
+    cands = tuner.candidates(node)
+    assert cands and all(c["family"] == gm.FAMILY for c in cands)
+    assert {c["algo"] for c in cands} == {"implicit", "im2col"}
+    bench = tmod.ConvBench(rt, node, 1, precision == "fp16", tuner.queue, mma=tuner.mma)
+    err = bench.check(bench.bind(gm.heuristic_config(node, tuner.mma)))
+    assert tmod.TOLERANCE["fp32"] < err < tuner.tol
