@@ -39,6 +39,7 @@ VIDEO_OUT_EXTS = {".mp4", ".avi", ".mkv"}
 URL_RE = re.compile(r"^(rtsp|rtsps|rtmp|http|https)://", re.IGNORECASE)
 DEFAULT_MODEL = "yolov3-tiny"
 MIB = 2.0 ** 20
+PRECISIONS = ("fp32", "fp16", "tf32")
 PRECISION_HELP = ("fp32: IEEE float (default); fp16: half storage, on tensor cores where the device has them; "
                   "tf32: float storage, convs on TF32 tensor cores (NVIDIA sm_80+; elsewhere fp32)")
 
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--letterbox", action="store_true", help="short for --fit letterbox")
     d.add_argument("--fit", choices=FITS,
                    help="resize mode (default: the cfg's letter_box, as Darknet)")
-    d.add_argument("--precision", choices=("fp32", "fp16", "tf32"), default="fp32", help=PRECISION_HELP)
+    d.add_argument("--precision", choices=PRECISIONS, default="fp32", help=PRECISION_HELP)
     d.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
     d.add_argument("--show", action="store_true", help="streams: show frames in a window")
     d.add_argument("--live", action="store_true", default=None,
@@ -147,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--cfg", help="Darknet .cfg file (instead of MODEL)")
     i.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     i.add_argument("--batch", type=_positive, default=1, help="batch size for the memory plan")
-    i.add_argument("--precision", choices=("fp32", "fp16", "tf32"), default="fp32", help=PRECISION_HELP)
+    i.add_argument("--precision", choices=PRECISIONS, default="fp32", help=PRECISION_HELP)
     i.set_defaults(func=cmd_info)
 
     v = sub.add_parser("devices", parents=[common], help="list OpenCL platforms and devices")
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("model", metavar="MODEL", help="zoo model name or cfg path")
     t.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     t.add_argument("--batch", type=_positive, default=1, help="batch size to tune for (default 1)")
-    t.add_argument("--precision", choices=("fp32", "fp16", "tf32"), default="fp32", help=PRECISION_HELP)
+    t.add_argument("--precision", choices=PRECISIONS, default="fp32", help=PRECISION_HELP)
     t.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
     t.add_argument("--budget", type=float, metavar="SECONDS", help="stop starting new shapes after this long")
     t.add_argument("--db", metavar="FILE", help="database file to write (default: the user cache)")
@@ -179,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("model", metavar="MODEL", help="zoo model name or cfg path (no weights: random ones)")
     b.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     b.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
-    b.add_argument("--precision", choices=("fp32", "fp16", "tf32"), default="fp32", help=PRECISION_HELP)
+    b.add_argument("--precision", choices=PRECISIONS, default="fp32", help=PRECISION_HELP)
     b.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
     b.add_argument("--weights", help="Darknet .weights file (default: bundled, else random)")
     b.add_argument("--compare", choices=("opencv", "opencv-opencl"),
@@ -235,7 +236,7 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
     p.add_argument("--letterbox", action="store_true", help="short for --fit letterbox")
     p.add_argument("--fit", choices=FITS, help="resize mode (default: the cfg's letter_box)")
-    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help=PRECISION_HELP)
     p.add_argument("--batch", type=_positive, default=1, help="images per forward pass (default 1)")
 
 
@@ -958,7 +959,7 @@ def _add_serve_parser(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--weights", help="Darknet .weights file")
     s.add_argument("--names", help="class names file, one per line")
     s.add_argument("--size", type=parse_size, help="network input size N or WxH (default: the cfg's)")
-    s.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="storage precision")
+    s.add_argument("--precision", choices=PRECISIONS, default="fp32", help=PRECISION_HELP)
     s.add_argument("--device", help="OpenCL device: 'P:D', flat index or name substring")
     s.add_argument("--devices", metavar="LIST", help="serve on several devices: 'all' or a list such as 0,1")
     s.add_argument("--fit", choices=FITS, help="resize mode (default: the cfg's letter_box)")
