@@ -22,7 +22,6 @@ import asyncio
 import json
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ import numpy as np
 
 from .darknet_json import json_frame
 from .errors import ImageError, YoloClError
+from .limits import image_header_size
 from .fleet import Fleet, QueueFull
 
 try:
@@ -69,52 +69,14 @@ class UnsupportedFormat(ImageError):
     """Not one of the image formats the server decodes (HTTP 415)."""
 
 
-def image_size(data: bytes) -> Optional[tuple]:
-    """(width, height) from a JPEG, PNG, BMP or WebP header without decoding; None for other data."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24 and data[12:16] == b"IHDR":
-        return struct.unpack(">II", data[16:24])
-    if data[:2] == b"BM" and len(data) >= 26:
-        w, h = struct.unpack("<ii", data[18:26])
-        return abs(w), abs(h)
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
-        chunk = data[12:16]
-        if chunk == b"VP8X":
-            return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
-        if chunk == b"VP8L" and data[20] == 0x2F:
-            bits = int.from_bytes(data[21:25], "little")
-            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
-        if chunk == b"VP8 ":
-            w, h = struct.unpack("<HH", data[26:30])
-            return w & 0x3FFF, h & 0x3FFF
-        return None
-    if data[:2] == b"\xff\xd8":
-        i = 2
-        while i + 9 <= len(data):
-            if data[i] != 0xFF:
-                return None
-            marker = data[i + 1]
-            if marker == 0xFF:                 # fill byte
-                i += 1
-                continue
-            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-                i += 2
-                continue
-            seg = struct.unpack(">H", data[i + 2:i + 4])[0]
-            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-                h, w = struct.unpack(">HH", data[i + 5:i + 9])
-                return w, h
-            i += 2 + seg
-    return None
-
-
 def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
     """Decode an uploaded image after checking its header's size; ImageError (-> 4xx) otherwise."""
     import cv2
     if not data:
         raise ImageError("empty body: send an image (raw bytes, or the multipart field 'file')")
-    size = image_size(data)
+    size = image_header_size(data)
     if size is None:
-        raise UnsupportedFormat("not a JPEG, PNG, BMP or WebP image")
+        raise UnsupportedFormat("not a JPEG, PNG, BMP, WebP or PNM image")
     w, h = size
     if w < 1 or h < 1:
         raise ImageError(f"the image header says {w}x{h} pixels")

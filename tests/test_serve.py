@@ -141,7 +141,7 @@ def test_detect_multipart_and_thresholds(server, cli_json):
 
 @pytest.mark.parametrize("data,want,words", [
     (b"", 400, "empty body"),
-    (b"GIF89a not an image we take", 415, "not a JPEG, PNG, BMP or WebP"),
+    (b"GIF89a not an image we take", 415, "not a JPEG, PNG, BMP, WebP or PNM"),
     (DOG.read_bytes()[:DOG.read_bytes().index(b"\xff\xc0") + 30], 400, "cannot be decoded"),
     (png_header(30000, 30000), 413, "more than the limit"),
 ])

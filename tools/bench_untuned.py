@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_eval import graph_of   # noqa: E402  (a sibling tool)
 
 
 class _Heuristic:
