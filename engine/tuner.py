@@ -969,7 +969,8 @@ class ProgressBar:
         self._last = now
         spent = now - self.t0
         eta = f", about {spent / self.done * (self.total - self.done):.0f} s left" if self.done else ""
-        self.stream.write(f"tuning: {self.done}/{self.total} timings, {spent:.0f} s{eta}  {self.label}"[:200] + "\n")
+        self.stream.write(f"tuning: {self.done}/{self.total} timings ({100 * self.done / self.total:.0f}%), "
+                          f"{spent:.0f} s{eta}  {self.label}"[:200] + "\n")
         self.stream.flush()
 
     def close(self) -> None:
