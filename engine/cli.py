@@ -371,7 +371,7 @@ def _make_detector(args):
               file=sys.stderr)
         args.weights = str(download(model))
     return Detector(model, args.weights, names=args.names, input_size=args.size, precision=args.precision,
-                    device=args.device, fit=_fit(args), progress=True)
+                    device=args.device, fit=_fit(args), progress=True, warmup=True)
 
 
 class _OutputNames:

@@ -53,7 +53,7 @@ class Detector:
                  names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
                  bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
-                 device_decode: Optional[bool] = None, progress: bool = False) -> None:
+                 device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False) -> None:
         if precision not in PRECISIONS:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
@@ -111,7 +111,7 @@ class Detector:
         self.executor(1)   # build and compile everything now, not on the first frame
         if self.device_preprocess:
             self.device_path.decoder(self.executor(1))
-        if self.runtime.builds:
+        if warmup and self.runtime.builds:
             # A cold start: run once, so that drivers which finish code generation at a kernel's first
             # launch (PoCL, per work-group size) do it here rather than in the first detection.
             if self.heads:
