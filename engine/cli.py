@@ -1,4 +1,5 @@
-"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune``, ``bench``, ``map``, ``valid`` and ``download``.
+"""The ``yolo-cl`` command line: ``detect``, ``info``, ``devices``, ``tune``, ``bench``, ``map``, ``valid``,
+``download`` and ``serve``.
 
 ``detect`` prints what Darknet's ``detector test -ext_output`` prints (or, with ``--json``,
 one document in the layout of Darknet's ``-out`` file) and can save annotated copies;
