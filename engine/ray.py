@@ -146,14 +146,16 @@ def run_serve(address: Optional[str], host: str, port: int, devices: Sequence, *
     import signal
     import sys
     import threading
-    start(address, len(devices))
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(serve_app(devices=devices, **opts), name="yolo-cl", route_prefix="/")
-    print(f"yolo-cl serve: listening on http://{host}:{port} (Ray Serve, {len(devices)} device deployment(s))",
-          file=announce or sys.stderr, flush=True)
     done = threading.Event()
-    old = signal.signal(signal.SIGTERM, lambda *a: done.set())
+    stop = lambda *a: done.set()       # noqa: E731
+    old = signal.signal(signal.SIGTERM, stop)   # from the start: the proxy may answer before serve.run returns
     try:
+        start(address, len(devices))
+        signal.signal(signal.SIGTERM, stop)     # again: ray.init installs its own, which exits mid-deployment
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(serve_app(devices=devices, **opts), name="yolo-cl", route_prefix="/")
+        print(f"yolo-cl serve: listening on http://{host}:{port} (Ray Serve, {len(devices)} device deployment(s))",
+              file=announce or sys.stderr, flush=True)
         while not done.wait(0.5):
             pass
     except KeyboardInterrupt:
