@@ -1,7 +1,7 @@
 /* Shared by every kernel: storage type (float or half), activations.
  * Specialised with -D defines at build time:
  *   HALF_STORAGE   tensors and weights stored as half, math in float (vload_half/vstore_half)
- *   ACT, ACT2      activation ids (see engine/layers.py ACTIVATIONS), folded at compile time
+ *   ACT, ACT2      activations by name (A_LEAKY, ...; engine/kernels act_id), folded at compile time
  */
 #ifndef YC_COMMON_H
 #define YC_COMMON_H

@@ -27,7 +27,9 @@ from typing import Optional
 import numpy as np
 
 from .errors import YoloClError
-from .weights import ConvParams, param_count, read_layer
+from .measure import event_ms, profiling_queue
+from .precision import precision_named
+from .weights import ConvParams, param_count, read_layer, save_weights
 
 COMPARE = (None, "opencv", "opencv-opencl")   # opencv: the device's natural OpenCV target; -opencl: always OpenCL
 
@@ -64,15 +66,14 @@ def measure_peak(rt, seconds: float = 0.2) -> float:
     units = int(rt.device.max_compute_units)
     n = units * (64 if rt.is_cpu else 2048)
     out = cl.Buffer(rt.context, cl.mem_flags.WRITE_ONLY, 4 * n)
-    queue = rt.queue if rt.profiling else cl.CommandQueue(
-        rt.context, rt.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    queue = profiling_queue(rt)
     iters, best = 256, 0.0
     for _ in range(12):
         k.set_args(out, np.int32(iters), np.float32(0.999999), np.float32(1e-7))
         c0 = time.process_time()
         ev = cl.enqueue_nd_range_kernel(queue, k, (n,), None)
         ev.wait()
-        t = (ev.profile.end - ev.profile.start) * 1e-9
+        t = event_ms(ev) * 1e-3
         if rt.is_cpu:   # a shared CPU: also credit the CPU time this process got (see Tuner's cpu clock)
             t = min(t, (time.process_time() - c0) / units)
         best = max(best, n * iters * 10 * lanes * 2 / max(t, 1e-9) / 1e9)
@@ -108,8 +109,10 @@ def device_peak(rt, refresh: bool = False) -> tuple:
 
 # -- random weights -------------------------------------------------------------------------
 def random_params(layers: list, seed: int = 0) -> dict:
-    """He-scaled random conv weights with unit batch-norm statistics: activations stay O(1) through
-    the network (no overflow, no denormals), which is all a speed measurement needs."""
+    """Parameters of every weighted layer for a speed run ({layer index: ConvParams}, as
+    ``load_weights`` returns and ``weights.save_weights`` writes): He-scaled random conv weights
+    with unit batch-norm statistics, so activations stay O(1) through the network (no overflow,
+    no denormals); small positive constants for the other weighted layers."""
     rng = np.random.default_rng(seed)
     out = {}
     for l in layers:
@@ -133,28 +136,6 @@ def random_params(layers: list, seed: int = 0) -> dict:
 def _filler(n: int) -> np.ndarray:
     """A non-conv layer's parameter block for speed runs: small and positive (variances must be)."""
     return np.full(n, 1 / math.sqrt(n), np.float32)
-
-
-def write_darknet_weights(path: Path, layers: list, params: dict) -> None:
-    """``random_params``' ``params`` as a Darknet .weights file (format 0.2: 64-bit ``seen``), in cfg order."""
-    with open(path, "wb") as f:
-        f.write(np.array([0, 2, 0], "<i4").tobytes())
-        f.write(np.array([0], "<u8").tobytes())
-
-        def written(block: np.ndarray) -> np.ndarray:
-            f.write(block.astype("<f4").tobytes())
-            return block
-        for l in layers:
-            if l.kind != "convolutional":
-                if param_count(l):   # the blocks random_params made, regenerated in file order
-                    read_layer(l, lambda n: written(_filler(n)), False)
-                continue
-            cp = params[l.index]
-            f.write(cp.biases.astype("<f4").tobytes())
-            if l.p["bn"]:
-                for a in (cp.scales, cp.mean, cp.variance):
-                    f.write(a.astype("<f4").tobytes())
-            f.write(cp.weights.astype("<f4").tobytes())
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -183,13 +164,12 @@ def memory_bandwidth(rt, nbytes: int = 64 << 20, runs: int = 5) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read plus written), best of ``runs``."""
     cl = rt.cl
     src, dst = rt.alloc(nbytes, "bandwidth probe"), rt.alloc(nbytes, "bandwidth probe")
-    queue = rt.queue if rt.profiling else cl.CommandQueue(
-        rt.context, rt.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    queue = profiling_queue(rt)
     best = 0.0
     for _ in range(runs):
         ev = cl.enqueue_copy(queue, dst, src)
         ev.wait()
-        best = max(best, 2 * nbytes / max((ev.profile.end - ev.profile.start) * 1e-9, 1e-9) / 1e9)
+        best = max(best, 2 * nbytes / max(event_ms(ev) * 1e-3, 1e-9) / 1e9)
     src.release()
     dst.release()
     return best
@@ -307,38 +287,23 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
               peak: Optional[float] = None, warmup: int = 2, progress=None, plot: bool = False) -> BenchReport:
     """Benchmark ``model`` (zoo name or cfg path); see the module doc. ``plot`` also measures the
     device's memory bandwidth (``BenchReport.bandwidth``) for a roofline."""
-    from .cfg import parse_cfg
     from .executor import Executor
-    from .graph import build_graph
-    from .layers import build_layers, parse_net
+    from .kernels.family import tuning_database
+    from .kernels.gemm_mma import mode_for
+    from .model import load_model
     from .runtime import Runtime
-    from .tuner import TuningDatabase
-    from .weights import load_weights
-    from .zoo import resolve
 
-    from .kernels.gemm_mma import db_precision, mode_for
-    if precision not in ("fp32", "fp16", "tf32"):
-        raise YoloClError(f"precision '{precision}' is not one of fp32, fp16, tf32")
+    precision = precision_named(precision)
     if compare not in COMPARE:
         raise YoloClError(f"--compare '{compare}' is not one of {', '.join(c for c in COMPARE if c)}")
-    z = resolve(model) if not Path(model).is_file() else None
-    cfg_path = Path(model) if z is None else z[0]
-    if z is None and not cfg_path.is_file():
-        raise YoloClError(f"'{model}' is neither a cfg file nor a zoo model")
-    weights_path = Path(weights) if weights else (z[1] if z is not None else None)
-    sections = parse_cfg(cfg_path)
-    net = parse_net(sections[0], size)
-    layers = build_layers(sections, net)
-    if weights_path is not None:
-        params, wdesc = load_weights(weights_path, layers), str(weights_path)
-    else:
-        params, wdesc = random_params(layers), "random (He-scaled, in memory)"
-    graph = build_graph(net, layers, params)
+    m = load_model(model, weights or None, size, params="optional", make_params=random_params)
+    cfg_path, weights_path, net, layers, params, graph = m.cfg_path, m.weights_path, m.net, m.layers, m.params, m.graph
+    wdesc = str(weights_path) if weights_path is not None else "random (He-scaled, in memory)"
 
     rt = Runtime(device, profiling=True)
     mma = mode_for(rt, precision)
-    db = TuningDatabase.for_runtime(rt, db_precision(precision, mma), mma)
-    ex = Executor(rt, graph, batch, precision == "fp16", db, mma=mma)
+    db = tuning_database(rt, precision, mma)
+    ex = Executor(rt, graph, batch, precision, db, mma=mma)
     tuned: dict = {}
     for level, _ in db.origin.values():
         tuned[level] = tuned.get(level, 0) + 1
@@ -346,7 +311,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
 
     rng = np.random.default_rng(0)
     blob = rng.random((batch, net.channels, net.height, net.width), dtype=np.float32)
-    ocv = _opencv_net(cfg_path, weights_path, layers, params, rt.is_cpu and compare == "opencv", rt.is_cpu) \
+    ocv = opencv_net(cfg_path, weights_path, layers, params, rt.is_cpu and compare == "opencv", rt.is_cpu) \
         if compare else None
     for _ in range(warmup):
         ex.run(blob)
@@ -362,7 +327,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
         cpu.append((time.process_time() - c0) * 1e3)
         times = ex.layer_times()
         if ex.events:
-            span.append((ex.events[-1].profile.end - ex.events[0].profile.start) * 1e-6)
+            span.append((ex.events[-1].profile.end - ex.events[0].profile.start) * 1e-6)   # first start to last end
         per.append([t.ms for t in times])
         dev.append(sum(t.ms for t in times))
         if ocv is not None:
@@ -370,11 +335,11 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
         if progress:
             progress(i + 1, repeat)
     med = np.median(np.array(per), axis=0)
-    item = 2 if precision == "fp16" else 4
+    item = precision.itemsize
     launches = [LaunchStat(t.label, t.op, t.name, float(m), t.flops, t.config, node_bytes(l.node, item))
                 for t, m, l in zip(ex.layer_times(), med, ex.launches)]
     plat = rt.device.platform.name.strip()
-    report = BenchReport(str(model), (net.width, net.height), batch, precision, rt.device_name, plat, rt.driver,
+    report = BenchReport(str(model), (net.width, net.height), batch, precision.name, rt.device_name, plat, rt.driver,
                          rt.device_type, the_peak, peak_src, wdesc, launches, wall, dev,
                          cpu if rt.is_cpu else [], tuned, span_ms=span)
     if plot:
@@ -385,7 +350,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
     return report
 
 
-class _OpenCV:
+class OpenCVNet:
     """OpenCV DNN on the same cfg and weights: its CPU backend for CPU devices, its OpenCL target otherwise."""
 
     def __init__(self, cfg: Path, weights: Path, cpu: bool, tmp: Optional[str], device_is_cpu: bool) -> None:
@@ -451,16 +416,19 @@ def _darknet_index(name: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def _opencv_net(cfg: Path, weights: Optional[Path], layers: list, params: dict, cpu: bool,
-                device_is_cpu: bool) -> _OpenCV:
+def opencv_net(cfg: Path, weights: Optional[Path], layers: list, params: dict, cpu: bool,
+               device_is_cpu: bool) -> OpenCVNet:
+    """The same network in OpenCV DNN, to run beside ours (``run(blob)``, per-layer times): from
+    ``weights``, or without a file from ``params`` written to a temporary one. ``cpu``: OpenCV's
+    CPU backend (else its OpenCL target)."""
     tmp = None
     if weights is None:
         fd, tmp = tempfile.mkstemp(suffix=".weights", prefix="yolo-cl-bench-")
         os.close(fd)
-        write_darknet_weights(Path(tmp), layers, params)
+        save_weights(Path(tmp), layers, params)
         weights = Path(tmp)
     try:
-        return _OpenCV(cfg, weights, cpu, tmp, device_is_cpu)
+        return OpenCVNet(cfg, weights, cpu, tmp, device_is_cpu)
     except YoloClError:
         if tmp:
             os.unlink(tmp)

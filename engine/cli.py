@@ -28,6 +28,7 @@ import numpy as np
 
 from .darknet_json import darknet_box as _darknet_box, group_by_box, json_frame
 from .errors import DeviceError, ImageError, LimitError, YoloClError
+from .precision import PRECISIONS, precision_named
 from .preprocess import FITS
 from .userfiles import MAX_IMAGE_FILE_BYTES, display, escape, read_bytes
 from .writers import check_output_dir, check_output_file, write_file
@@ -40,7 +41,6 @@ VIDEO_OUT_EXTS = {".mp4", ".avi", ".mkv"}
 URL_RE = re.compile(r"^(rtsp|rtsps|rtmp|http|https)://", re.IGNORECASE)
 DEFAULT_MODEL = "yolov3-tiny"
 MIB = 2.0 ** 20
-PRECISIONS = ("fp32", "fp16", "tf32")
 PRECISION_HELP = ("fp32: IEEE float (default); fp16: half storage, on tensor cores where the device has them; "
                   "tf32: float storage, convs on TF32 tensor cores (NVIDIA sm_80+; elsewhere fp32)")
 
@@ -584,7 +584,7 @@ def _names(node, graph) -> str:
 
 def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
     """Totals of a fused graph: GFLOPs, fusions, and memory (pool peak vs naive, workspace, weights) in bytes."""
-    from .kernels import workspace_elems
+    from .kernels.nodes import workspace_elems
     from .planner import plan_memory
     plan = plan_memory(graph, batch)
     concat_inputs = sum(len(l.inputs) for l in graph.layers if l.kind == "route" and len(l.inputs) >= 2)
@@ -608,17 +608,12 @@ def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
 
 def cmd_info(args) -> int:
     """Print the fused graph node by node, then totals and the memory plan. Needs no OpenCL device."""
-    from .cfg import parse_cfg, warn_unheard
-    from .graph import build_graph
-    from .layers import build_layers, parse_net
+    from .model import load_model
     from .outputs import layer_name
     name, cfg_path = _model_cfg(args.model, args.cfg)
-    sections = parse_cfg(cfg_path)
-    net = parse_net(sections[0], args.size)
-    layers = build_layers(sections, net)
-    warn_unheard(sections)
-    graph = build_graph(net, layers, None)
-    itemsize = 2 if args.precision == "fp16" else 4
+    m = load_model(cfg_path, None, args.size, params="none", warn=True)
+    net, layers, graph = m.net, m.layers, m.graph
+    itemsize = precision_named(args.precision).itemsize
     print(f"model:  {name} ({cfg_path})")
     print(f"input:  {net.width}x{net.height}x{net.channels}, batch {args.batch}, {args.precision}")
     print(f"resize: {'letterbox' if net.letter_box else 'stretch'} (cfg letter_box={int(net.letter_box)})")
@@ -651,7 +646,8 @@ def cmd_info(args) -> int:
 # -- devices ----------------------------------------------------------------------------------
 def cmd_tune(args) -> int:
     """Tune a model's conv shapes on one device; configs go to the tuning database."""
-    from .tuner import check_db_writable, tune_model, user_db_path
+    from .tune_cli import tune_model
+    from .tuning_db import check_db_writable, user_db_path
     db = check_output_file(args.db, "tuning database") if args.db else user_db_path()   # before tuning
     check_db_writable(db)
     traversal = None

@@ -19,19 +19,19 @@ from typing import Iterable, Iterator, Optional, Union
 import numpy as np
 
 from . import postprocess as post
-from .cfg import parse_cfg, warn_unheard
 from .errors import ImageError, YoloClError
 from .executor import Executor, batch_bucket
 from .graph import BN_EPS, build_graph
-from .kernels.gemm_mma import db_precision, mode_for as mma_mode
-from .layers import build_layers, head_layers, parse_net
+from .kernels.family import tuning_database
+from .kernels.gemm_mma import mode_for as mma_mode
+from .layers import build_layers, head_layers
+from .model import load_model
 from .outputs import head_output, layer_indices, layer_name
 from .preprocess import FITS, Placement, check_image, placement, to_blob
+from .precision import Precision, precision_named
 from .runtime import Runtime
-from .weights import load_weights, needs_weights
-from .zoo import default_names, read_names, resolve
+from .zoo import default_names, read_names
 
-PRECISIONS = ("fp32", "fp16", "tf32")
 MAX_EXECUTORS = 8     # (batch, size) executors kept, least recently used dropped first
 log = logging.getLogger("yolo_cl.detector")
 
@@ -50,23 +50,19 @@ class Detector:
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
-                 names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
+                 names: Optional[Union[str, Path, list]] = None, input_size=None,
+                 precision: Union[str, Precision] = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
                  bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
                  device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False) -> None:
-        if precision not in PRECISIONS:
-            raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
-        cfg_path, weights_path = _resolve_model(cfg, weights)
-        self.cfg_path, self.weights_path = cfg_path, weights_path
-        self._sections = parse_cfg(cfg_path)
-        self.net = parse_net(self._sections[0], input_size)
-        self.layers = build_layers(self._sections, self.net)
-        self.cfg_warnings = warn_unheard(self._sections)   # unused and repeated keys, one line each
-        if weights_path is None and needs_weights(self.layers):
-            raise YoloClError(f"{cfg_path}: no weights given (use --weights, or 'yolo-cl info' for shapes only)")
-        self._params = load_weights(weights_path, self.layers) if weights_path is not None else {}
+        precision = precision_named(precision)
+        model = load_model(cfg, weights, input_size, bn_eps=bn_eps, warn=True)
+        self.cfg_path, self.weights_path = model.cfg_path, model.weights_path
+        self._sections, self.net, self.layers = model.sections, model.net, model.layers
+        self.cfg_warnings = model.cfg_warnings      # unused and repeated keys, one line each
+        self._params = model.params
         self.bn_eps = bn_eps
-        self.graph = build_graph(self.net, self.layers, self._params, bn_eps)
+        self.graph = model.graph
         self._graphs: dict = {(self.net.width, self.net.height): self.graph}
         self.heads = head_layers(self.layers)
         self.classes = self.heads[0].p["classes"] if self.heads else self.layers[-1].c
@@ -91,8 +87,7 @@ class Detector:
                 f"{cache_dir() / 'binaries'})", file=sys.stderr, flush=True)
         self.mma = mma_mode(self.runtime, precision)     # tensor cores where the probe passes
         if tuning is None:
-            from .tuner import TuningDatabase
-            tuning = TuningDatabase.for_runtime(self.runtime, db_precision(precision, self.mma), self.mma)
+            tuning = tuning_database(self.runtime, precision, self.mma)
         self.tuning = tuning
         self._executors: OrderedDict = OrderedDict()
         self._warned_nonfinite = False
@@ -148,7 +143,7 @@ class Detector:
             if ex is None:
                 while len(self._executors) >= MAX_EXECUTORS:
                     self._executors.popitem(last=False)
-                ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision == "fp16", self.tuning,
+                ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision, self.tuning,
                               self._weights, progress=self.progress, mma=self.mma)
                 self._executors[key] = ex
             else:
@@ -339,7 +334,7 @@ class Detector:
     def memory_report(self, batch: int = 1) -> dict:
         """Pool peak vs the naive sum of all activations, plus weights and workspace, in bytes."""
         ex = self.executor(batch)
-        item = 2 if self.precision == "fp16" else 4
+        item = self.precision.itemsize
         wbytes = sum(n.attrs["weights"].size for n in self.graph.nodes if n.op == "conv") * item
         return {"pool_peak": ex.arena_bytes, "naive_total": ex.naive_bytes, "workspace": ex.workspace_bytes,
                 "weights": wbytes}
@@ -358,16 +353,3 @@ def network_stride(layers: list, net) -> int:
     heads = head_layers(layers)
     widths = [l.w for l in heads] or [layers[-1].w]
     return max(1, net.width // max(1, min(widths)))
-
-
-def _resolve_model(cfg, weights) -> tuple:
-    """Zoo name or paths -> (cfg path, weights path or None)."""
-    p = Path(str(cfg))
-    if not p.is_file() and "/" not in str(cfg) and not str(cfg).endswith(".cfg"):
-        z = resolve(str(cfg))
-        if z is None:
-            from .zoo import zoo_cfgs
-            raise YoloClError(f"'{cfg}' is neither a cfg file nor a zoo model ({', '.join(zoo_cfgs())})")
-        cfg_path, zoo_weights = z
-        return cfg_path, Path(weights) if weights is not None else zoo_weights
-    return p, (Path(weights) if weights is not None else None)

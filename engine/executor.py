@@ -19,9 +19,12 @@ import numpy as np
 from . import cmdbuf
 from .errors import DeviceError, YoloClError
 from .graph import Graph
-from .kernels import BindContext, bind_node, workspace_elems
+from .kernels import BindContext
+from .kernels.nodes import bind_node, workspace_elems
+from .measure import event_ms
 from .limits import check_executor
 from .planner import plan_memory
+from .precision import FP32, Precision
 
 
 def batch_bucket(n: int) -> int:
@@ -45,22 +48,23 @@ class LayerTime:
 class Executor:
     """A graph bound to a runtime for one batch size and storage precision."""
 
-    def __init__(self, rt, graph: Graph, batch: int = 1, half: bool = False, tuning=None,
+    def __init__(self, rt, graph: Graph, batch: int = 1, precision: Precision = FP32, tuning=None,
                  weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
                  progress: bool = False, mma: str = "") -> None:
-        """``command_buffer``: None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
+        """``precision``: storage and arithmetic (``precision.FP32``, ``FP16``, ``TF32``);
+        ``tuning``: a table with ``conv_config(node, batch)`` (None: heuristics). ``command_buffer``: None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
         is not 0), True requires one, False replays the launch list with one enqueue each.
         ``progress``: a progress bar over the layers on stderr when binding them takes more than a
         second (it is compiling) and stderr is a terminal. ``mma``: the tensor-core mode convs
         compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families."""
-        self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
+        self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
         self.plan = plan_memory(graph, batch)
-        item = 2 if half else 4
+        item = precision.itemsize
         check_executor(graph, self.plan.arena_elems, max((workspace_elems(n, batch) for n in graph.nodes), default=0),
                        batch, item, getattr(rt, "device", None))   # refuse before allocating anything
         self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
         ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
-        self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning, mma=mma,
+        self.ctx = BindContext(rt, self.arena, self.plan, batch, precision, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {})
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
         self.workspace_bytes = ws * item if ws else 0
@@ -75,7 +79,7 @@ class Executor:
                 self.launches.extend(bind_node(self.ctx, node))
             except YoloClError as e:
                 raise type(e)(f"layer {node.label} ({node.describe()}): {e}") from None
-        dtype = np.float16 if half else np.float32
+        dtype = precision.dtype
         self._host_in = np.empty((batch,) + (graph.input.c, graph.input.h, graph.input.w), dtype)
         self._host_out = [np.empty((batch,) + v.shape, dtype) for v in graph.outputs]
         self._out_offsets = [(self.plan.offset(v.tensor) + v.c0 * v.h * v.w) * item for v in graph.outputs]
@@ -85,6 +89,11 @@ class Executor:
         self._slots: dict = {}         # submit/collect: pinned input and outputs per slot
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
         self.command_buffer = self._record(command_buffer)
+
+    @property
+    def half(self) -> bool:
+        """Activations stored as half."""
+        return self.precision.half
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
         device = getattr(self.rt, "device", None)
@@ -102,11 +111,11 @@ class Executor:
 
     @property
     def arena_bytes(self) -> int:
-        return self.plan.arena_elems * (2 if self.half else 4)
+        return self.plan.arena_elems * self.precision.itemsize
 
     @property
     def naive_bytes(self) -> int:
-        return self.plan.naive_elems * (2 if self.half else 4)
+        return self.plan.naive_elems * self.precision.itemsize
 
     def run(self, blob: np.ndarray, profile: bool = False, eager: bool = False) -> list:
         """Forward ``blob`` (batch, C, H, W) float32; returns the output views as float32 arrays.
@@ -224,7 +233,7 @@ class Executor:
         """Per-launch device times of the last ``run(profile=True)`` (needs a profiling queue)."""
         out = []
         for l, ev in zip(self.launches, self.events):
-            ms = (ev.profile.end - ev.profile.start) * 1e-6
+            ms = event_ms(ev)
             out.append(LayerTime(l.node.label, l.node.describe(), l.name, ms, l.flops, l.config))
         return out
 

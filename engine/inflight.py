@@ -49,7 +49,7 @@ class DevicePath:
         self.det = detector
         self.rt = detector.runtime
         self.slots = slots
-        self.prep = DevicePreprocess(self.rt, detector.precision == "fp16", slots)
+        self.prep = DevicePreprocess(self.rt, detector.precision, slots)
         self.decode = decode
         # executor -> its DeviceDecoder; weak, so an executor dropped from a cache takes its decoder along
         self._decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

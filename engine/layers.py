@@ -13,11 +13,11 @@ from .cfg import Section, show
 from .errors import CfgError, LimitError
 from .limits import cap_source, check_layer, gib, max_bytes
 
-# Element-wise activations, in the order of their ids in cl/common.h (A_*): every layer with an
-# ``activation=`` key may use them, and a convolution runs them in its GEMM epilogue.
+# Element-wise activations, each defined in cl/common.h as A_<NAME> (kernels.act_id; checked by
+# tests/test_architecture.py): every layer with an ``activation=`` key may use them, and a
+# convolution runs them in its GEMM epilogue.
 ACTIVATIONS = ("linear", "leaky", "relu", "relu6", "logistic", "tanh", "mish", "swish", "hard_mish",
                "elu", "selu", "gelu", "hardtan", "lhtan", "ramp", "plse", "stair", "loggy", "relie", "revleaky")
-ACT_ID = {name: i for i, name in enumerate(ACTIVATIONS)}
 # Darknet's cross-channel activations (activate_array_normalize_channels[_softmax]): per pixel over
 # the channels, so they run as a node of their own after the layer. Only [convolutional] applies
 # them; every other layer's activate() returns 0 for them, so there they are refused.

@@ -16,10 +16,8 @@ read them instead of searching; ``set_tuning`` controls when a search happens.
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
-import time
 import warnings
 from collections import deque
 from dataclasses import dataclass, replace
@@ -28,6 +26,8 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .errors import DeviceError, LimitError, YoloClError
+from .measure import time_call
+from .precision import FP32
 from .runtime import Runtime, select_device
 
 __all__ = ["conv2d", "causal_depthwise_conv1d", "causal_depthwise_conv1d_backward", "runtime", "set_tuning",
@@ -57,12 +57,12 @@ class _AdoptedRuntime(Runtime):
 
 
 class _Ctx:
-    """What the ops keep per device: runtime, buffer pool, kernels, tuned configs."""
+    """What the ops keep per device beside its Runtime (which allocates, pools and builds): kernel
+    objects with their arguments set per call, tuned configs, the device's limits."""
 
     def __init__(self, rt: Runtime) -> None:
-        import pyopencl.tools as clt
         self.rt, self.cl = rt, rt.cl
-        self.pool = clt.MemoryPool(clt.ImmediateAllocator(rt.queue))
+        self.pool = rt.pool
         self.configs: dict = {}
         self.not_in_db: set = set()          # shape buckets the tuning database had no config for
         self.events: deque = deque(maxlen=4096)   # launch events, kept on a profiling runtime (benchmarks)
@@ -88,15 +88,7 @@ class _Ctx:
         return k
 
     def alloc(self, nbytes: int, what: str):
-        nbytes = max(int(nbytes), 4)
-        if nbytes > self.max_alloc:
-            raise DeviceError(f"{what} needs {nbytes / 2**20:.1f} MiB, more than the largest allocation "
-                              f"({self.max_alloc / 2**20:.0f} MiB) on {self.rt.device_name}")
-        try:
-            return self.pool.allocate(nbytes)
-        except self.cl.Error as e:
-            raise DeviceError(f"out of device memory: {what} needs {nbytes / 2**20:.1f} MiB on "
-                              f"{self.rt.device_name} ({e})") from None
+        return self.rt.pooled(nbytes, what)
 
     def upload(self, a: np.ndarray, what: str):
         """A device copy of ``a``, enqueued without waiting (pyopencl keeps ``a`` alive until it is done)."""
@@ -170,6 +162,13 @@ def free_memory(device=None) -> None:
         ctx.pool.free_held()
 
 
+def launch_events(device=None) -> deque:
+    """The OpenCL events of the ops' recent launches on ``device`` (the last 4096; kept only on a
+    profiling runtime, ``Runtime(profiling=True)``): a benchmark clears it, calls an op and sums
+    the events' times (``measure.event_ms``)."""
+    return _context(device).events
+
+
 def tuned_configs(device=None) -> dict:
     """The configs the timed search has chosen on ``device`` so far, by shape bucket (a copy)."""
     return dict(_context(device).configs)
@@ -198,18 +197,6 @@ def _wants_tuning(tune: Optional[bool], flops: float) -> bool:
     return flops >= AUTO_TUNE_FLOPS
 
 
-def _timed(ctx: _Ctx, fn: Callable[[dict], None], cfg: dict, reps: int = 2) -> float:
-    fn(cfg)                              # build and warm up
-    ctx.rt.queue.finish()
-    best = math.inf
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn(cfg)
-        ctx.rt.queue.finish()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def _db_key(key: tuple) -> str:
     """The tuning-database key of an op's shape bucket, e.g. ``ops corr2d 14 15 8192 True``."""
     return "ops " + " ".join(str(v) for v in key)
@@ -222,8 +209,8 @@ def _remembered(ctx: _Ctx, key: tuple, candidates: list) -> Optional[dict]:
         return ctx.configs[key]
     if key in ctx.not_in_db:             # read the files once per bucket, not on every untuned call
         return None
-    from .tuner import TuningDatabase
-    cfg = TuningDatabase(ctx.rt, "fp32").lookup_key(_db_key(key))
+    from .tuning_db import TuningDatabase
+    cfg = TuningDatabase(ctx.rt, FP32).lookup_key(_db_key(key))
     if cfg is not None and cfg in candidates:
         ctx.configs[key] = cfg
         return cfg
@@ -233,9 +220,9 @@ def _remembered(ctx: _Ctx, key: tuple, candidates: list) -> Optional[dict]:
 
 def _store(ctx: _Ctx, key: tuple, cfg: dict) -> None:
     """Write a searched config to the user tuning database, so later processes skip the search."""
-    from .tuner import TuningDatabase
+    from .tuning_db import TuningDatabase
     try:
-        TuningDatabase(ctx.rt, "fp32").record({_db_key(key): dict(cfg)})
+        TuningDatabase(ctx.rt, FP32).record({_db_key(key): dict(cfg)})
     except (OSError, YoloClError) as e:
         warnings.warn(f"yolo_cl.ops: could not save the tuned config for {_db_key(key)}: {e}", stacklevel=3)
 
@@ -249,7 +236,7 @@ def _search(ctx: _Ctx, key: tuple, candidates: list, trial: Callable[[dict], Non
     timings = []
     for cand in candidates:
         try:
-            timings.append((_timed(ctx, trial, cand), cand))
+            timings.append((time_call(lambda: trial(cand), ctx.rt.queue), cand))   # the first call builds
         except DeviceError:
             continue                     # a config this device cannot build or launch
     if not timings:

@@ -172,6 +172,31 @@ class Runtime:
         self.cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(array))
         return buf
 
+    @property
+    def pool(self):
+        """A pyopencl ``MemoryPool`` on this queue, made on first use: buffers freed into it are
+        reused by the next allocation of a similar size (``ops``' scratch and outputs, which come
+        and go with every call)."""
+        pool = self.__dict__.get("_pool")
+        if pool is None:
+            import pyopencl.tools as clt
+            pool = self.__dict__.setdefault("_pool", clt.MemoryPool(clt.ImmediateAllocator(self.queue)))
+        return pool
+
+    def pooled(self, nbytes: int, what: str):
+        """A buffer from ``pool`` (not touched, nothing waited for: unlike ``alloc``, for buffers
+        that live for one call); a failure names what it was for and how much was asked."""
+        nbytes = max(int(nbytes), 4)
+        largest = int(self.device.max_mem_alloc_size)
+        if nbytes > largest:
+            raise DeviceError(f"{what} needs {nbytes / 2**20:.1f} MiB, more than the largest allocation "
+                              f"({largest / 2**20:.0f} MiB) on {self.device_name}")
+        try:
+            return self.pool.allocate(nbytes)
+        except self.cl.Error as e:
+            raise DeviceError(f"out of device memory: {what} needs {nbytes / 2**20:.1f} MiB on "
+                              f"{self.device_name} ({e})") from None
+
     # -- programs ----------------------------------------------------------------------------
     def program(self, source: str, defines: Optional[dict] = None):
         """Build (or fetch from cache) ``cl/<source>`` specialised with ``defines``.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from yolo_cl.layers import ACT_ID
+from yolo_cl.kernels import act_id
 
-LEAKY, MISH = ACT_ID["leaky"], ACT_ID["mish"]
+LINEAR, LEAKY, MISH = act_id("linear"), act_id("leaky"), act_id("mish")
 
 
 def leaky(x):
@@ -18,10 +18,10 @@ def mish(x):
     return x * np.tanh(np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
-ACTS = {0: lambda x: x, LEAKY: leaky, MISH: mish}
+ACTS = {LINEAR: lambda x: x, LEAKY: leaky, MISH: mish}
 
 
-def reference(A, B, bias, residual=None, act=0, act2=0):
+def reference(A, B, bias, residual=None, act=LINEAR, act2=LINEAR):
     """C = act2(act(A.B + bias) + residual) in float64; A (G,M,K), B (batch,G,K,N)."""
     G, M, K = A.shape
     C = np.einsum("gmk,bgkn->bgmn", A.astype(np.float64), B.astype(np.float64))

@@ -10,6 +10,7 @@ import pyopencl as cl
 import pytest
 
 from yolo_cl import cmdbuf
+from yolo_cl.precision import FP32
 from yolo_cl.detector import Detector
 from yolo_cl.errors import DeviceError
 from yolo_cl.executor import Executor
@@ -34,8 +35,8 @@ def test_command_buffer_replay_equals_the_launch_list(monkeypatch):
         pytest.skip("no OpenCL device here lists cl_khr_command_buffer (Debian's pocl-opencl-icd does)")
     det = Detector("yolov3-tiny", input_size=96, device=dev)
     graph = det.graph_for((96, 96))
-    with_cb = Executor(det.runtime, graph, 2, False, det.tuning, command_buffer=True)
-    without = Executor(det.runtime, graph, 2, False, det.tuning, command_buffer=False)
+    with_cb = Executor(det.runtime, graph, 2, FP32, det.tuning, command_buffer=True)
+    without = Executor(det.runtime, graph, 2, FP32, det.tuning, command_buffer=False)
     assert with_cb.command_buffer is not None and without.command_buffer is None
     assert with_cb.command_buffer.commands == len(with_cb.launches)
     rng = np.random.default_rng(0)
@@ -43,16 +44,16 @@ def test_command_buffer_replay_equals_the_launch_list(monkeypatch):
         blob = rng.random((2, 3, 96, 96), dtype=np.float32)
         for a, b in zip(with_cb.run(blob), without.run(blob)):
             np.testing.assert_array_equal(a, b)
-    assert Executor(det.runtime, graph, 1, False, det.tuning).command_buffer is not None   # auto: used
+    assert Executor(det.runtime, graph, 1, FP32, det.tuning).command_buffer is not None   # auto: used
     monkeypatch.setenv("YOLO_CL_COMMAND_BUFFER", "0")
-    assert Executor(det.runtime, graph, 1, False, det.tuning).command_buffer is None
+    assert Executor(det.runtime, graph, 1, FP32, det.tuning).command_buffer is None
 
 
 def test_a_device_without_the_extension_replays_the_launch_list(tiny_default, monkeypatch):
     monkeypatch.setattr(cmdbuf, "supported", lambda device: False)
     graph = tiny_default.graph_for((96, 96))
-    ex = Executor(tiny_default.runtime, graph, 1, False, tiny_default.tuning)
+    ex = Executor(tiny_default.runtime, graph, 1, FP32, tiny_default.tuning)
     assert ex.command_buffer is None
     ex.run(np.zeros((1, 3, 96, 96), np.float32))
     with pytest.raises(DeviceError, match="cl_khr_command_buffer"):
-        Executor(tiny_default.runtime, graph, 1, False, tiny_default.tuning, command_buffer=True)
+        Executor(tiny_default.runtime, graph, 1, FP32, tiny_default.tuning, command_buffer=True)

@@ -72,7 +72,7 @@ def test_blob_matches_host_path(tiny, fit):
             img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
             place = tiny.placement(w, h)
             ref = to_blob(img, place.net_w, place.net_h, place=place)
-            if tiny.precision == "fp16":
+            if tiny.precision.half:
                 ref = ref.astype(np.float16).astype(np.float32)
             got = device_blob(tiny, img, place)
             assert got.shape == ref.shape

@@ -32,7 +32,7 @@ class HeuristicTuning:
         self.rt = rt
 
     def conv_config(self, node, batch=1):
-        return heuristic_config(node, self.rt.is_cpu, batch)
+        return heuristic_config(node, self.rt, batch)
 
 
 class BrokenTuning(HeuristicTuning):
@@ -51,7 +51,7 @@ class BrokenTuning(HeuristicTuning):
         return out
 
     def heuristic(self, node, batch):
-        return heuristic_config(node, self.rt.is_cpu, batch)
+        return heuristic_config(node, self.rt, batch)
 
 
 @pytest.fixture(scope="module")

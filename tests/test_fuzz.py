@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from yolo_cl.cfg import MAX_CFG_BYTES, parse_cfg
 from yolo_cl.errors import CfgError, LimitError, WeightsError, YoloClError
 from yolo_cl.graph import build_graph
-from yolo_cl.kernels import workspace_elems
+from yolo_cl.kernels.nodes import workspace_elems
 from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.limits import check_executor
 from yolo_cl.planner import plan_memory

@@ -12,8 +12,9 @@ import itertools
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, MISH, SlicedC, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, MISH, SlicedC, reference, rel_err
 from yolo_cl.kernels import gemm_cpu as gc
+from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
 
 
@@ -30,7 +31,7 @@ def full(cfg: dict) -> dict:
     return c
 
 
-def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c_pad=(0, 0), packed=True):
+def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=LINEAR, act2=LINEAR, half=False, c_pad=(0, 0), packed=True):
     """Run the family's kernel for ``cfg`` on host arrays; A (G,M,K), B (batch,G,K,N); returns C (batch,G,M,N).
 
     ``c_pad`` = (rows before, rows after) of extra output per image: C is a slice of a larger
@@ -70,7 +71,7 @@ def case(rt, cfg, M, N, K, *, G=1, batch=1, seed=0, tol=1e-5, **kw):
     bias = rng.standard_normal(G * M).astype(np.float32)
     res = q(rng.standard_normal((batch, G, M, N)).astype(np.float32)) if kw.pop("with_residual", False) else None
     out = run_gemm(rt, cfg, A, B, bias, residual=res, **kw)
-    err = rel_err(out, reference(A, B, bias, res, kw.get("act", 0), kw.get("act2", 0)))
+    err = rel_err(out, reference(A, B, bias, res, kw.get("act", LINEAR), kw.get("act2", LINEAR)))
     assert err < tol, f"{cfg} M={M} N={N} K={K}: relative error {err:.2e}"
 
 
@@ -253,7 +254,7 @@ def test_conv_algorithms(rt, tmp_path, c, k, d, g):
     assert nodes[1].attrs["residual"] is not None
     for node, cfg in cases:
         cfg = {"family": "cpu", **cfg}
-        bench = ConvBench(rt, node, 2, False, rt.queue, seed=3)
+        bench = ConvBench(rt, node, 2, FP32, rt.queue, seed=3)
         err = bench.check(bench.bind(cfg))
         assert err < 1e-4, f"{cfg}: relative error {err:.2e}"
     bad = {"family": "cpu", "algo": "implicit", **dict(nv, NV=2)}      # 16 does not divide the width 24
@@ -274,12 +275,13 @@ def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
     net = parse_net(sections[0], None)
     nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
     for node in nodes:
-        for half in (False, True):
-            cfg = gc.heuristic_config(node, 2, half)
+        for precision in (FP32, FP16):
+            half = precision.half
+            cfg = gc.heuristic_config(node, 2, precision)
             M, N, K, G = gc.gemm_shape(node, cfg)
             assert cfg["algo"] in gc.conv_algos(node)
             assert gc.why_illegal(cfg, M, N, K) is None and gc.conv_illegal(node, cfg) is None, cfg
             assert not (half and cfg.get("m", 2) != 2), cfg
-            bench = ConvBench(rt, node, 2, half, rt.queue, seed=5)
+            bench = ConvBench(rt, node, 2, precision, rt.queue, seed=5)
             err = bench.check(bench.bind(cfg))
             assert err < (1e-2 if half else 1e-4), f"{cfg}: relative error {err:.2e}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, SlicedC, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, SlicedC, reference, rel_err
 from yolo_cl.kernels import gemm_local as gl
 from yolo_cl.runtime import Runtime
 
@@ -18,7 +18,7 @@ def rt():
     return Runtime()
 
 
-def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=0, act2=0, half=False, c_pad=(0, 0), implicit=None):
+def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=LINEAR, act2=LINEAR, half=False, c_pad=(0, 0), implicit=None):
     """Run yc_gemm_local on host arrays; A (G,M,K), B (batch,G,K,N) or conv input; returns C (batch,G,M,N).
 
     ``c_pad`` = (rows before, rows after) of extra output space per image, to check writes stay

@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, SlicedC, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, SlicedC, reference, rel_err
 from test_gemm_local import conv_reference
 from yolo_cl.kernels import gemm_mma as gm
+from yolo_cl.precision import FP16, FP32, PRECISIONS, TF32
 from yolo_cl.runtime import Runtime
 
 
@@ -34,7 +35,7 @@ def rounded(x, mode):
     return x.astype(np.float16).astype(np.float32) if mode == "f16" else gm.tf32_round(x)
 
 
-def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=0, act2=0, c_pad=(0, 0), implicit=None):
+def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEAR, c_pad=(0, 0), implicit=None):
     """yc_gemm_mma on host arrays: A (G,M,K), B (batch,G,K,N) or the conv input; returns C (batch,G,M,N)."""
     cl = rt.cl
     half = mode == "f16"
@@ -178,11 +179,11 @@ def test_space_legality_and_heuristic():
 
 def test_probe_passes_on_tensor_cores_or_emulated_and_says_no_otherwise(rt, monkeypatch):
     assert gm.available(rt, "f16") and gm.available(rt, "tf32")     # real, or emulated by the fixture
-    assert gm.mode_for(rt, "fp16") == "f16" and gm.mode_for(rt, "tf32") == "tf32"
-    assert gm.mode_for(rt, "fp32") == ""
+    assert gm.mode_for(rt, FP16) == "f16" and gm.mode_for(rt, TF32) == "tf32"
+    assert gm.mode_for(rt, FP32) == ""
     monkeypatch.delenv(gm.EMULATE_ENV, raising=False)
     hw = gm.tensor_cores(rt)                                         # PoCL: no NVIDIA compute capability
-    assert gm.available(rt, "f16") == hw and (gm.mode_for(rt, "tf32") == "tf32") == hw
+    assert gm.available(rt, "f16") == hw and (gm.mode_for(rt, TF32) == "tf32") == hw
 
 
 NET = """[net]
@@ -251,7 +252,7 @@ def test_conv_net_end_to_end(rt, tmp_path, precision):
     ref = forward_numpy(str(cfg), weights, blob, keep="heads")
     ref = ref[max(ref)]
     det = yolo_cl.Detector(str(cfg), weights, precision=precision)
-    assert det.mma == gm.MODES[precision]
+    assert det.mma == PRECISIONS[precision].mma
     names = {l.name for l in det.executor(1).launches if l.node.op == "conv"}
     assert names == {"gemm_mma"}, names                     # every conv on the mma family
     out = det.forward(blob)[0]
@@ -265,9 +266,10 @@ def test_tuning_database_offers_only_mma_configs_on_tensor_cores(tmp_path):
     look-up skips them (finding the mma entry, else the mma heuristic); without, nothing changes."""
     import yaml
     from test_tuner import convs, fake_rt, record
-    from yolo_cl import tuner as tmod
+    from yolo_cl import tuning_db as dbm
+    from yolo_cl.kernels import conv, family
     node = convs(tmp_path)[0]
-    key = tmod.shape_key(node)
+    key = dbm.shape_key(node)
     local = {"family": "local", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
     mma = {"family": "mma", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 32, "WM": 2, "WN": 1}
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
@@ -277,10 +279,13 @@ def test_tuning_database_offers_only_mma_configs_on_tensor_cores(tmp_path):
                                                                        configs={key: mma})]}))
     rt = fake_rt(kind="GPU")
     user = tmp_path / "user.yaml"
-    assert tmod.TuningDatabase(rt, "fp16", paths=[first, second], user_path=user).conv_config(node) == local
-    assert tmod.TuningDatabase(rt, "fp16", paths=[first, second], user_path=user, mma="f16").conv_config(node) == mma
-    assert tmod.TuningDatabase(rt, "fp16", paths=[first], user_path=user, mma="f16").conv_config(node) == \
-        gm.heuristic_config(node, "f16")
+
+    def database(paths, mma=""):
+        return dbm.TuningDatabase(rt, FP16, paths=paths, user_path=user, fits=family.stored_config_fits(rt, mma))
+    assert database([first, second]).conv_config(node) == local
+    assert database([first, second], "f16").conv_config(node) == mma
+    assert database([first], "f16").conv_config(node) is None          # no entry: the heuristic's turn
+    assert conv.heuristic_config(node, rt, 1, FP16, "f16") == gm.heuristic_config(node, "f16")
 
 
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
@@ -290,11 +295,12 @@ def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
     from test_tuner import convs
     from yolo_cl import tuner as tmod
     node = convs(tmp_path, 12, 12)[2]                       # 3x3/2 mish
+    precision = PRECISIONS[precision]
     tuner = tmod.Tuner(rt, precision, reps=1)
-    assert tuner.mma == gm.MODES[precision] and tuner.tol == tmod.TOLERANCE[precision]
+    assert tuner.mma == precision.mma and tuner.tol == precision.tolerance
     cands = tuner.candidates(node)
     assert cands and all(c["family"] == gm.FAMILY for c in cands)
     assert {c["algo"] for c in cands} == {"implicit", "im2col"}
-    bench = tmod.ConvBench(rt, node, 1, precision == "fp16", tuner.queue, mma=tuner.mma)
+    bench = tmod.ConvBench(rt, node, 1, precision, tuner.queue, mma=tuner.mma)
     err = bench.check(bench.bind(gm.heuristic_config(node, tuner.mma)))
-    assert tmod.TOLERANCE["fp32"] < err < tuner.tol
+    assert FP32.tolerance < err < tuner.tol

@@ -552,7 +552,7 @@ class FixedTuning:
         self.general, self.pointwise, self.depthwise = general, pointwise or general, depthwise or general
 
     def pick(self, node) -> dict:
-        from yolo_cl.kernels import conv as kconv
+        from yolo_cl import kernels as kconv
         if kconv.is_depthwise(node):
             return self.depthwise
         return self.pointwise if kconv.is_pointwise(node) else self.general

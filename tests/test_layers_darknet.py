@@ -499,8 +499,8 @@ def test_detection_size_mismatch_is_refused(tmp_path):
 def test_bench_random_params_cover_every_weighted_layer(tmp_path):
     """`yolo-cl bench` without weights makes parameters for the new weighted layers too, and the
     file it hands OpenCV/Darknet for --compare reads back as the same parameters."""
-    from yolo_cl.bench import random_params, write_darknet_weights
-    from yolo_cl.weights import load_weights
+    from yolo_cl.bench import random_params
+    from yolo_cl.weights import load_weights, save_weights
     body = conv(4, 3, 1) + sec("batchnorm") + sec("local", filters=2, size=3, pad=1) + \
         sec("deconvolutional", filters=3, size=2, stride=2, batch_normalize=1) + \
         sec("connected", output=5, batch_normalize=1) + sec("implicit", filters=3)
@@ -509,7 +509,7 @@ def test_bench_random_params_cover_every_weighted_layer(tmp_path):
     layers = build_layers(sections, parse_net(sections[0]))
     params = random_params(layers)
     assert sorted(params) == [0, 1, 2, 3, 4, 5]
-    write_darknet_weights(tmp_path / "r.weights", layers, params)
+    save_weights(tmp_path / "r.weights", layers, params)
     back = load_weights(tmp_path / "r.weights", layers)
     for i, cp in params.items():
         for name in ("biases", "weights", "scales", "mean", "variance"):

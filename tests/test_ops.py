@@ -226,13 +226,14 @@ def test_device_outputs_come_from_the_pool_and_free_memory_returns_it():
 
 
 def test_tuned_config_is_saved_and_read_back_without_a_search(monkeypatch):
-    from yolo_cl.tuner import TuningDatabase
+    from yolo_cl.precision import FP32
+    from yolo_cl.tuning_db import TuningDatabase
     rt = ops.runtime()
     ctx = ops._context(rt)
     x, w = rand(1, 1, 60, 90), rand(1, 1, 5, 6)
     ref = ops.conv2d(x, w, tune=True)
     key = next(k for k in ctx.configs if k[:3] == ("corr2d", 5, 6))
-    saved = TuningDatabase(rt, "fp32").lookup_key(ops._db_key(key))
+    saved = TuningDatabase(rt, FP32).lookup_key(ops._db_key(key))
     assert saved == ctx.configs[key]                 # in the user database, under this device
     ctx.configs.clear()                              # as a new process would start
     ctx.not_in_db.clear()

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 import yaml
 
+from yolo_cl import search
 from yolo_cl import tuner as tmod
+from yolo_cl import tuning_db as dbm
 from yolo_cl.cfg import parse_cfg
 from yolo_cl.graph import build_graph
-from yolo_cl.kernels import gemm_cpu
+from yolo_cl.kernels import family, gemm_cpu, gemm_local
 from yolo_cl.layers import build_layers, parse_net
+from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
 
 NET = """[net]
@@ -79,6 +82,11 @@ CFG_C = {"family": "cpu", "algo": "winograd", "m": 2, "kernel": "nv", "TM": 2, "
 CFG_D = {"family": "cpu", "algo": "im2col", "kernel": "nv", "TM": 2, "VW": 8, "NV": 2, "KU": 1, "WG": 0}
 
 
+def database(rt, **kw):
+    """The engine's view of a database for ``rt``'s device: fp32, stored configs checked by the families."""
+    return dbm.TuningDatabase(rt, FP32, fits=family.stored_config_fits(rt, ""), **kw)
+
+
 def record(device="Dev X", driver="1.0", vendor="Acme", kind="CPU", precision="fp32", configs=None):
     return {"device": device, "driver": driver, "vendor": vendor, "type": kind, "precision": precision,
             "configs": configs or {}}
@@ -86,21 +94,21 @@ def record(device="Dev X", driver="1.0", vendor="Acme", kind="CPU", precision="f
 
 # -- keys -----------------------------------------------------------------------------------
 def test_bucketing(tmp_path):
-    assert [tmod.n_bucket(n) for n in (1, 2, 3, 169, 256, 257)] == [1, 2, 4, 256, 256, 512]
+    assert [dbm.n_bucket(n) for n in (1, 2, 3, 169, 256, 257)] == [1, 2, 4, 256, 256, 512]
     a = convs(tmp_path, 24, 20)[0]          # 480 output pixels
     b = convs(tmp_path, 22, 22)[0]          # 484: same bucket, same key
     c = convs(tmp_path, 40, 40)[0]          # 1600: another bucket
-    assert tmod.shape_key(a) == tmod.shape_key(b) != tmod.shape_key(c)
-    assert "n512" in tmod.shape_key(a) and tmod.shape_key(a, 4).endswith("b4")
+    assert dbm.shape_key(a) == dbm.shape_key(b) != dbm.shape_key(c)
+    assert "n512" in dbm.shape_key(a) and dbm.shape_key(a, 4).endswith("b4")
 
 
 # -- the database -----------------------------------------------------------------------------
 def test_round_trip_and_merge(tmp_path):
     path = tmp_path / "db.yaml"
-    tmod.write_db(path, [record(configs={"k1": CFG_A})])
-    tmod.write_db(path, [record(configs={"k2": CFG_B}), record(driver="2.0", configs={"k1": CFG_B})])
-    tmod.write_db(path, [record(configs={"k1": CFG_D})])          # same identity: k1 replaced, k2 kept
-    recs = tmod.read_db(path)
+    dbm.write_db(path, [record(configs={"k1": CFG_A})])
+    dbm.write_db(path, [record(configs={"k2": CFG_B}), record(driver="2.0", configs={"k1": CFG_B})])
+    dbm.write_db(path, [record(configs={"k1": CFG_D})])          # same identity: k1 replaced, k2 kept
+    recs = dbm.read_db(path)
     assert len(recs) == 2
     one = next(r for r in recs if r["driver"] == "1.0")
     assert one["configs"] == {"k1": CFG_D, "k2": CFG_B}
@@ -108,9 +116,9 @@ def test_round_trip_and_merge(tmp_path):
 
 
 def test_fallback_order(tmp_path):
-    """device+driver -> device (stale) -> vendor -> type -> heuristic; the user file first within a level."""
+    """device+driver -> device (stale) -> vendor -> type -> no entry; the user file first within a level."""
     node = convs(tmp_path)[0]
-    key = tmod.shape_key(node)
+    key = dbm.shape_key(node)
     user, shipped = tmp_path / "user.yaml", tmp_path / "shipped.yaml"
     levels = [record(configs={key: CFG_A}),                                    # exact
               record(driver="0.9", configs={key: CFG_B}),                      # same device, old driver
@@ -119,51 +127,51 @@ def test_fallback_order(tmp_path):
     expect = [CFG_A, CFG_B, CFG_C, CFG_D]
     for start in range(4):
         shipped.write_text(yaml.safe_dump({"version": 1, "records": levels[start:]}))
-        db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[shipped], user_path=user)
+        db = database(fake_rt(), paths=[shipped], user_path=user)
         assert db.conv_config(node) == expect[start]
-        assert db.origin[key][0] == tmod.LEVELS[start]
+        assert db.origin[key][0] == dbm.LEVELS[start]
         assert (key in db.stale) == (start == 1)
     shipped.write_text(yaml.safe_dump({"version": 1, "records": [record(kind="GPU", configs={key: CFG_A}),
                                                                  record(precision="fp16", configs={key: CFG_A})]}))
-    db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[shipped], user_path=user)
-    assert db.conv_config(node) == gemm_cpu.heuristic_config(node)
+    db = database(fake_rt(), paths=[shipped], user_path=user)
+    assert db.conv_config(node) is None
     assert db.origin[key][0] == "heuristic"
     # Within a level the user's file wins over the shipped one.
     shipped.write_text(yaml.safe_dump({"version": 1, "records": [record(configs={key: CFG_A})]}))
-    tmod.write_db(user, [record(configs={key: CFG_B})])
-    assert tmod.TuningDatabase(fake_rt(), "fp32", paths=[shipped], user_path=user).conv_config(node) == CFG_B
+    dbm.write_db(user, [record(configs={key: CFG_B})])
+    assert database(fake_rt(), paths=[shipped], user_path=user).conv_config(node) == CFG_B
 
 
 def test_neighbour_bucket_and_illegal_entries(tmp_path):
     """A new input size finds the neighbouring bucket's entry; an entry illegal for the exact shape is skipped."""
     small, big = convs(tmp_path, 24, 20)[0], convs(tmp_path, 30, 30)[0]   # 480 -> n512, 900 -> n1024
     path = tmp_path / "db.yaml"
-    tmod.write_db(path, [record(configs={tmod.shape_key(small): CFG_B})])
-    db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
+    dbm.write_db(path, [record(configs={dbm.shape_key(small): CFG_B})])
+    db = database(fake_rt(), paths=[], user_path=path)
     assert db.conv_config(big) == CFG_B
     far = convs(tmp_path, 48, 40)[0]                                     # 1920 -> n2048: two buckets up
-    assert db.conv_config(far) == gemm_cpu.heuristic_config(far)        # too far to trust
-    tmod.write_db(path, [record(configs={tmod.shape_key(big): CFG_D})])  # one bucket away: used
-    assert tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path).conv_config(far) == CFG_D
+    assert db.conv_config(far) is None        # too far to trust
+    dbm.write_db(path, [record(configs={dbm.shape_key(big): CFG_D})])  # one bucket away: used
+    assert database(fake_rt(), paths=[], user_path=path).conv_config(far) == CFG_D
     bad = dict(CFG_A, WG=7)           # 7 does not divide the column blocks of 900 pixels
-    tmod.write_db(path, [record(configs={tmod.shape_key(big): bad, tmod.shape_key(small): bad})])
-    db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
-    assert db.conv_config(big) == gemm_cpu.heuristic_config(big)
+    dbm.write_db(path, [record(configs={dbm.shape_key(big): bad, dbm.shape_key(small): bad})])
+    db = database(fake_rt(), paths=[], user_path=path)
+    assert db.conv_config(big) is None
 
 
 def test_stale_driver_warns_once(tmp_path, caplog):
     node = convs(tmp_path)[0]
     path = tmp_path / "db.yaml"
-    tmod.write_db(path, [record(driver="0.1", configs={tmod.shape_key(node): CFG_A})])
-    tmod._WARNED.clear()
+    dbm.write_db(path, [record(driver="0.1", configs={dbm.shape_key(node): CFG_A})])
+    dbm._WARNED.clear()
     with caplog.at_level(logging.WARNING, logger="yolo_cl.tuner"):
-        db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
+        db = database(fake_rt(), paths=[], user_path=path)
         db.conv_config(node)
         db.conv_config(node)
     msgs = [r.getMessage() for r in caplog.records if "re-validate" in r.getMessage()]
     assert len(msgs) == 1 and "0.1" in msgs[0]
     # Recording the shape under the current driver clears it.
-    db.record({tmod.shape_key(node): CFG_A})
+    db.record({dbm.shape_key(node): CFG_A})
     assert not db.stale
 
 
@@ -173,18 +181,18 @@ def test_corrupt_database_warns_and_is_ignored(tmp_path, caplog, text):
     node = convs(tmp_path)[0]
     path = tmp_path / "db.yaml"
     path.write_bytes(text.encode("latin-1"))
-    tmod._WARNED.clear()
+    dbm._WARNED.clear()
     with caplog.at_level(logging.WARNING, logger="yolo_cl.tuner"):
-        db = tmod.TuningDatabase(fake_rt(), "fp32", paths=[], user_path=path)
-        assert db.conv_config(node) == gemm_cpu.heuristic_config(node)
+        db = database(fake_rt(), paths=[], user_path=path)
+        assert db.conv_config(node) is None
     assert any("ignoring it" in r.getMessage() for r in caplog.records)
-    db.record({tmod.shape_key(node): CFG_A})           # writing replaces the unreadable file
-    assert tmod.read_db(path)[0]["configs"] == {tmod.shape_key(node): CFG_A}
+    db.record({dbm.shape_key(node): CFG_A})           # writing replaces the unreadable file
+    assert dbm.read_db(path)[0]["configs"] == {dbm.shape_key(node): CFG_A}
 
 
 def _writer(path: str, i: int) -> None:
     for j in range(5):
-        tmod.write_db(path, [record(configs={f"w{i}-{j}": dict(CFG_A, TM=1 + j)})])
+        dbm.write_db(path, [record(configs={f"w{i}-{j}": dict(CFG_A, TM=1 + j)})])
 
 
 def test_concurrent_writers_merge(tmp_path):
@@ -197,7 +205,7 @@ def test_concurrent_writers_merge(tmp_path):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    configs = tmod.read_db(path)[0]["configs"]
+    configs = dbm.read_db(path)[0]["configs"]
     assert sorted(configs) == sorted(f"w{i}-{j}" for i in range(4) for j in range(5))
 
 
@@ -209,38 +217,38 @@ def rt():
 
 def test_search_is_legal_correct_and_within_budget(rt, tmp_path):
     nodes = convs(tmp_path, 20, 16)
-    tuner = tmod.Tuner(rt, "fp32", fraction=0.25, reps=1)
+    tuner = tmod.Tuner(rt, FP32, fraction=0.25, reps=1)
     for node in nodes[:2]:
         r = tuner.search(node)
         assert 0 < r.timed <= max(1, int(0.25 * r.candidates)), (r.timed, r.candidates)
         assert r.config in tuner.candidates(node)
         M, N, K, _ = gemm_cpu.gemm_shape(node, r.config)
         assert gemm_cpu.why_illegal(r.config, M, N, K) is None
-        bench = tmod.ConvBench(rt, node, 1, False, tuner.queue, seed=5)
+        bench = tmod.ConvBench(rt, node, 1, FP32, tuner.queue, seed=5)
         assert bench.check(bench.bind(r.config)) < 1e-4
         assert 0 < r.ms < float("inf")
     # The tuned config round-trips through the database and is what the executor binds.
     path = tmp_path / "tuned.yaml"
-    db = tmod.TuningDatabase(rt, "fp32", paths=[], user_path=path)
-    db.record(tmod.entries([r]))
-    assert tmod.TuningDatabase(rt, "fp32", paths=[], user_path=path).conv_config(node) == r.config
+    db = database(rt, paths=[], user_path=path)
+    db.record(dbm.entries([r]))
+    assert database(rt, paths=[], user_path=path).conv_config(node) == r.config
 
 
 def test_reference_gate_rejects_wrong_kernels(rt, tmp_path, monkeypatch):
     """A candidate that computes the wrong thing is rejected before timing and never chosen, even
     when the cost model ranks it first (here: its weights are packed with the wrong sign)."""
     node = convs(tmp_path, 12, 12)[0]
-    tuner = tmod.Tuner(rt, "fp32", fraction=1.0, reps=1)
+    tuner = tmod.Tuner(rt, FP32, fraction=1.0, reps=1)
     good = [CFG_A, CFG_D]
     wrong = dict(CFG_A, TM=3)
     pack = gemm_cpu.pack_weights
     monkeypatch.setattr(gemm_cpu, "pack_weights", lambda w, G, rows, dtype=np.float32:
                         pack(-w if rows == 3 else w, G, rows, dtype))
     monkeypatch.setattr(tuner, "candidates", lambda n: [wrong] + good)
-    monkeypatch.setattr(tmod, "_cost_fn", lambda *a: (lambda c: 0.0 if c is wrong else 1.0))
+    monkeypatch.setattr(family, "cost", lambda node, c, batch, rt: 0.0 if c is wrong else 1.0)
     for r in (tuner.traverse(node), tuner.search(node)):
         assert r.rejected == 1 and r.config in good
-        assert tmod.config_key(wrong) not in r.times
+        assert search.config_key(wrong) not in r.times
 
 
 @pytest.mark.parametrize("build", ["processes", "threads"])
@@ -254,7 +262,7 @@ def test_parallel_compile_matches_serial(tmp_path, monkeypatch, build):
 
     def run(jobs):
         rt = Runtime(profiling=True)
-        tuner = tmod.Tuner(rt, "fp32", fraction=1.0, reps=1, jobs=jobs, build=build)
+        tuner = tmod.Tuner(rt, FP32, fraction=1.0, reps=1, jobs=jobs, build=build)
         monkeypatch.setattr(tuner, "candidates", lambda n: cands)
         real = tmod.ConvBench.bind
         monkeypatch.setattr(tmod.ConvBench, "bind", lambda self, c: (_ for _ in ()).throw(ValueError("injected"))
@@ -280,7 +288,7 @@ def test_broken_compile_workers_fall_back(rt, tmp_path, monkeypatch, caplog):
     warning; the candidates are then compiled in this process."""
     monkeypatch.setattr(tmod, "device_spec", lambda device: "no such device")
     node = convs(tmp_path, 12, 10)[0]
-    tuner = tmod.Tuner(rt, "fp32", fraction=1.0, reps=1, jobs=2, build="processes")
+    tuner = tmod.Tuner(rt, FP32, fraction=1.0, reps=1, jobs=2, build="processes")
     monkeypatch.setattr(tuner, "candidates", lambda n: [CFG_A, CFG_D])
     with caplog.at_level(logging.WARNING, logger="yolo_cl.tuner"):
         r = tuner.traverse(node)
@@ -302,8 +310,8 @@ def test_gpu_cost_model_counts_winograd_batch(tmp_path):
     node = next(n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv")
     rt = types.SimpleNamespace(device=types.SimpleNamespace(max_compute_units=132), is_cpu=False)
     tile = {"family": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 32, "SA": 1, "SB": 1, "PF": 1}
-    wino = tmod._local_cost(node, dict(tile, algo="winograd", m=4), 1, rt)
-    implicit = tmod._local_cost(node, dict(tile, algo="implicit"), 1, rt)
+    wino = gemm_local.conv_cost(node, dict(tile, algo="winograd", m=4), 1, rt)
+    implicit = gemm_local.conv_cost(node, dict(tile, algo="implicit"), 1, rt)
     assert wino < implicit / 2, (wino, implicit)
 
 
@@ -331,15 +339,15 @@ def test_event_timing_discards_the_warm_up_and_waits_once():
 def test_fp16_gate(rt, tmp_path):
     """Half storage: no F(4x4) candidates, and real kernels land between the fp32 and fp16 gates."""
     nodes = convs(tmp_path, 12, 12)
-    tuner = tmod.Tuner(rt, "fp16", reps=1)
+    tuner = tmod.Tuner(rt, FP16, reps=1)
     assert all(not (c["algo"] == "winograd" and c.get("m") == 4) for c in tuner.candidates(nodes[0]))
     assert any(c["algo"] == "winograd" for c in tuner.candidates(nodes[0]))
     pointwise = dict(CFG_B, algo="gemm1x1")
     for node, cfg in ((nodes[2], CFG_D), (nodes[3], pointwise)):       # 3x3/2 mish; 1x1 + fused residual
         assert node.attrs["residual"] is not None or node.attrs["stride_x"] == 2
-        bench = tmod.ConvBench(rt, node, 2, True, tuner.queue)
+        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue)
         err = bench.check(bench.bind(cfg))
-        assert 1e-5 < err < tmod.TOLERANCE["fp16"]
+        assert 1e-5 < err < FP16.tolerance
 
 
 # -- the commands -----------------------------------------------------------------------------
@@ -359,7 +367,7 @@ def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert "4 of 4 conv shapes need tuning" in out and "saved 4 configs" in out
     assert "timings" in err and "%" in err
-    configs = tmod.read_db(db)[0]["configs"]
+    configs = dbm.read_db(db)[0]["configs"]
     assert len(configs) == 4 and all(c["ms"] > 0 for c in configs.values())
     assert main(["tune", str(cfg), "--db", str(db)]) == 0            # already tuned: nothing to do
     assert "0 of 4 conv shapes need tuning" in capsys.readouterr().out
@@ -377,6 +385,6 @@ def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
 def test_no_shipped_tuning_switch(monkeypatch):
     """YOLO_CL_NO_SHIPPED_TUNING=1 hides the shipped files (the heuristic-alone measurement)."""
     monkeypatch.delenv("YOLO_CL_NO_SHIPPED_TUNING", raising=False)
-    assert any(p.name == "pocl-cpu.yaml" for p in tmod.shipped_db_paths())
+    assert any(p.name == "pocl-cpu.yaml" for p in dbm.shipped_db_paths())
     monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
-    assert tmod.shipped_db_paths() == []
+    assert dbm.shipped_db_paths() == []

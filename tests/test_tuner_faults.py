@@ -36,7 +36,7 @@ def conv_node():
 @pytest.mark.parametrize("search", ["traverse", "search"])
 def test_tuner_rejects_broken_and_wrong_candidates(conv_node, monkeypatch, search):
     rt = Runtime()
-    good = heuristic_config(conv_node, rt.is_cpu)
+    good = heuristic_config(conv_node, rt)
     broken = dict(good, injected="fails to build")
     wrong = dict(good, injected="wrong answer")
     real_bind = ConvBench.bind

@@ -17,9 +17,11 @@ import pytest
 import yaml
 
 from yolo_cl import Detector
-from yolo_cl import tuner
+from yolo_cl import tuning_db
+from yolo_cl.kernels.family import stored_config_fits
+from yolo_cl.precision import FP32
 from yolo_cl.runtime import Runtime
-from yolo_cl.tuner import TuningDatabase, read_db, write_db
+from yolo_cl.tuning_db import TuningDatabase, read_db, write_db
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CFG = ROOT / "models" / "yolov3-tiny.cfg"
@@ -38,7 +40,7 @@ def reference(runtime, tmp_path_factory):
     """Heads of yolov3-tiny with an empty database (heuristic configs everywhere)."""
     empty = tmp_path_factory.mktemp("db") / "none.yaml"
     det = Detector(TINY_CFG, TINY_WEIGHTS, input_size=SIZE, device=runtime.device,
-                   tuning=TuningDatabase(runtime, "fp32", paths=[], user_path=empty))
+                   tuning=TuningDatabase(runtime, FP32, paths=[], user_path=empty, fits=stored_config_fits(runtime, "")))
     return det.forward(_blob())
 
 
@@ -49,7 +51,7 @@ def _blob() -> np.ndarray:
 @pytest.fixture(autouse=True)
 def fresh_warnings():
     """The database warns once per file and process; forget earlier tests' warnings."""
-    tuner._WARNED.clear()
+    tuning_db._WARNED.clear()
     yield
 
 
@@ -78,7 +80,7 @@ def test_corrupt_database_is_ignored_with_one_warning(runtime, reference, tmp_pa
     path = tmp_path / "tuning.yaml"
     path.write_bytes(CORRUPT[name])
     caplog.set_level(logging.WARNING, logger="yolo_cl.tuner")
-    db = TuningDatabase(runtime, "fp32", paths=[path], user_path=path)
+    db = TuningDatabase(runtime, FP32, paths=[path], user_path=path, fits=stored_config_fits(runtime, ""))
     det = Detector(TINY_CFG, TINY_WEIGHTS, input_size=SIZE, device=runtime.device, tuning=db)
     for a, b in zip(det.forward(_blob()), reference):
         np.testing.assert_array_equal(a, b)
@@ -91,15 +93,15 @@ def test_corrupt_database_is_ignored_with_one_warning(runtime, reference, tmp_pa
 def test_bogus_entries_for_this_device_fall_back(runtime, reference, tmp_path):
     """Entries filed under this very device but unusable (wrong algorithm, garbage values) never break a run."""
     probe = Detector(TINY_CFG, TINY_WEIGHTS, input_size=SIZE, device=runtime.device,
-                     tuning=TuningDatabase(runtime, "fp32", paths=[], user_path=tmp_path / "none.yaml"))
-    keys = [tuner.shape_key(n) for n in probe.graph.nodes if n.op == "conv"]
+                     tuning=TuningDatabase(runtime, FP32, paths=[], user_path=tmp_path / "none.yaml", fits=stored_config_fits(runtime, "")))
+    keys = [tuning_db.shape_key(n) for n in probe.graph.nodes if n.op == "conv"]
     bogus = [{"algo": "gemm1x1", "TM": 4, "VW": 8}, {"algo": "im2col", "TM": "x", "VW": -1},
              {"algo": "winograd", "family": "nonsense"}, {"algo": "depthwise"}, "not a dict", None, 42]
     configs = {k: bogus[i % len(bogus)] for i, k in enumerate(keys)}
     path = tmp_path / "tuning.yaml"
     path.write_text(yaml.safe_dump({"version": 1, "records": [_device_record(runtime, configs)]}))
     det = Detector(TINY_CFG, TINY_WEIGHTS, input_size=SIZE, device=runtime.device,
-                   tuning=TuningDatabase(runtime, "fp32", paths=[path], user_path=path))
+                   tuning=TuningDatabase(runtime, FP32, paths=[path], user_path=path, fits=stored_config_fits(runtime, "")))
     for a, b in zip(det.forward(_blob()), reference):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 

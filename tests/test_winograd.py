@@ -15,6 +15,7 @@ import pytest
 
 from darknet_io import forward_numpy, write_random_weights
 from yolo_cl.cfg import parse_cfg
+from yolo_cl.precision import FP16, FP32
 from yolo_cl.executor import Executor
 from yolo_cl.graph import build_graph
 from yolo_cl.kernels import gemm_local as gl
@@ -119,7 +120,7 @@ def rt():
 
 
 def run(rt, graph, blob, pick, half=False):
-    ex = Executor(rt, graph, batch=blob.shape[0], half=half, tuning=FixedTuning(pick))
+    ex = Executor(rt, graph, batch=blob.shape[0], precision=FP16 if half else FP32, tuning=FixedTuning(pick))
     return ex, ex.run(blob)[0]
 
 
@@ -219,11 +220,10 @@ def test_local_family_in_network(rt, net, algo):
 
 def test_gpu_heuristic_and_candidates_are_legal(rt, net):
     graph, blob, ref = net
-    from yolo_cl.kernels import conv
     for node in graph.nodes:
         if node.op != "conv":
             continue
-        cands = conv.gpu_candidates(node, rt, 2)
+        cands = gl.KERNEL_FAMILY.candidates(node, rt, 2, FP32, "")
         assert cands and all(c["family"] == "local" for c in cands)
         assert any(c["algo"] == "winograd" for c in cands) == winograd.applicable(node)
         h = gl.heuristic_config(node, 2, gl.device_limits(rt))

@@ -24,19 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def programs(count: int) -> list:
-    """(source, options) of ``count`` distinct GEMM programs from one conv's candidates."""
+    """(source, defines) of ``count`` distinct GEMM programs from one conv's candidates."""
     from bench_gpu import _programs_of
     from tune_eval import graph_of
-    from yolo_cl.kernels import BindContext
-    from yolo_cl.kernels import conv as convk
-    from yolo_cl.runtime import Runtime, _options
+    from yolo_cl.kernels import BindContext, gemm_local
+    from yolo_cl.precision import FP32
+    from yolo_cl.runtime import Runtime
     rt = Runtime()
     node = [n for n in graph_of("yolov3-tiny:416").nodes if n.op == "conv"][4]
-    ctx = BindContext(rt, None, None, 1, False)
+    ctx = BindContext(rt, None, None, 1, FP32)
     out = []
-    for c in convk.gpu_candidates(node, rt, 1):
+    for c in gemm_local.KERNEL_FAMILY.candidates(node, rt, 1, FP32, ""):
         for source, d in _programs_of(ctx, node, c):
-            item = (source, _options(d))
+            item = (source, d)
             if item not in out:
                 out.append(item)
         if len(out) >= count:
@@ -48,7 +48,7 @@ def _worker(items: list) -> int:
     from yolo_cl.runtime import Runtime
     rt = Runtime()
     for source, opts in items:
-        rt._build(source, opts)
+        rt.program(source, opts)
     return len(items)
 
 
@@ -67,13 +67,13 @@ def main() -> int:
 
     t0 = time.perf_counter()
     for source, opts in items[:n]:
-        rt._build(source, opts)
+        rt.program(source, opts)
     serial = time.perf_counter() - t0
     print(f"serial:    {serial:6.1f} s  {serial / n * 1e3:7.1f} ms/program", flush=True)
 
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda it: rt._build(*it), items[n:2 * n]))
+        list(pool.map(lambda it: rt.program(*it), items[n:2 * n]))
     threads = time.perf_counter() - t0
     print(f"threads:   {threads:6.1f} s  {threads / n * 1e3:7.1f} ms/program  ({serial / threads:.1f}x)", flush=True)
 
@@ -85,7 +85,7 @@ def main() -> int:
     rt2 = Runtime()
     t1 = time.perf_counter()
     for source, opts in todo:
-        rt2._build(source, opts)
+        rt2.program(source, opts)
     load = time.perf_counter() - t1
     print(f"processes: {built + load:6.1f} s  {(built + load) / n * 1e3:7.1f} ms/program  "
           f"({serial / (built + load):.1f}x; workers {built:.1f} s incl. start-up, loading the binaries {load:.1f} s, "

@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 from yolo_cl.cfg import parse_cfg                       # noqa: E402
 from yolo_cl.executor import Executor                   # noqa: E402
@@ -44,7 +43,8 @@ from yolo_cl.kernels import conv as convk               # noqa: E402
 from yolo_cl.kernels import gemm_local as gl            # noqa: E402
 from yolo_cl.kernels import winograd                    # noqa: E402
 from yolo_cl.layers import build_layers, parse_net      # noqa: E402
-from yolo_cl.runtime import Runtime, _options, atomic_write   # noqa: E402
+from yolo_cl.precision import FP16, FP32                # noqa: E402
+from yolo_cl.runtime import Runtime, atomic_write      # noqa: E402
 from yolo_cl.weights import load_weights                # noqa: E402
 
 YOLOV2_SHAPES = [(32, 27, 173056), (64, 288, 43264), (128, 576, 10816), (256, 1152, 2704), (512, 2304, 676),
@@ -74,27 +74,32 @@ def device_key(rt) -> str:
     return next((k for k in PEAK_TFLOPS if k in n), "H200")
 
 
+_FAILED: set = set()      # program keys (program_key) the compiler rejected
+
+
+def program_key(source: str, d: dict) -> tuple:
+    return source, tuple(sorted(d.items()))
+
+
 def prebuild(rt, items: list, threads: int = 16) -> float:
-    """Compile (source, defines) pairs in parallel threads; returns seconds. Fills the runtime's cache."""
-    todo = []
-    for source, d in items:
-        key = (source, _options(d))
-        if key not in rt._programs and key not in todo:
-            todo.append(key)
+    """Compile (source, defines) pairs in parallel threads (``Runtime.program``, which is
+    thread-safe and caches them); returns seconds. Failures go to ``_FAILED``."""
+    todo = list({program_key(s, d): (s, d) for s, d in items}.values())
     t0 = time.perf_counter()
 
-    def build(key):
+    def build(item):
         try:
-            return key, rt._build(*key)
+            rt.program(*item)
+            return None
         except Exception as e:        # a config the compiler rejects is reported, not fatal
-            return key, e
+            return item, e
 
     with cf.ThreadPoolExecutor(threads) as pool:
-        for key, prg in pool.map(build, todo):
-            if not isinstance(prg, Exception):
-                rt._programs[key] = prg
-            else:
-                log(f"  build failed {key[1]}: {str(prg)[:200]}")
+        for failed in pool.map(build, todo):
+            if failed is not None:
+                (source, d), e = failed
+                _FAILED.add(program_key(source, d))
+                log(f"  build failed {source} {d}: {str(e)[:200]}")
     return time.perf_counter() - t0
 
 
@@ -182,7 +187,7 @@ class Table:
 
     def conv_config(self, node, batch: int = 1) -> dict:
         if convk.is_depthwise(node):
-            return convk.heuristic_config(node, False, batch)
+            return {"algo": "depthwise"}
         c = self.entries.get(shape_key(node, batch))
         if c is not None and self.half and c.get("algo") == "winograd" and c.get("m") == 4:
             Mw, Nw, Kw, _ = winograd.gemm_shape(node, 2)       # F(4x4) fails the fp16 gate: same GEMM, F(2x2)
@@ -198,9 +203,9 @@ class Table:
 
 
 def tuner_key(node, batch: int):
-    """The key engine/tuner.py files this shape under (None if that module is not there)."""
+    """The key engine/tuning_db.py files this shape under (None if that module is not there)."""
     try:
-        from yolo_cl.tuner import shape_key as tk
+        from yolo_cl.tuning_db import shape_key as tk
         return tk(node, batch)
     except Exception:
         return None
@@ -281,7 +286,7 @@ def phase_gemm(rt, res: Results, args) -> None:
         timed = 0
         Pb = rt.alloc(max(gl.partial_bytes({"SK": max(gl.split_k(c) for c in cands)}, M, N, 1), 4), "P")
         for c, (src, d) in zip(cands, items):
-            if (src, _options(d)) not in rt._programs:
+            if program_key(src, d) in _FAILED:
                 continue
             ls_ = gemm_launches(rt, c, d, M, N, K, Ab, biasb, Bb, Cb, Pb)
             cl.enqueue_fill_buffer(rt.queue, Cb, np.float32(np.nan), 0, M * N * 4)
@@ -500,7 +505,7 @@ def phase_tune(rt, res: Results, args, model: str, size: int, batch: int, pool: 
     graph = load_graph(cfg, wts)
     table = Table(rt)
     prebuild(rt, [it for n in graph.nodes if n.op == "conv" for it in _programs_of_node(rt, n, batch, half, table)])
-    ex = Executor(rt, graph, batch, half, table)
+    ex = Executor(rt, graph, batch, FP16 if half else FP32, table)
     blob = np.random.default_rng(1).random((batch, 3, size, size), dtype=np.float32)
     ex.run(blob)
     groups: dict = {}
@@ -519,7 +524,7 @@ def phase_tune(rt, res: Results, args, model: str, size: int, batch: int, pool: 
         for c in cands:
             items.extend(_programs_of(ex.ctx, node, c))
     tb = prebuild(rt, items)
-    log(f"  {len(set((s_, _options(d)) for s_, d in items))} programs compiled in {tb:.1f}s")
+    log(f"  {len({program_key(s_, d) for s_, d in items})} programs compiled in {tb:.1f}s")
     results = {}
     total_best = total_heur = 0.0
     for key, (node, cands) in plan.items():
@@ -584,7 +589,7 @@ def _short(c: dict) -> str:
 def _programs_of_node(rt, node, batch, half, table) -> list:
     """Programs a real node will build under ``table`` (for a parallel prebuild before binding)."""
     from yolo_cl.kernels import BindContext
-    ctx = BindContext(rt, None, None, batch, half)
+    ctx = BindContext(rt, None, None, batch, FP16 if half else FP32)
     cfg = table.conv_config(node, batch)
     if convk.is_depthwise(node) or cfg.get("family") != gl.FAMILY and cfg["algo"] != "winograd":
         return []
@@ -624,7 +629,7 @@ def run_model(rt, model, size, batch, half, table, args, reps=20, opencv=False, 
     graph = load_graph(cfg, wts)
     t0 = time.perf_counter()
     prebuild(rt, [it for n in graph.nodes if n.op == "conv" for it in _programs_of_node(rt, n, batch, half, table)])
-    ex = Executor(rt, graph, batch, half, table)
+    ex = Executor(rt, graph, batch, FP16 if half else FP32, table)
     t_build = time.perf_counter() - t0
     blob = np.random.default_rng(2).random((batch, 3, size, size), dtype=np.float32)
     outs = ex.run(blob)
@@ -736,14 +741,14 @@ def phase_warm(rt, res: Results, args) -> None:
     res.put("warm_start", out)
 
 
-# -- export: tuning results -> the engine's tuning database (engine/tuner.py's format) -------------
+# -- export: tuning results -> the engine's tuning database (engine/tuning_db.py's format) -------------
 def export_db(bench_files: list, path: Path) -> int:
     """Fold every 'tune MODEL SIZE bB fp32' result of earlier runs into a tuning database file.
 
     fp16 gets the same GEMM configs with Winograd F(4x4) replaced by F(2x2) (F(4x4) fails the
     fp16 accuracy gate); those fp16 entries are derived from the fp32 search, not searched.
     """
-    from yolo_cl import tuner
+    from yolo_cl import tuning_db
     records = {}
     for f in bench_files:
         data = json.loads(Path(f).read_text())
@@ -771,10 +776,10 @@ def export_db(bench_files: list, path: Path) -> int:
                     elif precision == "fp32":
                         c["ms"] = r["ms"]
                     ident = (dev["name"], dev["driver"], dev["vendor"], "GPU", precision)
-                    records.setdefault(ident, {})[tuner.shape_key(node, batch)] = c
+                    records.setdefault(ident, {})[tuning_db.shape_key(node, batch)] = c
     recs = [{"device": d, "driver": v, "vendor": ven, "type": t, "precision": p, "configs": cfgs}
             for (d, v, ven, t, p), cfgs in records.items()]
-    tuner.write_db(path, recs)
+    tuning_db.write_db(path, recs)
     return sum(len(r["configs"]) for r in recs)
 
 

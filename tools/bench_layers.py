@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 import yolo_cl
-from yolo_cl.bench import random_params, write_darknet_weights
+from yolo_cl.bench import random_params
 from yolo_cl.cfg import parse_cfg
 from yolo_cl.kernels import simple
 from yolo_cl.layers import build_layers, parse_net
+from yolo_cl.weights import save_weights
 
 CASES = {   # name: (input c, h, w, layer section)
     "connected 50176->4096 (YOLOv1)": (1024, 7, 7, "[connected]\noutput=4096\nactivation=leaky\n"),
@@ -35,7 +36,7 @@ def time_case(c: int, h: int, w: int, body: str, repeat: int, tmp: Path) -> floa
     sections = parse_cfg(cfg)
     layers = build_layers(sections, parse_net(sections[0]))
     weights = tmp / "layer.weights"
-    write_darknet_weights(weights, layers, random_params(layers))
+    save_weights(weights, layers, random_params(layers))
     det = yolo_cl.Detector(cfg, weights)
     blob = np.random.default_rng(0).random((1, c, h, w), dtype=np.float32)
     det.forward(blob)

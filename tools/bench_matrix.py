@@ -30,13 +30,11 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="Non-empty compiler output")
 
     from yolo_cl.bench import random_params
-    from yolo_cl.cfg import parse_cfg
     from yolo_cl.executor import Executor
-    from yolo_cl.graph import build_graph
-    from yolo_cl.layers import build_layers, parse_net
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.model import load_model
+    from yolo_cl.precision import precision_named
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import TuningDatabase
-    from yolo_cl.zoo import resolve
 
     rt = Runtime(args.device, profiling=True)
     print(f"device: {rt.device_name} (driver {rt.driver}, {rt.device_type}, fp16 arithmetic: {rt.fp16})")
@@ -46,18 +44,15 @@ def main(argv=None) -> int:
     mib = 2.0 ** 20
     for spec in args.model:
         name, _, size = spec.partition(":")
-        cfg_path = resolve(name)[0]
-        sections = parse_cfg(cfg_path)
-        net = parse_net(sections[0], int(size) if size else None)
-        layers = build_layers(sections, net)
-        graph = build_graph(net, layers, random_params(layers))
+        m = load_model(name, None, int(size) if size else None, params="made", make_params=random_params)
+        net, graph = m.net, m.graph
         gflop = sum(n.flops for n in graph.nodes if n.op == "conv") / 1e9
         for prec in args.precision:
-            half = prec == "fp16"
+            precision = precision_named(prec)
             for batch in args.batch:
-                db = TuningDatabase.for_runtime(rt, prec)
+                db = tuning_database(rt, precision)
                 t0 = time.perf_counter()
-                ex = Executor(rt, graph, batch, half, db)
+                ex = Executor(rt, graph, batch, precision, db)
                 blob = np.random.default_rng(0).random((batch, net.channels, net.height, net.width),
                                                        dtype=np.float32)
                 ex.run(blob)                      # builds every program, first-frame costs
@@ -71,7 +66,7 @@ def main(argv=None) -> int:
                 levels: dict = {}
                 for level, _ in db.origin.values():
                     levels[level] = levels.get(level, 0) + 1
-                item = 2 if half else 4
+                item = precision.itemsize
                 wbytes = sum(n.attrs["weights"].size for n in graph.nodes if n.op == "conv") * item
                 w_ms, d_ms = float(np.median(wall)), float(np.median(dev))
                 print(f"{name:<8} {net.width:>4} {batch:>5} {prec:<5} {d_ms:>10.1f} {w_ms:>9.1f} "

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from yolo_cl import ops
+from yolo_cl.measure import event_ms
 
 CPU_PEAK_GFLOPS = 262.0        # the PoCL host: 2 Zen 3 cores x 2 FMA x 8 lanes x 2 flops x ~4.1 GHz
 GPU_PEAK_GFLOPS = 63600.0      # NVIDIA H200 fp32
@@ -139,13 +140,13 @@ def bench_2d(table: Table, rt, h: int, w: int, kh: int, kw: int, batch: int, rep
 
 def kernel_time(rt, fn, reps: int) -> Timing:
     """Best over ``reps`` calls of the summed OpenCL event time of the kernels ``fn`` launches."""
-    ctx = ops._context(rt)
+    events = ops.launch_events(rt)
     best = float("inf")
     for _ in range(reps):
-        ctx.events.clear()
+        events.clear()
         fn()
         rt.queue.finish()
-        best = min(best, sum((e.profile.end - e.profile.start) * 1e-9 for e in ctx.events))
+        best = min(best, sum(event_ms(e) * 1e-3 for e in events))
     out = Timing(best)
     out.cpu = 0.0
     return out

@@ -14,23 +14,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-
-import yolo_cl  # noqa: E402
-from yolo_cl.zoo import resolve  # noqa: E402
+import yolo_cl
+from yolo_cl.zoo import resolve
 
 
 def detector(model: str, size, device, profiling=True, fit="letterbox"):
     cfg, weights = resolve(model)
-    if weights is None:
-        import darknet_io
-        weights = darknet_io.cached_random_weights(str(cfg), cache_dir=os.path.join(tempfile.gettempdir(), "ycw"))
+    if weights is None:      # random weights: a speed run
+        from yolo_cl.bench import random_params
+        from yolo_cl.model import load_model
+        from yolo_cl.weights import save_weights
+        m = load_model(cfg, None, size, params="made", make_params=random_params)
+        weights = os.path.join(tempfile.mkdtemp(prefix="yolo-cl-plan-"), "random.weights")
+        save_weights(weights, m.layers, m.params)
     return yolo_cl.Detector(str(cfg), str(weights), input_size=size, device=device, profiling=profiling, fit=fit)
 
 
@@ -78,9 +79,9 @@ def main() -> None:
           f"({res[True] / res[False]:.1f}x less)")
     if ex.command_buffer is not None:        # the plan ran through it above; now the launch list
         from yolo_cl.executor import Executor
-        plain = Executor(ex.rt, ex.graph, 1, ex.half, tiny.tuning, command_buffer=False)
+        plain = Executor(ex.rt, ex.graph, 1, ex.precision, tiny.tuning, command_buffer=False)
         net = det.executor(1, (a.size, a.size))
-        net_plain = Executor(net.rt, net.graph, 1, net.half, det.tuning, command_buffer=False)
+        net_plain = Executor(net.rt, net.graph, 1, net.precision, det.tuning, command_buffer=False)
         big = np.random.default_rng(0).random((1, 3, a.size, a.size), dtype=np.float32)
         for label, pair, b, reps in (("32x32", (ex, plain), blob, n), (f"{a.size}x{a.size}", (net, net_plain), big,
                                                                        a.repeat)):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -23,12 +22,8 @@ import numpy as np
 class _Heuristic:
     """A tuning database that knows nothing: every conv gets the heuristic."""
 
-    def __init__(self, rt, half: bool) -> None:
-        self.rt, self.half = rt, half
-
-    def conv_config(self, node, batch: int = 1) -> dict:
-        from yolo_cl.kernels import conv
-        return conv.heuristic_config(node, self.rt.is_cpu, batch, self.half)
+    def conv_config(self, node, batch: int = 1) -> None:
+        return None
 
 
 def timed(fn) -> tuple:
@@ -44,31 +39,25 @@ def main(argv=None) -> int:
     p.add_argument("--device")
     p.add_argument("--opencv", action="store_true", help="also OpenCV DNN's CPU backend, interleaved")
     args = p.parse_args(argv)
-    from yolo_cl.bench import _opencv_net, random_params
-    from yolo_cl.cfg import parse_cfg
+    from yolo_cl.bench import opencv_net, random_params
     from yolo_cl.executor import Executor
-    from yolo_cl.graph import build_graph
-    from yolo_cl.layers import build_layers, parse_net
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.model import load_model
+    from yolo_cl.precision import FP32
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import TuningDatabase
-    from yolo_cl.zoo import resolve
     name, _, size = args.model.partition(":")
-    cfg = resolve(name)[0] if resolve(name) else Path(name)
-    sections = parse_cfg(cfg)
-    net = parse_net(sections[0], int(size or 416))
-    layers = build_layers(sections, net)
-    params = random_params(layers)
-    graph = build_graph(net, layers, params)
+    m = load_model(name, None, int(size or 416), params="made", make_params=random_params)
+    cfg, net, layers, params, graph = m.cfg_path, m.net, m.layers, m.params, m.graph
     rt = Runtime(args.device)
-    db = TuningDatabase.for_runtime(rt)
-    runs = {"tuned": Executor(rt, graph, 1, False, db), "heuristic": Executor(rt, graph, 1, False, _Heuristic(rt, False))}
+    db = tuning_database(rt, FP32)
+    runs = {"tuned": Executor(rt, graph, 1, FP32, db), "heuristic": Executor(rt, graph, 1, FP32, _Heuristic())}
     levels: dict = {}
     for level, _ in db.origin.values():
         levels[level] = levels.get(level, 0) + 1
     blob = np.random.default_rng(0).random((1, net.channels, net.height, net.width), dtype=np.float32)
     fns = {k: (lambda ex=ex: ex.run(blob)) for k, ex in runs.items()}
     if args.opencv:
-        ocv = _opencv_net(cfg, None, layers, params, True, rt.is_cpu)
+        ocv = opencv_net(cfg, None, layers, params, True, rt.is_cpu)
         fns["opencv"] = lambda: ocv.run(blob)
     for fn in fns.values():
         fn()

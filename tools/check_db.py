@@ -24,17 +24,22 @@ def main(argv=None) -> int:
     p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32")
     p.add_argument("--device")
     args = p.parse_args(argv)
+    from yolo_cl.kernels.conv import heuristic_config
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.precision import precision_named
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import TOLERANCE, ConvBench, Tuner, TuningDatabase, shape_key
+    from yolo_cl.tuner import ConvBench, Tuner
+    from yolo_cl.tuning_db import shape_key
     rt = Runtime(args.device, profiling=True)
-    db = TuningDatabase(rt, args.precision)
-    tuner = Tuner(rt, args.precision, jobs=1)
-    half, tol, bad = args.precision == "fp16", TOLERANCE[args.precision], 0
+    precision = precision_named(args.precision)
+    tuner = Tuner(rt, precision, jobs=1)
+    db = tuning_database(rt, precision, tuner.mma)
+    tol, bad = tuner.tol, 0
     for spec in args.model:
         for node in tuner.unique_convs(graph_of(spec)):
-            cfg = db.conv_config(node)
+            cfg = db.conv_config(node) or heuristic_config(node, rt, 1, precision, tuner.mma)
             level = db.origin[shape_key(node)][0]
-            bench = ConvBench(rt, node, 1, half, tuner.queue)
+            bench = ConvBench(rt, node, 1, precision, tuner.queue, mma=tuner.mma)
             err = bench.check(bench.bind(cfg))
             ok = err < tol
             bad += not ok

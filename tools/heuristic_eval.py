@@ -31,7 +31,8 @@ def read_recording(path: str) -> dict:
 
 def evaluate(report: dict, pick, verbose: bool = True, report_totals: bool = True) -> dict:
     """{model spec: (heuristic ms, best ms)} network totals of ``pick(node, batch)`` on the recording."""
-    from yolo_cl.tuner import config_key, shape_key
+    from yolo_cl.search import config_key
+    from yolo_cl.tuning_db import shape_key
     batch = report["batch"]
     out = {}
     for spec, rows in report["models"].items():
@@ -73,10 +74,12 @@ def main(argv=None) -> int:
     p.add_argument("recording", nargs="+", help="tune_eval JSON (.gz) of full traversals")
     p.add_argument("--quiet", action="store_true", help="network totals only")
     args = p.parse_args(argv)
-    from yolo_cl.kernels import conv
+    from yolo_cl.kernels import gemm_cpu
+    from yolo_cl.precision import precision_named
     for path in args.recording:
         rep = read_recording(path)
-        evaluate(rep, lambda node, batch: conv.heuristic_config(node, True, batch, rep["precision"] == "fp16"), not args.quiet)
+        precision = precision_named(rep["precision"])
+        evaluate(rep, lambda node, batch: gemm_cpu.heuristic_config(node, batch, precision), not args.quiet)
     return 0
 
 

@@ -31,21 +31,14 @@ from pathlib import Path
 
 def graph_of(spec: str):
     """The graph of a ``NAME[:SIZE]`` model spec (a zoo name or cfg path; size 416 if none)."""
-    from yolo_cl.cfg import parse_cfg
-    from yolo_cl.graph import build_graph
-    from yolo_cl.layers import build_layers, parse_net
-    from yolo_cl.zoo import resolve
+    from yolo_cl.model import load_model
     model, _, size = spec.partition(":")
-    z = resolve(model)
-    cfg = Path(model) if z is None else z[0]
-    sections = parse_cfg(cfg)
-    net = parse_net(sections[0], int(size or 416))
-    return build_graph(net, build_layers(sections, net), None)
+    return load_model(model, None, int(size or 416), params="none").graph
 
 
 def shape_nodes(tuner, spec: str, batch: int) -> dict:
     """{shape key: conv node} of a model spec's unique conv shapes."""
-    from yolo_cl.tuner import shape_key
+    from yolo_cl.tuning_db import shape_key
     return {shape_key(n, batch): n for n in tuner.unique_convs(graph_of(spec))}
 
 
@@ -59,19 +52,20 @@ def retime(tuner, node, cfgs: list, rounds: int, inner: int = 1) -> list:
     """Best ms of each config over ``rounds`` interleaved passes, on one fresh bench; with
     ``inner`` > 1 (events clock) a pass enqueues the launches ``inner`` times back to back and
     counts the device time from the first start to the last end, divided by ``inner``."""
+    from yolo_cl.measure import enqueue
     from yolo_cl.tuner import ConvBench
-    bench = ConvBench(tuner.rt, node, tuner.batch, tuner.half, tuner.queue, seed=1)
+    bench = ConvBench(tuner.rt, node, tuner.batch, tuner.precision, tuner.queue, seed=1)
     launches = [bench.bind(c) for c in cfgs]
     for l in launches:
         assert bench.check(l) <= tuner.tol
-    cl, q = tuner.rt.cl, tuner.queue
+    q = tuner.queue
     best = [math.inf] * len(cfgs)
     for _ in range(rounds):
         for i, ls in enumerate(launches):
             if inner <= 1 or tuner.clock != "events":
                 ms = bench.time(ls, 1, tuner.clock)
             else:
-                evs = [cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize) for _ in range(inner) for l in ls]
+                evs = [e for _ in range(inner) for e in enqueue(tuner.rt, q, ls)]
                 q.finish()
                 ms = (evs[-1].profile.end - evs[0].profile.start) * 1e-6 / inner
             best[i] = min(best[i], ms)
@@ -81,9 +75,10 @@ def retime(tuner, node, cfgs: list, rounds: int, inner: int = 1) -> list:
 def verify(report: dict, args) -> int:
     """Re-time each shape's two recorded winners (traversal, search) live, interleaved."""
     from yolo_cl.runtime import Runtime
+    from yolo_cl.precision import precision_named
     from yolo_cl.tuner import Tuner
     rt = Runtime(args.device, profiling=True)
-    tuner = Tuner(rt, report["precision"], report["batch"], clock=report["clock"].split()[0], jobs=1)
+    tuner = Tuner(rt, precision_named(report["precision"]), report["batch"], clock=report["clock"].split()[0], jobs=1)
     out = dict(report, clock=f"{tuner.clock}, winners re-timed ({args.verify} rounds x {args.inner})", models={})
     for spec, rows in report["models"].items():
         nodes = shape_nodes(tuner, spec, report["batch"])
@@ -149,9 +144,11 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="Non-empty compiler output")
 
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import Tuner, shape_key
+    from yolo_cl.precision import precision_named
+    from yolo_cl.tuner import Tuner
+    from yolo_cl.tuning_db import shape_key
     rt = Runtime(args.device, profiling=True)
-    tuner = Tuner(rt, args.precision, args.batch, reps=args.reps, clock=args.clock, jobs=args.jobs,
+    tuner = Tuner(rt, precision_named(args.precision), args.batch, reps=args.reps, clock=args.clock, jobs=args.jobs,
                   build=args.build)
     report = {"device": rt.device_name, "driver": rt.driver, "precision": args.precision, "batch": args.batch,
               "clock": args.clock, "reps": args.reps, "is_cpu": rt.is_cpu, "limits": device_limits(rt),
@@ -246,9 +243,11 @@ def extend(report: dict, args) -> int:
     """Complete a recorded traversal: check and time the candidates it has no time for."""
     import ast
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import ConvBench, Tuner, config_key, new_state
+    from yolo_cl.precision import precision_named
+    from yolo_cl.search import config_key, new_state
+    from yolo_cl.tuner import ConvBench, Tuner
     rt = Runtime(args.device, profiling=True)
-    tuner = Tuner(rt, report["precision"], report["batch"], reps=report.get("reps", args.reps),
+    tuner = Tuner(rt, precision_named(report["precision"]), report["batch"], reps=report.get("reps", args.reps),
                   clock=report["clock"])
     for spec, rows in report["models"].items():
         nodes = shape_nodes(tuner, spec, report["batch"])
@@ -258,10 +257,10 @@ def extend(report: dict, args) -> int:
             missing = [c for c in cands if config_key(c) not in r["all_times"]]
             t0 = time.perf_counter()
             if missing:
-                bench = ConvBench(rt, node, report["batch"], tuner.half, tuner.queue, tuner.seed)
+                bench = ConvBench(rt, node, report["batch"], tuner.precision, tuner.queue, tuner.seed)
                 state = new_state()
                 for c in missing:
-                    tuner._measure(bench, c, tuner.reps, state)
+                    tuner.measure(bench, c, tuner.reps, state)
                 r["all_times"].update(state["times"])
                 r["rejected"] += state["rejected"]
             r["candidates"] = len(cands)
@@ -279,9 +278,11 @@ def replay(report: dict, args) -> int:
     The search sees only the candidates the traversal timed, so a recording of an older (smaller)
     space is still a like-for-like comparison."""
     from yolo_cl import tuner as tmod
+    from yolo_cl.precision import precision_named
     from yolo_cl.runtime import Runtime
+    from yolo_cl.search import config_key
     rt = Runtime(args.device)
-    tuner = tmod.Tuner(rt, report["precision"], report["batch"], clock=report["clock"], jobs=1)
+    tuner = tmod.Tuner(rt, precision_named(report["precision"]), report["batch"], clock=report["clock"], jobs=1)
     if "limits" in report and (report["device"] != rt.device_name or report["is_cpu"] != rt.is_cpu):
         tuner.rt = RecordedDevice(report, rt)     # e.g. a GPU recording replayed on a CPU
     out = dict(report, clock=report["clock"] + " (replayed)", models={})
@@ -292,18 +293,18 @@ def replay(report: dict, args) -> int:
             node = nodes[r["key"]]
 
             def measure(bench, cfg, reps, state, times=times):
-                k = tmod.config_key(cfg)
+                k = config_key(cfg)
                 if k not in state["timed"]:
                     state["timed"].add(k)
                 ms = times.get(k, math.inf)
                 state["times"][k] = ms
                 return ms
-            tuner._measure = measure
+            tuner.measure = measure
             # Search the space the traversal recorded (a recording made before the space grew
             # judges the search on that older space, which both then share).
             full_space = tmod.Tuner.candidates
             tuner.candidates = lambda n, times=times, full_space=full_space: [
-                c for c in full_space(tuner, n) if tmod.config_key(c) in times]
+                c for c in full_space(tuner, n) if config_key(c) in times]
             if not tuner.candidates(node):
                 print(f"[{spec}] {r['key']}: none of its recorded configs is in today's space "
                       f"(recorded before the space changed); skipped")
@@ -314,7 +315,7 @@ def replay(report: dict, args) -> int:
             finally:
                 tmod.ConvBench = tmod_bench
             best = min(v for v in times.values())
-            got = times[tmod.config_key(found.config)]
+            got = times[config_key(found.config)]
             out["models"].setdefault(spec, []).append(dict(r, search_timed=found.timed, search_best=found.config,
                                                            full_ms=best, search_ms=got, ratio=got / best))
     print(summary(out))

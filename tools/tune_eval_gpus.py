@@ -56,7 +56,8 @@ def main(argv=None) -> int:
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
 
     from yolo_cl.runtime import Runtime
-    from yolo_cl.tuner import Tuner, shape_key
+    from yolo_cl.tuner import Tuner
+    from yolo_cl.tuning_db import shape_key
     tuner = Tuner(Runtime(0), jobs=1, build="threads")
     nodes = tuner.unique_convs(graph_of(args.model))
     done = {r["key"] for f in args.skip for rows in read_json(f)["models"].values() for r in rows}

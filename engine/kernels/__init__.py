@@ -1,8 +1,10 @@
 """Turn graph nodes into launches: specialised kernels with their arguments bound once.
 
-``bind_node`` is the single entry point; each op lives in one module (``conv`` for
-convolutions, ``simple`` for the rest). A :class:`Launch` is everything needed to
-enqueue one kernel per frame with no Python work beyond the call itself.
+This module holds what every kernel module shares (:class:`Launch`, :class:`BindContext`,
+argument helpers). ``nodes.bind_node`` is the single entry point; convolutions go through
+``conv`` to the kernel families registered in ``family``, the other ops to ``simple``. A
+:class:`Launch` is everything needed to enqueue one kernel per frame with no Python work beyond
+the call itself.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..graph import Node, View
-from ..layers import ACT_ID
+from ..layers import ACTIVATIONS
+from ..precision import FP32, Precision
 
 
 @dataclass
@@ -31,13 +34,13 @@ class Launch:
 
 @dataclass
 class BindContext:
-    """What binding needs: the runtime, the arena and plan, batch size, storage precision."""
+    """What binding needs: the runtime, the arena and plan, batch size, precision."""
 
     rt: object
     arena: object
     plan: object
     batch: int
-    half: bool
+    precision: Precision = FP32
     workspace: object = None
     tuning: object = None          # tuning database lookups (None: heuristics)
     mma: str = ""                  # tensor-core mode of the mma family ("f16", "tf32"; "" = none)
@@ -45,12 +48,17 @@ class BindContext:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
+    def half(self) -> bool:
+        """Activations (and packed weights) stored as half."""
+        return self.precision.half
+
+    @property
     def itemsize(self) -> int:
-        return 2 if self.half else 4
+        return self.precision.itemsize
 
     @property
     def dtype(self):
-        return np.float16 if self.half else np.float32
+        return self.precision.dtype
 
     def view(self, v: View) -> list:
         """Kernel arguments for a view: buffer, element offset, batch stride."""
@@ -87,8 +95,11 @@ def packed_upload(ctx: BindContext, node: Node, key: tuple, pack: Callable[[], n
         "bias": ctx.rt.upload(node.attrs["bias"].astype(np.float32), f"bias of layer {node.label}")})
 
 
-def act_id(name: str) -> int:
-    return ACT_ID[name]
+def act_id(name: str) -> str:
+    """The kernel define of an activation: its name in cl/common.h (``A_LEAKY``)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation '{name}' has no kernel")
+    return "A_" + name.upper()
 
 
 def i32(*values) -> list:
@@ -117,21 +128,13 @@ def conv_gemm_shape(node: Node) -> tuple:
     return a["filters"] // g, node.output.h * node.output.w, (a["in_c"] // g) * a["size"] ** 2, g
 
 
+def is_depthwise(node: Node) -> bool:
+    """groups == channels == filters: a conv the direct depthwise kernel runs."""
+    a = node.attrs
+    return a["groups"] > 1 and a["groups"] == a["in_c"] == a["filters"]
+
+
 def is_pointwise(node: Node) -> bool:
     """A 1x1, stride-1, unpadded conv: its input already is the GEMM's B matrix."""
     a = node.attrs
     return a["size"] == 1 and a["stride_x"] == 1 and a["stride_y"] == 1 and a["pad"] == 0
-
-
-def bind_node(ctx: BindContext, node: Node) -> list:
-    """Launches for ``node`` (in order)."""
-    from . import conv, simple
-    if node.op == "conv":
-        return conv.bind(ctx, node)
-    return simple.bind(ctx, node)
-
-
-def workspace_elems(node: Node, batch: int) -> int:
-    """Scratch elements a node needs (im2col); 0 if none."""
-    from . import conv
-    return conv.workspace_elems(node, batch) if node.op == "conv" else 0

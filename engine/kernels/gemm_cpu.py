@@ -30,10 +30,12 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
+from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
+               packed_upload, residual_args)
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
+from ..precision import FP32, Precision
 
 FAMILY = "cpu"
 ALGOS = ("gemm1x1", "im2col", "implicit", "winograd")
@@ -267,20 +269,16 @@ def gemm_shape(node: Node, cfg: dict) -> tuple:
     return conv_gemm_shape(node)
 
 
-def wino_tiles(half: bool) -> tuple:
-    """Winograd tile sizes to try: F(4x4) loses too much to rounding with half storage."""
-    return winograd.TILE_SIZES[:1] if half else winograd.TILE_SIZES
-
-
 def max_work_group(rt) -> int:
     return int(rt.device.max_work_group_size)
 
 
-def candidates(node: Node, rt, batch: int = 1, half: bool = False) -> list:
-    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device."""
+def candidates(node: Node, rt, batch: int = 1, precision: Precision = FP32) -> list:
+    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device (Winograd with the
+    tile sizes ``precision`` allows)."""
     out = []
     for algo in conv_algos(node):
-        for m in (wino_tiles(half) if algo == "winograd" else (None,)):
+        for m in (precision.winograd_tiles if algo == "winograd" else (None,)):
             head = {"family": FAMILY, "algo": algo} if m is None else {"family": FAMILY, "algo": algo, "m": m}
             M, N, K, G = gemm_shape(node, head)
             out.extend(c for c in ({**head, **c} for c in space(M, N, K, max_work_group(rt), *simd(rt)))
@@ -295,9 +293,9 @@ IMPLICIT_MAX_K = 144
 IMPLICIT_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2}   # the best implicit block on both recorded shapes
 
 
-def heuristic_config(node: Node, batch: int = 1, half: bool = False) -> dict:
+def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
     """The untuned choice for a conv on a CPU: the cost model's best algorithm and block
-    (Winograd F(4x4) only with fp32 storage, as in the tuner's candidates)."""
+    (Winograd with the tile sizes ``precision`` allows, as in the tuner's candidates)."""
     best, best_cost = None, None
     algos = conv_algos(node)
     if "implicit" in algos and conv_gemm_shape(node)[2] <= IMPLICIT_MAX_K:
@@ -308,7 +306,7 @@ def heuristic_config(node: Node, batch: int = 1, half: bool = False) -> dict:
             if why_illegal(cfg, M, N, K) is None and conv_illegal(node, cfg) is None:
                 return cfg
     for algo in algos:
-        for m in (wino_tiles(half) if algo == "winograd" else (None,)):
+        for m in (precision.winograd_tiles if algo == "winograd" else (None,)):
             head = {"family": FAMILY, "algo": algo} if m is None else {"family": FAMILY, "algo": algo, "m": m}
             M, N, K, G = gemm_shape(node, head)
             fits = lambda c, head=head: conv_illegal(node, {**head, **c}) is None   # noqa: E731
@@ -347,12 +345,7 @@ def packed_weights(ctx: BindContext, node: Node, rows: int) -> dict:
 def workspace_elems(node: Node, batch: int) -> int:
     """Scratch for the largest algorithm: im2col's K x N matrix per image and group, or Winograd's
     transformed input and products; 0 for a pointwise conv."""
-    if is_pointwise(node):
-        return 0
-    M, N, K, G = conv_gemm_shape(node)
-    wino = max(winograd.workspace_elems(node, batch, m) for m in winograd.TILE_SIZES) \
-        if winograd.applicable(node) else 0
-    return max(batch * G * K * N, wino)
+    return 0 if is_pointwise(node) else winograd.scratch_elems(node, batch)
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
@@ -360,14 +353,10 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     a = node.attrs
     x, out = node.inputs[0], node.output
     algo = cfg.get("algo")
-    if algo not in conv_algos(node):
-        raise YoloClError(f"algorithm '{algo}' of the CPU GEMM family cannot run {node.describe()}")
-    if algo == "winograd" and cfg.get("m", 2) not in winograd.TILE_SIZES:
-        raise YoloClError(f"Winograd tile size m={cfg.get('m')} is not one of {winograd.TILE_SIZES}")
-    M, N, K, G = gemm_shape(node, cfg)
-    reason = why_illegal(cfg, M, N, K, max_work_group(ctx.rt)) or conv_illegal(node, cfg)
+    reason = KERNEL_FAMILY.why_illegal(node, cfg, ctx.rt)
     if reason is not None:
-        raise YoloClError(f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
+        raise YoloClError(reason)
+    M, N, K, G = gemm_shape(node, cfg)
     if algo == "winograd":
         return _bind_winograd(ctx, node, cfg)
     wts = packed_weights(ctx, node, pack_rows(cfg))
@@ -415,3 +404,42 @@ def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
         return Launch(ctx.kernel("gemm.cl", kernel_name(cfg), gd, gargs), grid(cfg, M, P, ctx.batch * t2),
                       local_size(cfg), node, "wino_gemm", dict(cfg), node.flops * ctx.batch)
     return winograd.transform_launches(ctx, node, m, wts, gemm)
+
+
+class CpuGemm:
+    """The kernel-family interface (see ``family.py``) of the CPU GEMM and its Winograd."""
+
+    name = FAMILY
+    tensor_cores = False
+    derived, schedule, block = (), ("KU", "WG", "ORD"), ("VW", "NV", "m")
+
+    def offered(self, rt, mma: str) -> bool:
+        return rt.is_cpu and not mma
+
+    def candidates(self, node: Node, rt, batch: int, precision: Precision, mma: str) -> list:
+        return [] if is_depthwise(node) else candidates(node, rt, batch, precision)
+
+    def heuristic(self, node: Node, batch: int, precision: Precision, mma: str) -> Optional[dict]:
+        return None if is_depthwise(node) else heuristic_config(node, batch, precision)
+
+    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+        algo = cfg.get("algo")
+        if algo not in conv_algos(node):
+            return f"algorithm '{algo}' of the CPU GEMM family cannot run {node.describe()}"
+        if algo == "winograd" and cfg.get("m", 2) not in winograd.TILE_SIZES:
+            return f"Winograd tile size m={cfg.get('m')} is not one of {winograd.TILE_SIZES}"
+        M, N, K, G = gemm_shape(node, cfg)
+        reason = why_illegal(cfg, M, N, K, max_work_group(rt)) or conv_illegal(node, cfg)
+        return None if reason is None else f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}"
+
+    def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
+        return conv_cost(node, cfg, batch)
+
+    def workspace_elems(self, node: Node, batch: int) -> int:
+        return workspace_elems(node, batch)
+
+    def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
+        return bind(ctx, node, cfg)
+
+
+KERNEL_FAMILY = CpuGemm()

@@ -5,6 +5,7 @@ A config is a dict of the kernel's tunables (see the .cl file's header)::
     {"family": "local", "algo": "im2col" | "gemm1x1" | "implicit",
      "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8,
      "SA": 1, "SB": 1, "VWA": 4, "VWB": 1, "VA": 4, "VB": 4, "PF": 1}
+    {"family": "local", "algo": "winograd", "m": 2, "MWG": 64, ...}   # Winograd's batched GEMM
 
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile, for shapes whose M x N
 gives too few work-groups to fill the device; a second kernel sums the partial planes (kept in
@@ -22,7 +23,10 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
+from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
+               packed_upload, residual_args)
+from . import winograd
+from ..errors import YoloClError
 from ..graph import Node
 
 FAMILY = "local"
@@ -300,9 +304,8 @@ def heuristic_config(node: Node, batch: int = 1, lim: DeviceLimits = DeviceLimit
     """The untuned choice for a conv on a GPU: Winograd F(2x2) for 3x3 stride-1 convs with enough
     channels (2.6-4x faster than the implicit GEMM on yolov3's, H100), 1x1 straight from the
     input, others implicit."""
-    from . import winograd
     if winograd.applicable(node) and node.attrs["in_c"] >= 16:
-        return winograd.heuristic_config(node, batch, 2, lim)
+        return wino_heuristic(node, batch, 2, lim)
     M, N, K, G = conv_gemm_shape(node)
     algo = conv_algos(node)[0]
     return {"algo": algo, "family": FAMILY, **heuristic(M, N, K, batch * G, algo == "implicit", lim)}
@@ -333,7 +336,9 @@ def b_operand(ctx: BindContext, node: Node, algo: str) -> tuple:
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
-    """Launches for a conv under a local-family config: [im2col,] GEMM."""
+    """Launches for a conv under a local-family config: [im2col,] GEMM, or Winograd's three."""
+    if cfg["algo"] == "winograd":
+        return bind_winograd(ctx, node, cfg)
     a = node.attrs
     M, N, K, G = conv_gemm_shape(node)
     x, out = node.inputs[0], node.output
@@ -346,10 +351,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     cfg = fit(cfg, M, N, K, implicit, lim)
     reason = why_illegal(cfg, M, N, K, implicit, lim)
     if reason is not None:
-        from ..errors import YoloClError
         raise YoloClError(f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
     if algo not in ALGOS:
-        from ..errors import YoloClError
         raise YoloClError(f"algorithm '{algo}' is not one of the local GEMM family's {', '.join(ALGOS)}")
     launches, b_args = b_operand(ctx, node, algo)
     Z = ctx.batch * G
@@ -368,3 +371,112 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         k = ctx.kernel("gemm_local.cl", name, dd, args)
         launches.append(Launch(k, gs, ls, node, label, dict(cfg), node.flops * ctx.batch if i == 0 else 0))
     return launches
+
+
+def wino_candidates(node: Node, rt, tiles: tuple = winograd.TILE_SIZES) -> list:
+    """Legal Winograd configs for ``node`` (tile sizes x the GEMM family's space).
+
+    ``tiles``: the tile sizes the precision allows (F(4x4) loses too much to rounding in half).
+    """
+    if not winograd.applicable(node):
+        return []
+    lim = device_limits(rt)
+    out = []
+    for m in tiles:
+        M, N, K, t2 = winograd.gemm_shape(node, m)
+        out.extend({"algo": "winograd", "m": m, "family": FAMILY, **c} for c in space(M, N, K, False, lim)
+                   if split_k(c) == 1)       # the workspace holds V and Mt: no room for split-K partials
+    return out
+
+
+def wino_heuristic(node: Node, batch: int = 1, m: int = 2, lim: DeviceLimits = DeviceLimits()) -> dict:
+    M, N, K, t2 = winograd.gemm_shape(node, m)
+    return {"algo": "winograd", "m": m, "family": FAMILY, **heuristic(M, N, K, batch * t2, False, lim)}
+
+
+def wino_weights(ctx: BindContext, node: Node, m: int) -> dict:
+    """U in this family's packed layout, and the bias; uploaded once per layer, precision, m."""
+    def pack() -> np.ndarray:
+        U = winograd.filter_transform(node.attrs["weights"], m)            # (T2, F, C)
+        t2, F, C = U.shape
+        return pack_weights(U.reshape(t2 * F, C), t2, ctx.dtype)
+    return packed_upload(ctx, node, (node.layers[0], ctx.half, FAMILY, "winograd", m), pack, "Winograd weights")
+
+
+def bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """Input transform, this family's GEMM batched over the T2 points, output transform + epilogue."""
+    m = int(cfg.get("m", 2))
+    if not winograd.applicable(node) or m not in winograd.TILE_SIZES:
+        raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
+    M, P, C, t2 = winograd.gemm_shape(node, m)
+    lim = device_limits(ctx.rt)
+    if not fits_device(cfg, lim):
+        cfg = {**cfg, **heuristic(M, P, C, ctx.batch * t2, False, lim)}
+    cfg = fit({**cfg, "SK": 1} if split_k(cfg) > 1 else cfg, M, P, C, False, lim)
+    reason = why_illegal(cfg, M, P, C, False, lim)
+    if reason is not None:
+        raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
+    wts = wino_weights(ctx, node, m)
+    gd = defines(ctx.defines(NO_BIAS=True), cfg, M, P, C)
+
+    def gemm(gargs: list) -> Launch:
+        gs, ls = sizes(cfg, M, P, ctx.batch * t2)
+        return Launch(ctx.kernel("gemm_local.cl", "yc_gemm_local", gd, gargs), gs, ls, node, "wino_gemm",
+                      dict(cfg), node.flops * ctx.batch)
+    return winograd.transform_launches(ctx, node, m, wts, gemm)
+
+
+def conv_cost(node: Node, cfg: dict, batch: int, rt) -> float:
+    """A coarse prior for the GPU GEMM families: padding waste, occupancy, tile size, one pass
+    saved by no im2col (the tensor-core family's tiles have the same economics, warps instead
+    of work-items)."""
+    if cfg["algo"] == "winograd":
+        M, N, K, Z = winograd.gemm_shape(node, cfg.get("m", 2))     # Z = T2 GEMMs in one launch
+    else:
+        M, N, K, Z = conv_gemm_shape(node)                          # Z = conv groups
+    work = Z * M * N * K * batch
+    w = waste(cfg, M, N)
+    groups = -(-M // cfg["MWG"]) * -(-N // cfg["NWG"]) * Z * batch * split_k(cfg)
+    units = int(rt.device.max_compute_units)
+    fill = min(1.0, groups / (2 * units))
+    tile = (cfg["MWG"] * cfg["NWG"]) ** 0.5
+    reuse = 1.0 + 16.0 / tile + (0.0 if cfg.get("SA", 1) and cfg.get("SB", 1) else 0.3)
+    extra = (1.1 if cfg["algo"] == "im2col" else 1.0) * (1.05 if split_k(cfg) > 1 else 1.0)
+    return work / max(fill, 1e-3) / (1 - w + 1e-6) * reuse * extra
+
+
+class LocalGemm:
+    """The kernel-family interface (see ``family.py``) of the local-memory GPU GEMM and its Winograd."""
+
+    name = FAMILY
+    tensor_cores = False
+    derived, schedule, block = DERIVED, ("PF",), ("MWG", "NWG", "m")
+
+    def offered(self, rt, mma: str) -> bool:
+        return not rt.is_cpu and not mma
+
+    def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
+        if is_depthwise(node):
+            return []
+        return candidates(node, rt, batch) + wino_candidates(node, rt, precision.winograd_tiles)
+
+    def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
+        return None if is_depthwise(node) else heuristic_config(node, batch)
+
+    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+        if cfg["algo"] not in conv_algos(node) + ["winograd"]:
+            return f"algorithm {cfg['algo']} of the local GEMM family cannot run {node.describe()}"
+        return None
+
+    def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
+        return conv_cost(node, cfg, batch, rt)
+
+    def workspace_elems(self, node: Node, batch: int) -> int:
+        """im2col's or Winograd's scratch (split-K partial sums use it only where it is large enough)."""
+        return winograd.scratch_elems(node, batch)
+
+    def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
+        return bind(ctx, node, cfg)
+
+
+KERNEL_FAMILY = LocalGemm()

@@ -27,13 +27,15 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_pointwise, packed_upload, residual_args
-from .gemm_local import (SPLITS, DeviceLimits, b_operand, device_limits, k_chunk, partial_bytes, round_up,
-                         split_k, tile_defines)
+from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
+               packed_upload, residual_args)
+from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
+                         round_up, split_k, tile_defines)
+from ..errors import YoloClError
 from ..graph import Node
 
 FAMILY = "mma"
-MODES = {"fp16": "f16", "tf32": "tf32"}      # precision -> mma input type
+MODES = ("f16", "tf32")         # mma input types (a precision's ``mma``)
 MPAD, KPAD = 256, 64            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
 TUNABLES = ("MWG", "NWG", "KWG", "WM", "WN")
 ALGOS = ("gemm1x1", "im2col", "implicit")
@@ -93,15 +95,11 @@ def available(rt, mode: str) -> bool:
     return _PROBED[key]
 
 
-def mode_for(rt, precision: str) -> str:
-    """The mma mode a precision computes in on ``rt`` ("" where it stays on the FMA families)."""
-    mode = MODES.get(precision, "")
+def mode_for(rt, precision) -> str:
+    """The mma mode a :class:`~yolo_cl.precision.Precision` computes in on ``rt`` ("" where it
+    stays on the FMA families)."""
+    mode = precision.mma
     return mode if mode and available(rt, mode) else ""
-
-
-def db_precision(precision: str, mode: str) -> str:
-    """The tuning-database precision a run uses: tf32 without tensor cores runs (and tunes) as fp32."""
-    return "fp32" if precision == "tf32" and not mode else precision
 
 
 def probe(rt, mode: str) -> float:
@@ -150,8 +148,8 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         mwg, nwg, kwg, wm, wn = (int(cfg[k]) for k in TUNABLES)
     except (KeyError, TypeError, ValueError) as e:
         return f"missing or malformed tunable {e}"
-    if mode not in MODES.values():
-        return f"mma mode '{mode}' is not one of {', '.join(MODES.values())}"
+    if mode not in MODES:
+        return f"mma mode '{mode}' is not one of {', '.join(MODES)}"
     if min(mwg, nwg, kwg, wm, wn) < 1 or MPAD % mwg or KPAD % kwg:
         return f"MWG must divide {MPAD} and KWG {KPAD}"
     if kwg % k_step(mode):
@@ -287,7 +285,6 @@ def heuristic_config(node: Node, mode: str, batch: int = 1, lim: DeviceLimits = 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Launches for a conv under an mma config: [im2col,] GEMM."""
-    from ..errors import YoloClError
     a = node.attrs
     M, N, K, G = conv_gemm_shape(node)
     mode = ctx.mma
@@ -322,3 +319,38 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum", dict(cfg),
                                node.flops * ctx.batch if i == 0 else 0))
     return launches
+
+
+class MmaGemm:
+    """The kernel-family interface (see ``family.py``) of the tensor-core GEMM."""
+
+    name = FAMILY
+    tensor_cores = True
+    derived, schedule, block = (), (), ("MWG", "NWG")
+
+    def offered(self, rt, mma: str) -> bool:
+        return bool(mma)
+
+    def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
+        return [] if is_depthwise(node) else candidates(node, rt, mma, batch)
+
+    def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
+        return None if is_depthwise(node) else heuristic_config(node, mma, batch)
+
+    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+        if cfg["algo"] not in conv_algos(node):
+            return f"algorithm '{cfg['algo']}' cannot run this layer in the mma family"
+        return None
+
+    def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
+        return conv_cost(node, cfg, batch, rt)       # the same tile economics, warps for work-items
+
+    def workspace_elems(self, node: Node, batch: int) -> int:
+        M, N, K, G = conv_gemm_shape(node)
+        return 0 if is_pointwise(node) else batch * G * K * N
+
+    def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
+        return bind(ctx, node, cfg)
+
+
+KERNEL_FAMILY = MmaGemm()

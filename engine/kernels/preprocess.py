@@ -57,7 +57,9 @@ class _Stage:
 class DevicePreprocess:
     """Stages frames and enqueues the preprocessing kernel for any executor of one runtime."""
 
-    def __init__(self, rt, half: bool, slots: int = 2) -> None:
+    def __init__(self, rt, precision, slots: int = 2) -> None:
+        """``precision``: the executors' (a :class:`~yolo_cl.precision.Precision`: half or float storage)."""
+        half = precision.half
         self.rt, self.half, self.slots = rt, half, slots
         self._program = rt.program("preprocess.cl", {"HALF_STORAGE": half})
         self._stages: dict = {}      # (slot, batch index) -> _Stage

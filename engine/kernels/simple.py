@@ -116,7 +116,7 @@ def _bind_add(ctx: BindContext, node: Node) -> list:
                 args += ctx.view(v) + i32(v.c * v.h * v.w)
             else:
                 args += [ctx.arena, np.int32(0), np.int32(0), np.int32(0)]
-        act = act_id(node.attrs["activation"]) if last else 0
+        act = act_id(node.attrs["activation"] if last else "linear")
         weighted = {}
         if (node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)) != (1.0, 1.0):   # one extra input
             weighted = {"SC_ALPHA": _cl_float(node.attrs["alpha"]), "SC_BETA": _cl_float(node.attrs["beta"])}

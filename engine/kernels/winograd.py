@@ -1,9 +1,10 @@
 """Winograd F(m x m, 3x3) convolution (``cl/winograd.cl``) for 3x3 stride-1 convs, m = 2 or 4.
 
 The filter transform U = G g G^T runs once, at bind time, in float64 on the host; the
-T2 = (m+2)^2 element-wise products are one batched GEMM of the local family
-(``gemm_local``: G = T2 groups, M = filters, N = tiles, K = channels); the output
-transform carries the conv epilogue. A config is the GEMM's plus the tile size::
+T2 = (m+2)^2 element-wise products are one batched GEMM of a GEMM family (G = T2 groups,
+M = filters, N = tiles, K = channels); the output transform carries the conv epilogue. This
+module holds the transforms; the families that run Winograd (``gemm_local``, ``gemm_cpu``)
+import it and add their GEMM. A config is the GEMM's plus the tile size::
 
     {"algo": "winograd", "m": 2, "family": "local", "MWG": 64, ...}
 
@@ -15,8 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BindContext, Launch, epilogue_defines, i32, packed_upload, residual_args
-from . import gemm_local as gl
+from . import BindContext, Launch, epilogue_defines, i32, residual_args
 from ..graph import Node
 
 TILE_SIZES = (2, 4)
@@ -54,6 +54,16 @@ def workspace_elems(node: Node, batch: int, m: int = 2) -> int:
     return batch * t2 * P * (C + M)
 
 
+def scratch_elems(node: Node, batch: int) -> int:
+    """A conv's largest scratch of the GEMM families: im2col's K x N matrix per image and group,
+    or Winograd's transformed input and products (any tile size) where it applies."""
+    a = node.attrs
+    g = a["groups"]
+    im2col = batch * g * (a["in_c"] // g) * a["size"] ** 2 * node.output.h * node.output.w
+    wino = max(workspace_elems(node, batch, m) for m in TILE_SIZES) if applicable(node) else 0
+    return max(im2col, wino)
+
+
 def filter_transform(w: np.ndarray, m: int) -> np.ndarray:
     """(F, C, 3, 3) filters -> U (T2, F, C) = G g G^T, flattened over the transform points."""
     G = _G[m]
@@ -67,61 +77,6 @@ def filter_transform(w: np.ndarray, m: int) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):   # absurd weights stay absurd, quietly
         U = np.kron(G, G).astype(dt) @ np.asarray(w, dt).reshape(F * C, 9).T   # (t*t, F*C)
     return U.reshape(t * t, F, C)
-
-
-def candidates(node: Node, rt, batch: int = 1, half: bool = False) -> list:
-    """Legal Winograd configs for ``node`` (tile sizes x the GEMM family's space).
-
-    F(4x4) is left out with half storage: its transformed values lose ~10x more to rounding
-    (measured in tests/test_winograd.py), beyond the fp16 accuracy gate.
-    """
-    if not applicable(node):
-        return []
-    lim = gl.device_limits(rt)
-    out = []
-    for m in (TILE_SIZES[:1] if half else TILE_SIZES):
-        M, N, K, t2 = gemm_shape(node, m)
-        out.extend({"algo": "winograd", "m": m, "family": gl.FAMILY, **c} for c in gl.space(M, N, K, False, lim)
-                   if gl.split_k(c) == 1)       # the workspace holds V and Mt: no room for split-K partials
-    return out
-
-
-def heuristic_config(node: Node, batch: int = 1, m: int = 2, lim: gl.DeviceLimits = gl.DeviceLimits()) -> dict:
-    M, N, K, t2 = gemm_shape(node, m)
-    return {"algo": "winograd", "m": m, "family": gl.FAMILY, **gl.heuristic(M, N, K, batch * t2, False, lim)}
-
-
-def transformed_weights(ctx: BindContext, node: Node, m: int) -> dict:
-    """U in the GEMM family's packed layout, and the bias; uploaded once per node, precision, m."""
-    def pack() -> np.ndarray:
-        U = filter_transform(node.attrs["weights"], m)            # (T2, F, C)
-        t2, F, C = U.shape
-        return gl.pack_weights(U.reshape(t2 * F, C), t2, ctx.dtype)
-    return packed_upload(ctx, node, (id(node), ctx.half, "winograd", m), pack, "Winograd weights")
-
-
-def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
-    """Input transform, batched GEMM, output transform + epilogue."""
-    from ..errors import YoloClError
-    m = int(cfg.get("m", 2))
-    if not applicable(node) or m not in TILE_SIZES:
-        raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
-    M, P, C, t2 = gemm_shape(node, m)
-    lim = gl.device_limits(ctx.rt)
-    if not gl.fits_device(cfg, lim):
-        cfg = {**cfg, **gl.heuristic(M, P, C, ctx.batch * t2, False, lim)}
-    cfg = gl.fit({**cfg, "SK": 1} if gl.split_k(cfg) > 1 else cfg, M, P, C, False, lim)
-    reason = gl.why_illegal(cfg, M, P, C, False, lim)
-    if reason is not None:
-        raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
-    wts = transformed_weights(ctx, node, m)
-    gd = gl.defines(ctx.defines(NO_BIAS=True), cfg, M, P, C)
-
-    def gemm(gargs: list) -> Launch:
-        gs, ls = gl.sizes(cfg, M, P, ctx.batch * t2)
-        return Launch(ctx.kernel("gemm_local.cl", "yc_gemm_local", gd, gargs), gs, ls, node, "wino_gemm",
-                      dict(cfg), node.flops * ctx.batch)
-    return transform_launches(ctx, node, m, wts, gemm)
 
 
 def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm) -> list:

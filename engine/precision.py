@@ -1,0 +1,62 @@
+"""The numeric precisions a network runs in, each one value made once and passed everywhere.
+
+A :class:`Precision` says how activations are stored (float or half), what the tuner's
+correctness gate accepts, which tensor-core input type it asks for where a device has them, and
+which Winograd tile sizes keep its accuracy. ``fp32`` is IEEE float throughout; ``fp16`` stores
+activations (and packed weights) as half and computes in float, or on tensor cores in half with
+float accumulation; ``tf32`` computes on tensor cores with TF32 inputs and runs as ``fp32``
+where there are none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import YoloClError
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One precision mode: its name, storage, tolerance and what it allows."""
+
+    name: str                   # "fp32", "fp16", "tf32": the CLI's and the tuning database's word
+    half: bool                  # activations and weights stored as half
+    tolerance: float            # largest relative error the tuner accepts against NumPy
+    mma: str                    # tensor-core input type it asks for ("f16", "tf32"; "" = none)
+    winograd_tiles: tuple       # Winograd F(m x m) tile sizes accurate enough for it
+
+    @property
+    def dtype(self) -> type:
+        """NumPy type of stored activations."""
+        return np.float16 if self.half else np.float32
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per stored activation."""
+        return 2 if self.half else 4
+
+    def run_as(self, mma: str) -> "Precision":
+        """What this precision runs (and is tuned, checked and filed) as, given the tensor-core
+        mode the device offers it (``mma``, "" for none): without tensor cores tf32 is fp32."""
+        return FP32 if self.name == "tf32" and not mma else self
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# F(4x4) loses ~10x more to rounding than F(2x2) (tests/test_winograd.py), beyond half's gate.
+FP32 = Precision("fp32", False, 1e-4, "", (2, 4))
+FP16 = Precision("fp16", True, 1e-2, "f16", (2,))
+TF32 = Precision("tf32", False, 2e-2, "tf32", (2, 4))
+PRECISIONS = {p.name: p for p in (FP32, FP16, TF32)}
+
+
+def precision_named(name: str) -> Precision:
+    """The precision called ``name``; a clear error for any other word."""
+    if isinstance(name, Precision):
+        return name
+    try:
+        return PRECISIONS[name]
+    except (KeyError, TypeError):
+        raise YoloClError(f"precision '{name}' is not one of {', '.join(PRECISIONS)}") from None

@@ -1,0 +1,69 @@
+"""The kernel-family registry (which family a config belongs to, which families a device has,
+their heuristics and candidates), the one Precision value and the one load_model."""
+from __future__ import annotations
+
+import pytest
+
+from test_tuner import convs, fake_rt
+from yolo_cl.bench import random_params
+from yolo_cl.errors import YoloClError
+from yolo_cl.kernels import family, gemm_cpu, gemm_local, gemm_mma
+from yolo_cl.model import load_model
+from yolo_cl.precision import FP16, FP32, TF32, precision_named
+
+
+def test_family_of_names_the_family_or_refuses():
+    assert family.family_of({"algo": "implicit", "family": "local"}) is gemm_local.KERNEL_FAMILY
+    assert family.family_of({"algo": "depthwise"}).name is None
+    for bad in ({"algo": "im2col", "family": "nonsense"}, {"family": "cpu"}, "not a dict", None):
+        with pytest.raises(ValueError):
+            family.family_of(bad)
+    assert family.why_illegal(None, {"algo": "winograd", "family": "nonsense"}, fake_rt()) is not None
+
+
+def test_each_device_gets_its_families_heuristic(tmp_path):
+    node = convs(tmp_path)[0]
+    cpu, gpu = fake_rt(), fake_rt(kind="GPU")
+    assert family.heuristic(node, cpu, 1, FP32, "") == gemm_cpu.heuristic_config(node, 1, FP32)
+    assert family.heuristic(node, gpu, 1, FP32, "") == gemm_local.heuristic_config(node, 1)
+    assert family.heuristic(node, gpu, 1, FP16, "f16") == gemm_mma.heuristic_config(node, "f16", 1)
+    assert [f.name for f in family.offered(cpu, "")] == [None, "cpu"]
+    assert [f.name for f in family.offered(gpu, "f16")] == [None, "mma"]
+    cands = family.candidates(node, cpu, 1, FP16, "")
+    assert cands and {c["family"] for c in cands} == {"cpu"}
+    assert not any(c["algo"] == "winograd" and c["m"] == 4 for c in cands)      # FP16 allows F(2x2) only
+    assert any(c["algo"] == "winograd" and c["m"] == 4 for c in family.candidates(node, cpu, 1, FP32, ""))
+
+
+def test_tensor_cores_set_fma_configs_aside():
+    local = {"algo": "implicit", "family": "local"}
+    assert family.competes(local, "") and not family.competes(local, "f16")
+    assert family.competes({"algo": "implicit", "family": "mma"}, "f16")
+    assert family.competes({"algo": "depthwise"}, "f16")
+
+
+def test_search_keys_come_from_the_families():
+    keys = family.space_keys()
+    assert set(gemm_local.DERIVED) <= set(keys.fixed) and "family" in keys.fixed
+    assert {"KU", "WG", "ORD", "PF"} == set(keys.schedule)
+
+
+def test_precision_is_one_value():
+    assert precision_named("fp16") is FP16 and precision_named(FP16) is FP16
+    assert (FP16.itemsize, FP32.itemsize, FP16.half, TF32.half) == (2, 4, True, False)
+    assert TF32.run_as("") is FP32 and TF32.run_as("tf32") is TF32 and FP16.run_as("") is FP16
+    assert FP16.winograd_tiles == (2,) and FP32.tolerance < FP16.tolerance < TF32.tolerance
+    with pytest.raises(YoloClError, match="fp64"):
+        precision_named("fp64")
+
+
+def test_load_model(tmp_path):
+    shapes = load_model("yolov3-tiny", None, 96, params="none")
+    assert shapes.params is None and shapes.net.width == 96 and shapes.graph.nodes
+    assert load_model("yolov3-tiny", None, 96).weights_path is not None          # the zoo's weights
+    cfg = tmp_path / "w.cfg"
+    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[convolutional]\nfilters=2\nsize=1\nactivation=linear\n")
+    with pytest.raises(YoloClError, match="no weights"):
+        load_model(str(cfg))
+    made = load_model(str(cfg), params="optional", make_params=random_params)
+    assert list(made.params) == [0] and made.graph.nodes[0].attrs["weights"].shape == (2, 3, 1, 1)
