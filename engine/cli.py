@@ -524,7 +524,7 @@ def _run_stream(detector, source: str, args) -> int:
     There ``args.out`` is the annotated video's file (in the --out folder), not the folder.
     """
     try:
-        from .video import run_detect_stream
+        from .video_cli import run_detect_stream
     except ImportError as e:
         _error(f"{source}: video and camera sources need yolo_cl.video, which cannot be imported ({e})")
         return 1

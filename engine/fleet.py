@@ -239,7 +239,8 @@ class StreamRun:
 
     def _run(self) -> None:
         from .draw import draw
-        from .video import OutputSink, Pipeline
+        from .video import Pipeline
+        from .writers import OutputSink
         sink = src = None
         try:
             sink = OutputSink(self.out, self.jsonl)

@@ -6,18 +6,14 @@ their own threads joined by small bounded channels, so throughput approaches the
 stage rather than the sum of all stages. Files keep every frame, in order (a full channel
 blocks its producer). Live sources keep only the newest frame in front of inference (a full
 channel drops its oldest item and counts it), so latency stays bounded when the camera is
-faster than the network. ``run_detect_stream`` is the CLI's driver: it adds drawing, video
-and JSONL output written atomically, a progress line and a summary.
+faster than the network. ``stream`` is the library's iterator over a source's detections.
+The command line's driver (drawing, output files, progress, Ctrl-C) is ``video_cli``.
 """
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import os
 import re
-import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -29,8 +25,6 @@ import numpy as np
 
 from .errors import ImageError, YoloClError
 from .preprocess import check_image, to_blob
-from .userfiles import display, escape
-from .writers import AtomicFile, VideoFile
 
 log = logging.getLogger("yolo_cl.video")
 
@@ -770,7 +764,7 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
     gives each detection a ``track_id`` that stays with its object across frames (a track
     survives ``track_age`` frames without a detection; see ``yolo_cl.track``).
     """
-    tracker = _tracker(track, track_age)
+    tracker = tracker_for(track, track_age)
     src = open_source(source, live=live, reconnect=reconnect, backoff=backoff, timeout=timeout, fps=fps)
     pipe = None
     try:
@@ -788,7 +782,7 @@ def stream(detector, source, *, thresh: float = 0.25, nms: float = 0.45, batch: 
             src.close()
 
 
-def _tracker(track: bool, max_age: int):
+def tracker_for(track: bool, max_age: int):
     """A Tracker for ``track=True`` (scipy is needed: the ``track`` extra), else None."""
     if not track:
         return None
@@ -798,232 +792,3 @@ def _tracker(track: bool, max_age: int):
         raise YoloClError("tracking needs scipy: pip install 'yolo-cl[track]'") from None
     from .track import Tracker
     return Tracker(max_age=max_age)
-
-
-# -- output -------------------------------------------------------------------------------------
-class OutputSink:
-    """Annotated video and/or JSONL, written under temp names and renamed into place at the end.
-
-    The constructor reserves both temp files, so an unwritable path fails before any work.
-    Every write is checked (yolo_cl.writers): the first failure removes both temp files and
-    raises one OutputError; ``finish`` verifies the video is complete before the rename.
-    """
-
-    def __init__(self, out: Optional[Union[str, Path]], jsonl: Optional[Union[str, Path]]) -> None:
-        self.out = Path(out) if out else None
-        self.jsonl = Path(jsonl) if jsonl else None
-        self._video: Optional[VideoFile] = None
-        self._jf: Optional[AtomicFile] = None
-        self.frames = 0
-        try:
-            if self.out is not None:
-                self._video = VideoFile(self.out)
-            if self.jsonl is not None:
-                self._jf = AtomicFile(self.jsonl, "JSON lines")
-        except BaseException:
-            self.discard()
-            raise
-
-    def open_video(self, fps: Optional[float], size: Optional[tuple]) -> None:
-        """Open the VideoWriter now if the size is known; raise if OpenCV cannot write that file."""
-        if self._video is not None:
-            self._video.fps = fps or 30.0
-            if size is not None:
-                self._guarded(self._video.open, size)
-
-    def _guarded(self, fn, *a) -> None:
-        try:
-            fn(*a)
-        except BaseException:
-            self.discard()
-            raise
-
-    @property
-    def wants_drawing(self) -> bool:
-        return self.out is not None
-
-    def write(self, r: Result, annotated: Optional[np.ndarray]) -> None:
-        """Append one frame: the annotated image to the video, a JSON line to the JSONL."""
-        if self._video is not None and annotated is not None:
-            self._guarded(self._video.write, annotated)
-        if self._jf is not None:
-            rec = {"frame_id": r.index, "timestamp": round(float(r.timestamp), 6),
-                   "objects": [d.to_dict() for d in r.detections]}
-            self._guarded(self._jf.write, json.dumps(rec, allow_nan=False) + "\n", True)
-        self.frames += 1
-
-    def finish(self) -> list:
-        """Finalise, verify and rename the files into place; with no frames written, leave nothing."""
-        if self.frames == 0:
-            self.discard()
-            return []
-        done = []
-        for f in (self._video, self._jf):
-            if f is not None:
-                self._guarded(lambda: done.append(f.commit()))
-        self._video = self._jf = None
-        return done
-
-    def discard(self) -> None:
-        """Drop the temp files (nothing useful was written, or a write failed)."""
-        for f in (self._video, self._jf):
-            if f is not None:
-                f.abort()
-        self._video = self._jf = None
-
-
-class Progress:
-    """A one-line status on a terminal: a bar with fps and ETA for files, fps/latency/drops for live."""
-
-    def __init__(self, stream, total: Optional[int], live: bool, interval: float = 0.25) -> None:
-        self.stream, self.total, self.live, self.interval = stream, total, live, interval
-        self.enabled = hasattr(stream, "isatty") and stream.isatty()
-        self._last = 0.0
-        self._shown = False
-
-    def update(self, stats: StreamStats, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._last < self.interval):
-            return
-        self._last = now
-        fps = stats.fps
-        if self.live or not self.total:
-            line = (f"{stats.frames} frames  {fps:5.1f} fps  latency {stats.latency.mean_ms:5.0f} ms"
-                    f"  dropped {stats.dropped}")
-        else:
-            done = min(stats.frames, self.total)
-            fill = int(24 * done / self.total)
-            eta = (self.total - done) / fps if fps > 0 else 0.0
-            line = (f"[{'#' * fill}{'-' * (24 - fill)}] {done}/{self.total} frames  {fps:5.1f} fps  "
-                    f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
-        self.stream.write("\r" + line + "\x1b[K")
-        self.stream.flush()
-        self._shown = True
-
-    def finish(self) -> None:
-        if self._shown:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def _display_available() -> bool:
-    """Whether cv2.imshow has somewhere to draw (a desktop session; OpenCV with a GUI backend)."""
-    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        return False
-    return "NONE" not in re.findall(r"GUI:\s*(\S+)", cv2.getBuildInformation())[:1]
-
-
-class _Interrupt:
-    """While active, SIGINT sets a flag and calls ``on_hit`` (the run then finishes its files)
-    instead of raising; a second SIGINT raises KeyboardInterrupt. Only on the main thread."""
-
-    def __init__(self, on_hit=None) -> None:
-        self.hit = False
-        self.on_hit = on_hit
-        self._old = None
-
-    def __enter__(self) -> "_Interrupt":
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.hit:
-            raise KeyboardInterrupt
-        self.hit = True
-        if self.on_hit is not None:
-            self.on_hit()
-
-    def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-
-
-def run_detect_stream(detector, source, args) -> int:
-    """The CLI's video/camera/URL path. Returns the exit status (0, or 130 after Ctrl-C).
-
-    ``args`` attributes (all optional): out (annotated video), jsonl (one JSON line per
-    frame), show, batch, live, reconnect, backoff, thresh, nms, quiet, track, track_age.
-    Outputs appear under their final names only when the run ends, completed or interrupted;
-    a write that fails removes both temp files and raises OutputError.
-    """
-    opt = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
-    quiet = bool(opt("quiet", False))
-    tracker = _tracker(bool(opt("track", False)), opt("track_age", 30))
-    sink = OutputSink(opt("out", None), opt("jsonl", None))       # unwritable outputs fail here, first
-    src = None
-    try:
-        src = open_source(source, live=opt("live", None), reconnect=opt("reconnect", 5), backoff=opt("backoff", 1.0))
-        sink.open_video(src.fps, src.size)
-        pipe = Pipeline(detector, src, thresh=opt("thresh", 0.25), nms=opt("nms", 0.45), batch=opt("batch", 1))
-    except BaseException:
-        sink.discard()
-        if src is not None:
-            src.close()
-        raise
-    show = bool(opt("show", False))
-    if show and not _display_available():
-        log.warning("--show: no display available, not showing frames")
-        show = False
-    from .draw import draw
-    names = detector.names
-    progress = Progress(sys.stderr, src.frame_count, src.live)
-    out_times = pipe.stats.stages["output"]
-    user_quit = False
-    written: list = []
-    # Without a window, drawing and writing run in their own threads (--show draws here: the
-    # window belongs to this thread).
-    outputs = None if show else OutputStages(sink.write, names, sink.wants_drawing, out_times)
-    with _Interrupt(pipe.interrupt) as interrupt:     # also covers finishing the files
-        ok = False
-        try:
-            for r in pipe:
-                if tracker is not None:
-                    r.detections = tracker.update(r.detections, r.index)
-                    r.trails = tracker.trails()
-                if outputs is not None:
-                    if not outputs.put(r):
-                        break
-                else:
-                    t0 = time.perf_counter()
-                    annotated = draw(r.frame, r.detections, names, r.trails)
-                    sink.write(r, annotated)
-                    cv2.imshow("yolo-cl", annotated)
-                    user_quit = (cv2.waitKey(1) & 0xFF) in (27, ord("q"))
-                    out_times.add(time.perf_counter() - t0)
-                if not quiet:
-                    progress.update(pipe.stats)
-                if interrupt.hit or user_quit:
-                    break
-            ok = True
-        finally:
-            pipe.close()
-            failed = None
-            if outputs is not None:
-                if not ok:
-                    outputs.stop()
-                try:
-                    outputs.close()            # the frames already queued are drawn and written
-                except BaseException as e:     # noqa: B902 - re-raised once everything is closed
-                    failed, ok = e, False
-            if show:
-                cv2.destroyAllWindows()
-            progress.finish()
-            if not pipe.reading:
-                src.close()
-            if ok:
-                written = sink.finish()
-            else:
-                sink.discard()
-            if failed is not None:
-                raise failed
-        interrupted = interrupt.hit
-    if interrupted:
-        pipe.stats.end = "interrupted"
-    elif user_quit:
-        pipe.stats.end = "stopped by user"
-    if not quiet:
-        print("\n".join(escape(line) for line in pipe.stats.format().splitlines()), file=sys.stderr)
-        for path in written:
-            print(f"wrote {display(path)}", file=sys.stderr)
-    return 130 if interrupted else 0

@@ -15,6 +15,7 @@ write, and renamed into place only when complete and readable.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 from pathlib import Path
@@ -273,3 +274,76 @@ class VideoFile:
             self._writer = None
         _unlink(self.tmp)
         self.tmp = None
+
+
+# -- a detection run's outputs ----------------------------------------------------------------
+class OutputSink:
+    """Annotated video and/or JSONL, written under temp names and renamed into place at the end.
+
+    The constructor reserves both temp files, so an unwritable path fails before any work.
+    Every write is checked (yolo_cl.writers): the first failure removes both temp files and
+    raises one OutputError; ``finish`` verifies the video is complete before the rename.
+    """
+
+    def __init__(self, out: Optional[Union[str, Path]], jsonl: Optional[Union[str, Path]]) -> None:
+        self.out = Path(out) if out else None
+        self.jsonl = Path(jsonl) if jsonl else None
+        self._video: Optional[VideoFile] = None
+        self._jf: Optional[AtomicFile] = None
+        self.frames = 0
+        try:
+            if self.out is not None:
+                self._video = VideoFile(self.out)
+            if self.jsonl is not None:
+                self._jf = AtomicFile(self.jsonl, "JSON lines")
+        except BaseException:
+            self.discard()
+            raise
+
+    def open_video(self, fps: Optional[float], size: Optional[tuple]) -> None:
+        """Open the VideoWriter now if the size is known; raise if OpenCV cannot write that file."""
+        if self._video is not None:
+            self._video.fps = fps or 30.0
+            if size is not None:
+                self._guarded(self._video.open, size)
+
+    def _guarded(self, fn, *a) -> None:
+        try:
+            fn(*a)
+        except BaseException:
+            self.discard()
+            raise
+
+    @property
+    def wants_drawing(self) -> bool:
+        return self.out is not None
+
+    def write(self, r, annotated) -> None:
+        """Append one frame (``r``: a ``video.Result``): the annotated image (an array, or None)
+        to the video, a JSON line to the JSONL."""
+        if self._video is not None and annotated is not None:
+            self._guarded(self._video.write, annotated)
+        if self._jf is not None:
+            rec = {"frame_id": r.index, "timestamp": round(float(r.timestamp), 6),
+                   "objects": [d.to_dict() for d in r.detections]}
+            self._guarded(self._jf.write, json.dumps(rec, allow_nan=False) + "\n", True)
+        self.frames += 1
+
+    def finish(self) -> list:
+        """Finalise, verify and rename the files into place; with no frames written, leave nothing."""
+        if self.frames == 0:
+            self.discard()
+            return []
+        done = []
+        for f in (self._video, self._jf):
+            if f is not None:
+                self._guarded(lambda: done.append(f.commit()))
+        self._video = self._jf = None
+        return done
+
+    def discard(self) -> None:
+        """Drop the temp files (nothing useful was written, or a write failed)."""
+        for f in (self._video, self._jf):
+            if f is not None:
+                f.abort()
+        self._video = self._jf = None

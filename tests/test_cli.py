@@ -208,9 +208,9 @@ def test_devices_without_opencl_explains_how_to_install(capsys, monkeypatch):
 
 def test_stream_sources_go_to_the_video_module(capsys, monkeypatch, tmp_path):
     calls = []
-    fake = types.ModuleType("yolo_cl.video")
+    fake = types.ModuleType("yolo_cl.video_cli")
     fake.run_detect_stream = lambda det, src, args: calls.append((det, src, args)) or 0
-    monkeypatch.setitem(sys.modules, "yolo_cl.video", fake)
+    monkeypatch.setitem(sys.modules, "yolo_cl.video_cli", fake)
     rc, _, err = run(capsys, "detect", "0", "rtsp://cam/live", "--size", "96", "--batch", "2",
                      "--jsonl", tmp_path / "f.jsonl", "--out", tmp_path, "--reconnect", "3")
     assert rc == 0, err

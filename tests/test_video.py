@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import yolo_cl
-from yolo_cl import video
+from yolo_cl import video, video_cli
 from yolo_cl.errors import ImageError, YoloClError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_clip_to_video_and_jsonl(det, tmp_path):
     count, w, h = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)), int(cap.get(3)), int(cap.get(4))
     cap.release()
     out, jl = tmp_path / "out.mp4", tmp_path / "dets.jsonl"
-    assert video.run_detect_stream(det, str(CLIP), args(out=str(out), jsonl=str(jl), batch=2)) == 0
+    assert video_cli.run_detect_stream(det, str(CLIP), args(out=str(out), jsonl=str(jl), batch=2)) == 0
 
     frames = read_video(out)
     assert len(frames) == count == 69
@@ -236,7 +236,7 @@ def test_stream_reconnects_with_backoff_then_ends(monkeypatch, caplog):
 # -- interruption and errors ---------------------------------------------------------------------
 SIGINT_SCRIPT = """
 import sys, types, yolo_cl
-from yolo_cl.video import run_detect_stream
+from yolo_cl.video_cli import run_detect_stream
 det = yolo_cl.Detector("yolov3-tiny", input_size={size})
 a = types.SimpleNamespace(out=sys.argv[2], jsonl=sys.argv[3], batch=1, quiet=True)
 sys.exit(run_detect_stream(det, sys.argv[1], a))
@@ -285,7 +285,7 @@ def test_unwritable_output_fails_before_any_work(det, clip_frames, tmp_path, mon
     for kw in (dict(out=str(blocker / "out.mp4")), dict(jsonl=str(blocker / "dets.jsonl")),
                dict(out=str(tmp_path / "ok.mp4"), jsonl=str(blocker / "dets.jsonl"))):
         with pytest.raises(YoloClError) as e:
-            video.run_detect_stream(det, source(), args(**kw))
+            video_cli.run_detect_stream(det, source(), args(**kw))
         msg = str(e.value)
         assert "\n" not in msg and str(blocker) in msg
     assert not pulled and not calls
@@ -296,7 +296,7 @@ def test_unwritable_video_format_fails_before_any_work(det, tmp_path, monkeypatc
     calls = []
     monkeypatch.setattr(det, "forward", lambda blob: calls.append(1))
     with pytest.raises(YoloClError, match="cannot write this video"):
-        video.run_detect_stream(det, str(CLIP), args(out=str(tmp_path / "out.unknownext")))
+        video_cli.run_detect_stream(det, str(CLIP), args(out=str(tmp_path / "out.unknownext")))
     assert not calls and list(tmp_path.iterdir()) == []
 
 

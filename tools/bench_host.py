@@ -33,7 +33,7 @@ import numpy as np
 from yolo_cl import Detector
 from yolo_cl.draw import draw
 from yolo_cl.runtime import atomic_write
-from yolo_cl.video import run_detect_stream
+from yolo_cl.video_cli import run_detect_stream
 from yolo_cl.zoo import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
