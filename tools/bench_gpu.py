@@ -34,18 +34,17 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from yolo_cl.cfg import parse_cfg
+from yolo_cl.executor import Executor
+from yolo_cl.kernels import conv as convk
+from yolo_cl.kernels import gemm_local as gl
+from yolo_cl.kernels import winograd
+from yolo_cl.layers import build_layers, parse_net
+from yolo_cl.model import load_model
+from yolo_cl.precision import FP16, FP32
+from yolo_cl.runtime import Runtime, atomic_write
 
-from yolo_cl.cfg import parse_cfg                       # noqa: E402
-from yolo_cl.executor import Executor                   # noqa: E402
-from yolo_cl.graph import build_graph                   # noqa: E402
-from yolo_cl.kernels import conv as convk               # noqa: E402
-from yolo_cl.kernels import gemm_local as gl            # noqa: E402
-from yolo_cl.kernels import winograd                    # noqa: E402
-from yolo_cl.layers import build_layers, parse_net      # noqa: E402
-from yolo_cl.precision import FP16, FP32                # noqa: E402
-from yolo_cl.runtime import Runtime, atomic_write      # noqa: E402
-from yolo_cl.weights import load_weights                # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 YOLOV2_SHAPES = [(32, 27, 173056), (64, 288, 43264), (128, 576, 10816), (256, 1152, 2704), (512, 2304, 676),
                  (1024, 4608, 169), (1024, 9216, 169), (425, 1024, 169), (1024, 27648, 169), (1024, 1024, 1024)]
@@ -171,10 +170,7 @@ def model_files(name: str, size: int, tmp: Path) -> tuple:
 
 
 def load_graph(cfg: Path, wts: Path):
-    sections = parse_cfg(cfg)
-    net = parse_net(sections[0], None)
-    layers = build_layers(sections, net)
-    return build_graph(net, layers, load_weights(wts, layers))
+    return load_model(cfg, wts).graph
 
 
 class Table:
@@ -758,9 +754,7 @@ def export_db(bench_files: list, path: Path) -> int:
                 continue
             _, model, size, b, prec = name.split()
             batch = int(b[1:])
-            sections = parse_cfg(model_cfg(model, int(size)))
-            net = parse_net(sections[0], None)
-            graph = build_graph(net, build_layers(sections, net), None)
+            graph = load_model(model_cfg(model, int(size)), params="none").graph
             nodes = {shape_key(n, batch): n for n in graph.nodes if n.op == "conv"}
             for key, r in results.items():
                 node = nodes[key]
