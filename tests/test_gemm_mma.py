@@ -34,8 +34,9 @@ def rounded(x, mode):
     return x.astype(np.float16).astype(np.float32) if mode == "f16" else gm.tf32_round(x)
 
 
-def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=0, act2=0, c_pad=(0, 0), implicit=None):
-    """yc_gemm_mma on host arrays: A (G,M,K), B (batch,G,K,N) or the conv input; returns C (batch,G,M,N)."""
+def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=0, act2=0, c_pad=(0, 0), implicit=None, bvec=False):
+    """yc_gemm_mma on host arrays: A (G,M,K), B (batch,G,K,N) or the conv input; returns C (batch,G,M,N).
+    ``bvec``: B rows by 16-byte cp.async chunks (where :func:`gm.b_vector` allows it)."""
     cl = rt.cl
     half = mode == "f16"
     dt = np.float16 if half else np.float32
@@ -46,7 +47,9 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=0, act2=0, c_pad=(
     Abuf = rt.upload(gm.pack_weights(A.reshape(G * M, K), G, mode), "A")
     biasb = rt.upload(bias.astype(np.float32), "bias")
     Bbuf = rt.upload(B.astype(dt).ravel(), "B")
-    d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode)
+    bvec = bvec and implicit is None and gm.b_vector(cfg, mode, False, N, G * K * N, K * N)
+    d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode, bvec)
+    assert ("BVEC" in d) == bvec
     if residual is not None:
         d.update(RESIDUAL=True, ACT2=act2)
     extra = []
@@ -76,6 +79,11 @@ CONFIGS = [  # (mode, config, ragged M, N, K); emulation on PoCL is slow: shapes
     ("f16", dict(MWG=16, NWG=64, KWG=64, WM=1, WN=2), (5, 70, 17)),
     ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2), (33, 29, 41)),
     ("tf32", dict(MWG=32, NWG=16, KWG=32, WM=1, WN=1), (1, 1, 1)),
+    # ST > 1: the cp.async ring, B [k][n] (ldmatrix.trans on the GPU: x2 for FN = 1, x4 pairs else)
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=2), (33, 29, 41)),
+    ("f16", dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2, ST=3), (70, 37, 100)),
+    ("f16", dict(MWG=16, NWG=48, KWG=16, WM=1, WN=2, ST=4), (5, 70, 97)),
+    ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=3), (33, 29, 41)),
 ]
 
 
@@ -93,12 +101,12 @@ def test_gemm_ragged_and_exact_shapes(rt, mode, cfg, odd):
         assert rel_err(out, reference(A, B, bias, act=LEAKY)) < TOL[mode], (M, N, K, cfg)
 
 
-@pytest.mark.parametrize("mode", ["f16", "tf32"])
-def test_full_epilogue_groups_batches_residual_slice(rt, mode):
+@pytest.mark.parametrize("mode,st", [("f16", 1), ("tf32", 1), ("f16", 2), ("tf32", 2)])
+def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     """Groups, batches, bias, leaky, a fused residual + leaky, written into a concat slice."""
     rng = np.random.default_rng(1)
     G, M, N, K, batch = 2, 24, 52, 40, 3
-    cfg = dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2)
+    cfg = dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2, ST=st)
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
     B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
     bias = rng.standard_normal(G * M).astype(np.float32)
@@ -109,13 +117,13 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk", [("f16", 3), ("tf32", 2)])
-def test_split_k_full_epilogue(rt, mode, sk):
+@pytest.mark.parametrize("mode,sk,st", [("f16", 3, 1), ("tf32", 2, 1), ("f16", 3, 3), ("tf32", 2, 2)])
+def test_split_k_full_epilogue(rt, mode, sk, st):
     """K split over work-groups (the last split shorter, CHECK_K), partial planes summed by
     gemm_local.cl's yc_gemm_splitk with the whole epilogue: batches, residual, a concat slice."""
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
-    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk)
+    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st)
     assert gm.why_illegal(cfg, M, N, K, mode) is None
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
     B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
@@ -124,6 +132,23 @@ def test_split_k_full_epilogue(rt, mode, sk):
     out = run_gemm(rt, cfg, mode, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(2, 1))
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
     assert "non-empty" in gm.why_illegal({**cfg, "SK": 8}, M, N, 40, mode)
+
+
+@pytest.mark.parametrize("cfg,shape", [(dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2, ST=2), (33, 40, 41)),
+                                       (dict(MWG=64, NWG=16, KWG=32, WM=2, WN=1, ST=3), (64, 32, 128))],
+                         ids=["ragged", "exact"])
+def test_b_rows_copied_as_chunks(rt, cfg, shape):
+    """BVEC (f16, N a multiple of 8): B rows reach local memory as 16-byte cp.async chunks, the
+    chunks past N and the rows past K zero-filled, with batches and the epilogue."""
+    rng = np.random.default_rng(8)
+    M, N, K = shape
+    A = rounded(rng.standard_normal((1, M, K)).astype(np.float32), "f16")
+    B = rounded(rng.standard_normal((2, 1, K, N)).astype(np.float32), "f16")
+    bias = rng.standard_normal(M).astype(np.float32)
+    out = run_gemm(rt, cfg, "f16", A, B, bias, act=LEAKY, bvec=True)
+    assert rel_err(out, reference(A, B, bias, act=LEAKY)) < TOL["f16"]
+    assert not gm.b_vector(cfg, "f16", False, 36) and not gm.b_vector(cfg, "tf32", False, 32)
+    assert not gm.b_vector({**cfg, "ST": 1}, "f16", False, 32) and not gm.b_vector(cfg, "f16", True, 32)
 
 
 def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):
@@ -139,10 +164,11 @@ def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):
     assert 1e-5 < rel_err(out, reference(A, B, bias)) < 2e-3
 
 
-@pytest.mark.parametrize("mode,geom", [("f16", (3, 1, 1, 1, 1)), ("tf32", (3, 2, 1, 1, 1)),
-                                       ("f16", (3, 1, 1, 1, 2)), ("tf32", (1, 1, 0, 1, 1))],
-                         ids=["f16-3x3s1", "tf32-3x3s2", "f16-3x3g2", "tf32-1x1"])
-def test_implicit_conv(rt, mode, geom):
+@pytest.mark.parametrize("mode,geom,st", [("f16", (3, 1, 1, 1, 1), 1), ("tf32", (3, 2, 1, 1, 1), 1),
+                                          ("f16", (3, 1, 1, 1, 2), 1), ("tf32", (1, 1, 0, 1, 1), 1),
+                                          ("f16", (3, 2, 1, 1, 1), 2), ("tf32", (3, 1, 1, 1, 2), 3)],
+                         ids=["f16-3x3s1", "tf32-3x3s2", "f16-3x3g2", "tf32-1x1", "f16-3x3s2-st2", "tf32-3x3g2-st3"])
+def test_implicit_conv(rt, mode, geom, st):
     """im2col gathered inside the B-tile load, against a direct float64 convolution."""
     ks, stride, pad, dil, groups = geom
     rng = np.random.default_rng(3)
@@ -154,7 +180,7 @@ def test_implicit_conv(rt, mode, geom):
     bias = rng.standard_normal(F).astype(np.float32)
     M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
     geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
-    cfg = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2)
+    cfg = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=st)
     out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo)
     ref = conv_reference(x, w, bias, stride, pad, dil, groups)
     assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]

@@ -5,7 +5,12 @@ inputs with fp32 accumulation (``m16n8k16``) for the ``fp16`` precision (half st
 inputs (``m16n8k8``) for ``tf32`` (float storage). A config is a dict of the kernel's tunables::
 
     {"family": "mma", "algo": "im2col" | "gemm1x1" | "implicit",
-     "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "SK": 1}
+     "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "SK": 1, "ST": 2}
+
+``ST`` (optional, default 1) is the number of local-memory stages: 1 keeps one buffer and
+prefetches the next tile into registers (two barriers per k-step); 2 to 4 run a ring of
+buffers filled by ``cp.async`` ST-1 tiles ahead, one barrier per k-step, B kept n-contiguous
+and read with ``ldmatrix.trans`` (``cl/gemm_mma.cl`` says how).
 
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
 work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608); gemm_local.cl's split-sum
@@ -36,6 +41,8 @@ FAMILY = "mma"
 MODES = {"fp16": "f16", "tf32": "tf32"}      # precision -> mma input type
 MPAD, KPAD = 256, 64            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
 TUNABLES = ("MWG", "NWG", "KWG", "WM", "WN")
+STAGES = (1, 2, 3)              # local-memory stages the search tries (the kernel takes up to 4)
+HEURISTIC_STAGES = 2            # the untuned pick's stages
 ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
@@ -130,7 +137,7 @@ def gemm(rt, A: np.ndarray, B: np.ndarray, mode: str, cfg: dict) -> np.ndarray:
     b = rt.upload(np.ascontiguousarray(B, dt), "B")
     c = rt.alloc(M * N * np.dtype(dt).itemsize, "C")
     bias = rt.upload(np.zeros(M, np.float32), "bias")
-    d = defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, M, N, K, mode)
+    d = defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, M, N, K, mode, b_vector(cfg, mode, False, N))
     for src, name, dd, args, gs, ls in launch_specs(cfg, d, M, N, K, 1, 1, [a, bias], [b] + i32(0, 0, 0, N),
                                                     [c] + i32(0, 0, N), [c] + i32(0, 0), []):
         k = cl.Kernel(rt.program(src, dd), name)
@@ -165,24 +172,46 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return f"work-group of {threads} exceeds the device's {lim.max_wg}"
     if local_bytes(cfg, mode) > lim.local_mem:
         return "local memory exceeded"
+    if not 1 <= stages(cfg) <= 4:
+        return "ST (local-memory stages) must be 1 to 4"
     sk = split_k(cfg)
     if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
         return "every K split must be non-empty (and SK <= 8)"
     return None
 
 
+def stages(cfg: dict) -> int:
+    """Local-memory stages of ``cfg`` (1 = single buffer with register prefetch)."""
+    return int(cfg.get("ST", 1))
+
+
 def local_bytes(cfg: dict, mode: str) -> int:
-    """Local memory of the A and B tiles (plus the emulation's lane exchange)."""
-    words = int(cfg["KWG"]) // (2 if mode == "f16" else 1) + 4
+    """Local memory of the A and B tiles, all stages (plus the emulation's lane exchange)."""
+    mwg, nwg, kwg = int(cfg["MWG"]), int(cfg["NWG"]), int(cfg["KWG"])
+    words = kwg // (2 if mode == "f16" else 1) + 4
     extra = 32 * 6 * 4 * int(cfg["WM"]) * int(cfg["WN"]) if emulated() else 0
-    return (int(cfg["MWG"]) + int(cfg["NWG"])) * words * 4 + extra
+    st = stages(cfg)
+    if st == 1:
+        return (mwg + nwg) * words * 4 + extra
+    return st * (mwg * words * 4 + kwg * (nwg + 8) * (2 if mode == "f16" else 4)) + extra
 
 
-def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str) -> dict:
-    """Kernel defines for ``cfg`` on this shape: tunables, mode, and only the bounds checks it needs."""
+def b_vector(cfg: dict, mode: str, implicit: bool, N: int, *b_ints) -> bool:
+    """Whether B can be copied as 16-byte chunks (BVEC): a staged f16 config, an explicit B, and N
+    and every B offset and stride (``b_ints``, in elements) multiples of 8."""
+    return stages(cfg) > 1 and mode == "f16" and not implicit and all(int(v) % 8 == 0 for v in (N,) + b_ints)
+
+
+def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bvec: bool = False) -> dict:
+    """Kernel defines for ``cfg`` on this shape: tunables, mode, and only the bounds checks it needs
+    (``bvec``: B rows copied as 16-byte chunks, see :func:`b_vector`)."""
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
     d.update(MPAD=MPAD, KPAD=KPAD, LDSM=LDSM)
+    if stages(cfg) > 1:
+        d["STAGES"] = stages(cfg)
+        if bvec:
+            d["BVEC"] = True
     d.update(tile_defines(cfg, M, N, K))
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
@@ -229,10 +258,10 @@ _WARPS = [(2, 2), (4, 2), (2, 4), (4, 1), (1, 4), (2, 1), (1, 2), (1, 1)]
 
 
 def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: DeviceLimits = DeviceLimits()) -> list:
-    """Every legal config of the family for this shape (tiles x warp grids x k-slices)."""
+    """Every legal config of the family for this shape (tiles x warp grids x k-slices x stages)."""
     out = []
-    for (mwg, nwg), (wm, wn), kwg in itertools.product(_TILES, _WARPS, (16, 32, 64)):
-        c = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WM": wm, "WN": wn}
+    for (mwg, nwg), (wm, wn), kwg, st in itertools.product(_TILES, _WARPS, (16, 32, 64), STAGES):
+        c = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WM": wm, "WN": wn, **({"ST": st} if st > 1 else {})}
         frags = (mwg // wm // 16) * (nwg // wn // 8) if mwg % (16 * wm) == 0 and nwg % (8 * wn) == 0 else 0
         if frags >= 2 and why_illegal(c, M, N, K, mode, implicit, lim) is None:
             out.append(c)
@@ -256,6 +285,8 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
     if not legal:
         legal = [min(space(M, N, K, mode, implicit, lim), key=lambda c: c["WM"] * c["WN"])]
     best = next((p for p in legal if round_up(M, p["MWG"]) <= 1.3 * M), legal[-1])
+    if why_illegal({**best, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
+        best = {**best, "ST": HEURISTIC_STAGES}
     groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
     if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K: share K out
         splits = [sk for sk in SPLITS if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None]
@@ -305,7 +336,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     x, out = node.inputs[0], node.output
     launches, b_args = b_operand(ctx, node, algo)
     extra = []
-    d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode)
+    d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode,
+                b_vector(cfg, mode, algo == "implicit", N, *b_args[1:]))
     if algo == "implicit":
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
