@@ -24,8 +24,9 @@
  *   WM WN          warps per work-group along M and N: each warp owns a (MWG/WM) x (NWG/WN) tile
  *                  of m16n8 fragments
  *   SK             split K over SK work-groups per tile (more work-groups where M x N gives few);
- *                  each writes raw partial sums to P = (float*)C as [SK][Z][M][N], and gemm_local.cl's
- *                  yc_gemm_splitk sums them and applies the epilogue
+ *                  each writes raw partial sums as [SK][Z][M][N] planes; with SK_FIX (trailing args
+ *                  P, counters) into P, and the last work-group of each tile adds them and runs the
+ *                  epilogue; without, into C's buffer, for gemm_local.cl's yc_gemm_splitk
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only where the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B gathered from the NCHW input (trailing args H, W, OW)
  *   STAGES         (config key "ST") local-memory stages. 1: one A/B buffer, the next tile
@@ -226,6 +227,16 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #else
 #define BBITS(i) yc_tf32(Bg[i])
 #endif
+#ifdef CHECK_M
+#define CHECK_M_ON 1
+#else
+#define CHECK_M_ON 0
+#endif
+#ifdef CHECK_N
+#define CHECK_N_ON 1
+#else
+#define CHECK_N_ON 0
+#endif
 #ifdef CHECK_K
 #define K_OK(k) ((k) < K)
 #else
@@ -276,6 +287,9 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
 #ifdef IMPLICIT
                  , const int H, const int W, const int OW
 #endif
+#ifdef SK_FIX
+                 , __global float* restrict P, volatile __global int* restrict counters
+#endif
                  )
 {
     const int tid = get_local_id(0);
@@ -289,6 +303,9 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
     const __global uint* Aw = (const __global uint*)A + ((size_t)grp * Mp + m0) * KpW;
     const __global dtype* Bg = B + b_off + (size_t)b * b_bstride + (size_t)grp * b_gstride;
 
+#ifdef SK_FIX
+    __local int sk_last[1];
+#endif
 #ifdef MMA_EMULATE
     __local uint xchg[WARPS * 32 * 6];
     __local uint* xch = xchg + warp * 32 * 6;
@@ -541,35 +558,78 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
     }
 #endif
 
-#if SK > 1
-    /* Raw partial sums of this K split; gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. */
-    __global float* P = (__global float*)C + ((size_t)ks * (get_global_size(2) / SK) + z) * M * N;
-#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
-#else
-    /* Epilogue: bias, activation, optional residual add + ACT2, store. */
-#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), grp, M, ldc, bias, C, cb, R, rbase)
-#endif
     const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
 #ifdef RESIDUAL
     const size_t rbase = (size_t)r_off + (size_t)b * r_bstride;
 #else
     const size_t rbase = 0;
 #endif
+#if SK > 1
+    /* Raw partial sums of this K split, as planes [SK][Z][M][N]: into the workspace P (SK_FIX),
+     * else into C's buffer for gemm_local.cl's yc_gemm_splitk to add up in a second launch. */
+    const size_t plane = (size_t)M * N, zt = get_global_size(2) / SK;
+#ifdef SK_FIX
+    __global float* Pk = P + ((size_t)ks * zt + z) * plane;
+#else
+    __global float* Pk = (__global float*)C + ((size_t)ks * zt + z) * plane;
+#endif
+#endif
+    /* Each accumulator inside C: its partial (SK > 1) or its epilogue. */
     #pragma unroll
     for (int i = 0; i < FM; ++i)
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1);
-#ifdef CHECK_M
-            if (m >= M) continue;
-#endif
+            if (CHECK_M_ON && m >= M) continue;
             #pragma unroll
             for (int j = 0; j < FN; ++j) {
                 const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1);
-#ifdef CHECK_N
-                if (n >= N) continue;
+                if (CHECK_N_ON && n >= N) continue;
+                const float v = acc[i][j][q];
+#if SK > 1
+                Pk[(size_t)m * N + n] = v;
+#else
+                yc_gemm_store(v, m, n, grp, M, ldc, bias, C, cb, R, rbase);
 #endif
-                STORE_C(acc[i][j][q], m, n);
             }
         }
+#if SK > 1
+#ifdef SK_FIX
+    /* The work-group that finishes a tile last (a count per tile, reset to 0 by that group for
+     * the next launch) adds the planes in split order and runs the epilogue. Every work-item
+     * fences its partial stores device-wide before the count; the sums read with volatile loads,
+     * past the non-coherent L1. */
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (tid == 0) {
+        const int tile = (z * (int)get_num_groups(1) + (int)get_group_id(1)) * (int)get_num_groups(0)
+                         + (int)get_group_id(0);
+        sk_last[0] = atomic_inc(counters + tile) == SK - 1;
+        if (sk_last[0])
+            counters[tile] = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!sk_last[0])
+        return;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    const volatile __global float* Pz = P + (size_t)z * plane;
+    #pragma unroll
+    for (int i = 0; i < FM; ++i)
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1);
+            if (CHECK_M_ON && m >= M) continue;
+            #pragma unroll
+            for (int j = 0; j < FN; ++j) {
+                const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1);
+                if (CHECK_N_ON && n >= N) continue;
+                const float v = acc[i][j][q];
+                float sum = 0.0f;
+                for (int s = 0; s < SK; ++s)
+                    sum += s == ks ? v : Pz[(size_t)s * zt * plane + (size_t)m * N + n];
+                yc_gemm_store(sum, m, n, grp, M, ldc, bias, C, cb, R, rbase);
+            }
+        }
+#endif
+#endif
 }

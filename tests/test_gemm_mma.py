@@ -61,14 +61,22 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=0, act2=0, c_pad=(
         b_args = [np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)]
         extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
     partial = rt.upload(np.full(max(gm.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
+    split = gm.split_k(cfg) > 1
+    counters = None
+    if split and gm.split_in_kernel():
+        counters = rt.upload(np.zeros(gm.tile_count(cfg, M, N, batch * G), np.int32), "counts")
     specs = gm.launch_specs(cfg, d, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
                             [c.buf, np.int32(c.off), np.int32(c.bstride), np.int32(N)],
-                            [c.rbuf, np.int32(c.off), np.int32(c.bstride)], extra, partial)
-    assert len(specs) == (2 if gm.split_k(cfg) > 1 else 1)
+                            [c.rbuf, np.int32(c.off), np.int32(c.bstride)], extra, partial, counters)
+    assert len(specs) == (2 if split and counters is None else 1)
     for src, name, dd, args, gs, ls in specs:
         k = cl.Kernel(rt.program(src, dd), name)
         k.set_args(*args)
         cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    if counters is not None:        # every tile's last work-group left its count at 0 for the next launch
+        left = np.empty(gm.tile_count(cfg, M, N, batch * G), np.int32)
+        cl.enqueue_copy(rt.queue, left, counters)
+        assert not left.any(), left
     return c.read()
 
 
@@ -117,10 +125,14 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk,st", [("f16", 3, 1), ("tf32", 2, 1), ("f16", 3, 3), ("tf32", 2, 2)])
-def test_split_k_full_epilogue(rt, mode, sk, st):
-    """K split over work-groups (the last split shorter, CHECK_K), partial planes summed by
-    gemm_local.cl's yc_gemm_splitk with the whole epilogue: batches, residual, a concat slice."""
+@pytest.mark.parametrize("mode,sk,st,launch", [("f16", 3, 1, False), ("tf32", 2, 1, False), ("f16", 3, 3, False),
+                                               ("tf32", 2, 2, False), ("f16", 3, 2, True)])
+def test_split_k_full_epilogue(rt, mode, sk, st, launch, monkeypatch):
+    """K split over work-groups (the last split shorter, CHECK_K), partial planes summed with the
+    whole epilogue (batches, residual, a concat slice) by the tile's last work-group, or with
+    YOLO_CL_MMA_SPLIT_LAUNCH=1 by gemm_local.cl's yc_gemm_splitk in a second launch."""
+    if launch:
+        monkeypatch.setenv(gm.SPLIT_LAUNCH_ENV, "1")
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
     cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st)

@@ -13,8 +13,10 @@ buffers filled by ``cp.async`` ST-1 tiles ahead, one barrier per k-step, B kept 
 and read with ``ldmatrix.trans`` (``cl/gemm_mma.cl`` says how).
 
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
-work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608); gemm_local.cl's split-sum
-kernel adds the partial planes (kept in the workspace) and runs the epilogue.
+work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608). The partial planes live in
+the workspace; the work-group that finishes a tile last (a per-tile count) adds them and runs
+the epilogue in the same launch. ``YOLO_CL_MMA_SPLIT_LAUNCH=1`` adds them in a second launch
+instead (gemm_local.cl's split-sum kernel), as before the in-kernel sum existed.
 
 The family is offered only where :func:`available` says so: an NVIDIA device of compute
 capability 8.0 or later on which a small GEMM of this very kernel builds, runs and matches
@@ -45,6 +47,7 @@ STAGES = (1, 2, 3)              # local-memory stages the search tries (the kern
 HEURISTIC_STAGES = 2            # the untuned pick's stages
 ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
+SPLIT_LAUNCH_ENV = "YOLO_CL_MMA_SPLIT_LAUNCH"
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
 log = logging.getLogger("yolo_cl.kernels")
@@ -54,6 +57,17 @@ _PROBED: dict = {}              # (device, driver, mode, emulated) -> bool
 def emulated() -> bool:
     """Whether mma is computed in plain OpenCL C (``YOLO_CL_MMA_EMULATE=1``) instead of PTX."""
     return os.environ.get(EMULATE_ENV, "").strip() == "1"
+
+
+def split_in_kernel() -> bool:
+    """Whether split-K partial sums are added inside the GEMM launch (the default) rather than
+    by a second launch (``YOLO_CL_MMA_SPLIT_LAUNCH=1``)."""
+    return os.environ.get(SPLIT_LAUNCH_ENV, "").strip() != "1"
+
+
+def tile_count(cfg: dict, M: int, N: int, Z: int) -> int:
+    """C tiles of a launch over Z matrices: the split-K counts, one int32 each."""
+    return -(-M // int(cfg["MWG"])) * -(-N // int(cfg["NWG"])) * Z
 
 
 def k_step(mode: str) -> int:
@@ -226,14 +240,18 @@ def sizes(cfg: dict, M: int, N: int, Z: int) -> tuple:
 
 
 def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
-                 b_args: list, c_args: list, r_args: list, extra: list, partial=None) -> list:
+                 b_args: list, c_args: list, r_args: list, extra: list, partial=None, counters=None) -> list:
     """(source, kernel name, defines, args, global, local) of the launches that compute C: the GEMM,
-    and with SK > 1 the split sum (``partial``: a buffer of ``partial_bytes``). Arguments as
-    gemm_local.launch_specs'."""
+    and with SK > 1 (``partial``: a buffer of ``partial_bytes``) either the sum inside it, given
+    ``counters`` (:func:`tile_count` zeroed int32s, left zeroed by every launch), or a split-sum
+    launch. Arguments as gemm_local.launch_specs'."""
     gs, ls = sizes(cfg, M, N, Z)
     dims = i32(M, N, K, G)
     if split_k(cfg) == 1:
         return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + c_args + r_args + dims + extra, gs, ls)]
+    if counters is not None:
+        return [("gemm_mma.cl", "yc_gemm_mma", {**defines_, "SK_FIX": True},
+                 a_args + b_args + c_args + r_args + dims + extra + [partial, counters], gs, ls)]
     sum_defines = {k: v for k, v in defines_.items() if k in ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS")}
     gemm_c = [partial] + i32(0, 0, N)
     return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls),
@@ -347,8 +365,11 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
         d.pop("SK", None)
     yb, yoff, ybs = ctx.view(out)
+    counters = None
+    if split_k(cfg) > 1 and split_in_kernel():      # this launch's own counts (zero between launches)
+        counters = ctx.rt.upload(np.zeros(tile_count(cfg, M, N, Z), np.int32), f"split-K counts of layer {node.label}")
     specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
-                         residual_args(ctx, node), extra, ctx.workspace)
+                         residual_args(ctx, node), extra, ctx.workspace, counters)
     for i, (src, name, dd, args, gs, ls) in enumerate(specs):
         k = ctx.kernel(src, name, dd, args)
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum", dict(cfg),
