@@ -125,14 +125,14 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk,st,launch", [("f16", 3, 1, False), ("tf32", 2, 1, False), ("f16", 3, 3, False),
-                                               ("tf32", 2, 2, False), ("f16", 3, 2, True)])
-def test_split_k_full_epilogue(rt, mode, sk, st, launch, monkeypatch):
+@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, True), ("tf32", 2, 1, True), ("f16", 3, 3, True),
+                                                  ("tf32", 2, 2, True), ("f16", 3, 2, False)])
+def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     """K split over work-groups (the last split shorter, CHECK_K), partial planes summed with the
-    whole epilogue (batches, residual, a concat slice) by the tile's last work-group, or with
-    YOLO_CL_MMA_SPLIT_LAUNCH=1 by gemm_local.cl's yc_gemm_splitk in a second launch."""
-    if launch:
-        monkeypatch.setenv(gm.SPLIT_LAUNCH_ENV, "1")
+    whole epilogue (batches, residual, a concat slice) by gemm_local.cl's yc_gemm_splitk in a
+    second launch, or with YOLO_CL_MMA_SPLIT_SUM=kernel by the tile's last work-group."""
+    if in_kernel:
+        monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
     cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st)
@@ -276,18 +276,24 @@ activation=linear
 """
 
 
+def net_and_reference(tmp_path, text: str, size: int, seed: int) -> tuple:
+    """(cfg path, weights path, a random input blob, the NumPy Darknet forward pass's last output)
+    of a cfg ``text`` with random weights."""
+    from darknet_io import forward_numpy, write_random_weights
+    cfg = tmp_path / "net.cfg"
+    cfg.write_text(text)
+    weights = write_random_weights(str(cfg), str(tmp_path / "net.weights"), calib_size=32)
+    blob = np.random.default_rng(seed).random((1, 3, size, size), dtype=np.float32)
+    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
+    return cfg, weights, blob, ref[max(ref)]
+
+
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
 def test_conv_net_end_to_end(rt, tmp_path, precision):
     """A small conv net (3x3, strided, 1x1, fused shortcut, concat) through the Detector on the
     mma family, against the NumPy Darknet forward pass and the FMA fp32 path."""
     import yolo_cl
-    from darknet_io import forward_numpy, write_random_weights
-    cfg = tmp_path / "net.cfg"
-    cfg.write_text(NET)
-    weights = write_random_weights(str(cfg), str(tmp_path / "net.weights"), calib_size=32)
-    blob = np.random.default_rng(6).random((1, 3, 24, 24), dtype=np.float32)
-    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
-    ref = ref[max(ref)]
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 24, 6)
     det = yolo_cl.Detector(str(cfg), weights, precision=precision)
     assert det.mma == gm.MODES[precision]
     names = {l.name for l in det.executor(1).launches if l.node.op == "conv"}
@@ -336,3 +342,43 @@ def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
     bench = tmod.ConvBench(rt, node, 1, precision == "fp16", tuner.queue, mma=tuner.mma)
     err = bench.check(bench.bind(gm.heuristic_config(node, tuner.mma)))
     assert tmod.TOLERANCE["fp32"] < err < tuner.tol
+
+
+SPLIT_NET = """[net]
+width=16
+height=16
+channels=3
+
+[convolutional]
+filters=64
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[convolutional]
+filters=32
+size=3
+stride=1
+pad=1
+activation=leaky
+"""
+
+
+def test_in_kernel_split_sum_through_the_detector(rt, tmp_path, monkeypatch):
+    """A layer the heuristic splits (K = 576, two tiles) with YOLO_CL_MMA_SPLIT_SUM=kernel: one
+    launch per conv, no split-sum launch, the per-tile counts kept alive past binding (a kernel
+    does not hold its buffer arguments; NVIDIA's driver fails the enqueue of a freed one), and
+    two frames in a row (the counts reset) match the NumPy Darknet forward pass."""
+    import gc
+
+    import yolo_cl
+    monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
+    cfg, weights, blob, ref = net_and_reference(tmp_path, SPLIT_NET, 16, 9)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    launches = det.executor(1).launches
+    assert [l.name for l in launches] == ["gemm_mma", "gemm_mma"]
+    assert gm.split_k(launches[1].config) > 1
+    gc.collect()
+    for _ in range(2):
+        assert rel_err(det.forward(blob)[0], ref) < 1e-2

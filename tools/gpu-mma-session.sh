@@ -3,15 +3,15 @@
 # with .whl/ and .bench/ carried (see tools/gpu-setup.sh and tools/gpu-bench-session.sh):
 #   run(command="bash tools/gpu-mma-session.sh PHASES", carry=[".whl", ".bench"])
 # PHASES, comma-separated, each bounded by its own timeout:
-#   test    tests/test_gemm_mma.py with the real instruction (should the in-kernel split-K sum fail
-#           them, the later phases run with YOLO_CL_MMA_SPLIT_LAUNCH=1)
+#   test    tests/test_gemm_mma.py with the real instruction
 #   gemm    tools/check_mma.py: 4096^3 GEMM, every config, f16 and tf32
 #   tune16  yolo-cl tune yolov3 fp16 (TUNE_S seconds, default 120); tune32 the same at tf32;
 #           tunev4 yolov4 fp16 (the shapes yolov3's entries do not cover)
 #   bench   yolo-cl bench (per-layer device time) of $BENCH (default "yolov3:fp16 yolov3:tf32
 #           yolov4:fp16 yolov3:fp32")
 #   torch   the PyTorch + cuDNN peer (.bench/torch_darknet.py) on yolov3 and yolov4, same call
-# The user tuning database the tune phases write ($YOLO_CL_CACHE/tuning.yaml) is copied to $OUT.
+# SPLIT_SUM=kernel runs the phases with the in-kernel split-K sum (YOLO_CL_MMA_SPLIT_SUM=kernel),
+# unless its tests fail first. The user tuning database the tune phases write ($YOLO_CL_CACHE/tuning.yaml) is copied to $OUT.
 set -u
 PHASES=",${1:-test,gemm},"
 TUNE_S=${TUNE_S:-120}         # tune budget in seconds (TUNE32_S for tf32, default the same)
@@ -23,9 +23,12 @@ has() { [[ "$PHASES" == *",$1,"* ]]; }
 if has test; then
   echo "== test ($(date +%T))"
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gemm_mma.py 2>&1 | tail -n 8
-  if ! timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gemm_mma.py -k split_k > /tmp/sk.txt 2>&1; then
-    echo "in-kernel split-K sum failed its tests: the rest of this call adds the splits in a second launch"
-    export YOLO_CL_MMA_SPLIT_LAUNCH=1
+fi
+if [ "${SPLIT_SUM:-}" = kernel ]; then
+  if timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gemm_mma.py -k split_k > /tmp/sk.txt 2>&1; then
+    export YOLO_CL_MMA_SPLIT_SUM=kernel
+  else
+    echo "in-kernel split-K sum failed its tests: this call adds the splits in a second launch"
   fi
 fi
 if has gemm; then
