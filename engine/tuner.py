@@ -1008,7 +1008,8 @@ def tune_model(model: str, size=None, batch: int = 1, precision: str = "fp32", d
     todo = []
     for node in nodes:
         known = db.lookup_key(shape_key(node, batch), max_level=0)
-        if known is not None and _config_fits(node, known, rt) and (not tuner.mma or known.get("family") == gemm_mma.FAMILY):
+        if (known is not None and _config_fits(node, known, rt)
+                and (not tuner.mma or known.get("family") == gemm_mma.FAMILY)):
             continue        # tuned on this device and driver (a neighbouring bucket's entry does not count;
                             # with tensor cores in use, neither does an FMA family's)
         todo.append(node)

@@ -206,6 +206,7 @@ def local_bytes(cfg: dict, mode: str) -> int:
     words = kwg // (2 if mode == "f16" else 1) + 4
     extra = 32 * 6 * 4 * int(cfg["WM"]) * int(cfg["WN"]) if emulated() else 0
     st = stages(cfg)
+    extra += 4 if split_k(cfg) > 1 else 0     # the in-kernel split sum's "last work-group" flag
     if st == 1:
         return (mwg + nwg) * words * 4 + extra
     return st * (mwg * words * 4 + kwg * (nwg + 8) * (2 if mode == "f16" else 4)) + extra
