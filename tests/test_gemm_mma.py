@@ -382,3 +382,32 @@ def test_in_kernel_split_sum_through_the_detector(rt, tmp_path, monkeypatch):
     gc.collect()
     for _ in range(2):
         assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+def test_tune_retunes_a_shape_whose_own_entry_is_an_fma_config(rt, tmp_path, monkeypatch):
+    """With tensor cores in use (emulated here), a shape whose entry for this device and driver is
+    an FMA family's config still needs tuning (it used to count as tuned: on an H100 with shipped
+    FMA fp16 entries, `yolo-cl tune --precision fp16` tuned nothing); an mma entry counts."""
+    import io
+    import re
+
+    from test_tuner import convs
+    from yolo_cl import tuner as tmod
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    nodes = convs(tmp_path)
+    db = tmp_path / "user.yaml"
+    local = {"family": "local", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
+    mma = {"family": "mma", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 32, "WM": 2, "WN": 1}
+
+    def need(entry: dict) -> tuple:
+        tmod.TuningDatabase(rt, "fp16", user_path=db, mma="f16").record(
+            {tmod.shape_key(n): {**entry, "algo": gm.conv_algos(n)[0]} for n in nodes})
+        out = io.StringIO()
+        tmod.tune_model(str(tmp_path / "net24x20.cfg"), precision="fp16", budget_s=0, db_path=str(db),
+                        progress=False, out=out)
+        todo, total = re.search(r"(\d+) of (\d+) conv shapes need tuning", out.getvalue()).groups()
+        return int(todo), int(total)
+
+    todo, total = need(local)
+    assert todo == total > 0
+    assert need(mma) == (0, total)
