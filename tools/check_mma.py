@@ -32,7 +32,9 @@ CONFIGS = [dict(MWG=128, NWG=128, KWG=32, WM=2, WN=2), dict(MWG=128, NWG=128, KW
            dict(MWG=128, NWG=128, KWG=16, WM=2, WN=2, ST=3), dict(MWG=128, NWG=128, KWG=16, WM=2, WN=2, ST=4),
            dict(MWG=128, NWG=128, KWG=16, WM=2, WN=4, ST=4), dict(MWG=128, NWG=256, KWG=16, WM=2, WN=4, ST=3),
            dict(MWG=256, NWG=128, KWG=16, WM=4, WN=2, ST=2), dict(MWG=64, NWG=128, KWG=32, WM=2, WN=2, ST=3),
-           dict(MWG=128, NWG=64, KWG=32, WM=2, WN=2, ST=3), dict(MWG=128, NWG=128, KWG=32, WM=4, WN=2, ST=2)]
+           dict(MWG=128, NWG=64, KWG=32, WM=2, WN=2, ST=3), dict(MWG=128, NWG=128, KWG=32, WM=4, WN=2, ST=2),
+           # staged configs that fit tf32's twice-as-wide tiles in 48 KB (the last is tf32 only: k8)
+           dict(MWG=128, NWG=128, KWG=16, WM=2, WN=4, ST=2), dict(MWG=128, NWG=128, KWG=8, WM=2, WN=4, ST=4)]
 
 
 def time_gemm(rt, mode: str, cfg: dict, n: int, reps: int) -> tuple:
