@@ -8,7 +8,10 @@ What happens here, and only here:
   into (each into its channel slice), so no copy runs; ``[route]`` with ``groups`` and
   ``[dropout]`` are just views;
 - layers whose outputs were asked for (``keep``) are not fused away: their output stays a
-  readable view, and the graph returns those views instead of the heads' inputs.
+  readable view, and the graph returns those views instead of the heads' inputs;
+- a ``[maxpool]`` or ``[upsample]`` whose output only one conv reads is marked on that conv
+  (``attrs["read_through"]``): a conv whose algorithm can compute the folded layer as it reads its
+  input (Winograd's input transform, cl/fused.cl) runs it, and the executor drops its launch.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.
@@ -308,7 +311,9 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
         outputs = [view[h.inputs[0]] for h in heads]
     else:
         outputs = [view[layers[-1].index]]
-    return Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
+    graph = Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
+    mark_read_fusions(graph)
+    return graph
 
 
 def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps: float) -> Node:
@@ -353,3 +358,67 @@ def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
     src = by_index.get(other)
     shape = (src.c, src.h, src.w) if src is not None else None
     return shape == (conv.c, conv.h, conv.w)
+
+
+# -- layers folded into a conv's input read ---------------------------------------------------
+FOLDABLE = ("maxpool", "upsample")
+
+
+def _readers(graph: Graph) -> dict:
+    """tensor id -> (node, view) of every read of it (inputs and fused shortcut inputs)."""
+    out: dict = {}
+    for node in graph.nodes:
+        views = list(node.inputs)
+        if node.attrs.get("residual") is not None:
+            views.append(node.attrs["residual"])
+        for v in views:
+            out.setdefault(v.tensor.id, []).append((node, v))
+    return out
+
+
+def _overlap(a: View, b: View) -> bool:
+    return a.tensor is b.tensor and a.c0 < b.c0 + b.c and b.c0 < a.c0 + a.c
+
+
+def foldable(producer: Node, conv: Node, readers: dict, returned: list) -> bool:
+    """Whether ``conv`` can compute ``producer``'s output while reading its input: the conv's input
+    is the only read of the channels the producer writes (no returned view holds them either) and
+    they lie inside that input view (a max-pool's output must be that whole view)."""
+    if producer.op not in FOLDABLE or conv.op != "conv" or producer is conv:
+        return False
+    out, x = producer.output, conv.inputs[0]
+    t = out.tensor
+    if x.tensor is not t or any(_overlap(out, v) for v in returned):
+        return False
+    if any(_overlap(out, v) and (node is not conv or v is not x) for node, v in readers.get(t.id, [])):
+        return False
+    if not (x.c0 <= out.c0 and out.c0 + out.c <= x.c0 + x.c):
+        return False
+    if producer.op == "maxpool":             # the pooled tensor is exactly what the conv reads
+        return out.c0 == 0 and out.c == t.c and x.c0 == 0 and x.c == t.c
+    return True
+
+
+def mark_read_fusions(graph: Graph) -> int:
+    """Set ``attrs["read_through"]`` on each conv that may fold its input's producer; returns how many."""
+    readers = _readers(graph)
+    returned = list(graph.outputs)
+    writers: dict = {}
+    for node in graph.nodes:
+        writers.setdefault(node.output.tensor.id, []).append(node)
+    marked = 0
+    for node in graph.nodes:
+        if node.op != "conv":
+            continue
+        x = node.inputs[0]
+        folds = [w for w in writers.get(x.tensor.id, []) if foldable(w, node, readers, returned)]
+        if len(folds) == 1:                  # one fused read per input transform
+            node.attrs["read_through"] = folds[0]
+            marked += 1
+    return marked
+
+
+def extra_reads(node: Node) -> list:
+    """Views a node reads beyond its inputs because of a folded producer (for the planner)."""
+    p = node.attrs.get("read_through")
+    return list(p.inputs) if p is not None else []

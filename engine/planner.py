@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import Graph
+from .graph import Graph, extra_reads
 
 ALIGN = 64   # elements: 256-byte aligned offsets suit every vector width
 
@@ -33,7 +33,8 @@ def lifetimes(graph: Graph) -> dict:
     end = len(graph.nodes)
     life: dict = {graph.input.id: [-1, -1]}
     for step, node in enumerate(graph.nodes):
-        for v in node.inputs + ([node.attrs["residual"]] if node.attrs.get("residual") is not None else []):
+        for v in node.inputs + ([node.attrs["residual"]] if node.attrs.get("residual") is not None else []) \
+                + extra_reads(node):
             t = v.tensor.id
             life.setdefault(t, [step, step])[1] = step
         t = node.output.tensor.id

@@ -1,0 +1,79 @@
+/* Winograd's input transform reading *through* a layer the graph folded into it, so that layer
+ * costs no launch and its output is never written (engine/fusion.py decides where):
+ *   POOL  the whole input is a [maxpool] of S (size MP_SIZE, strides MP_SX x MP_SY, padding
+ *         MP_PAD): each input pixel is the window's maximum, as yc_maxpool_rows computes it;
+ *   UPS   channels [US_C0, US_C0 + US_C) of the input are a nearest [upsample] of S (stride US_S,
+ *         times `scale`), as yc_upsample computes them; the other channels come from X.
+ * Everything else is yc_wino_input's (cl/winograd.cl): same tiles, same transform, same V layout.
+ * Global size (P, C, batch): one work-item per (tile, channel, image).
+ */
+#include "winograd.cl"
+
+#if defined(POOL) && defined(UPS)
+#error "one fused read per input transform"
+#endif
+
+__kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                                  const int C, const int H, const int W,
+                                  __global dtype* restrict V, const int v_off, const int TW, const int P,
+                                  const int PAD,
+                                  __global const dtype* restrict S, const int s_off, const int s_bstride,
+                                  const int SH, const int SW, const float scale)
+{
+    const int p = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    if (p >= P) return;
+    const int ty = p / TW, tx = p - ty * TW;
+    const int y0 = ty * WINO_M - PAD, x0 = tx * WINO_M - PAD;
+    float d[T2], t[T2], u[T2];
+#ifdef POOL
+    const __global dtype* Sc = S + s_off + (size_t)b * s_bstride + (size_t)c * SH * SW;
+    #pragma unroll
+    for (int i = 0; i < WT; ++i) {
+        const int y = y0 + i;
+        #pragma unroll
+        for (int j = 0; j < WT; ++j) {
+            const int x = x0 + j;
+            float m = 0.0f;                           /* the conv's zero padding */
+            if (y >= 0 && y < H && x >= 0 && x < W) {
+                const int sy0 = y * MP_SY - MP_PAD, sx0 = x * MP_SX - MP_PAD;
+                m = -FLT_MAX;
+                for (int dy = 0; dy < MP_SIZE; ++dy) {
+                    const int sy = sy0 + dy;
+                    if (sy < 0 || sy >= SH) continue;
+                    for (int dx = 0; dx < MP_SIZE; ++dx) {
+                        const int sx = sx0 + dx;
+                        if (sx >= 0 && sx < SW) {
+                            const float v = LD(Sc, sy * SW + sx);
+                            m = v > m ? v : m;
+                        }
+                    }
+                }
+            }
+            d[i * WT + j] = m;
+        }
+    }
+#else
+    const int up = c >= US_C0 && c < US_C0 + US_C;
+    const __global dtype* Xc = up ? S + s_off + (size_t)b * s_bstride + (size_t)(c - US_C0) * SH * SW
+                                  : X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    #pragma unroll
+    for (int i = 0; i < WT; ++i) {
+        const int y = y0 + i;
+        #pragma unroll
+        for (int j = 0; j < WT; ++j) {
+            const int x = x0 + j;
+            float v = 0.0f;
+            if (y >= 0 && y < H && x >= 0 && x < W)
+                v = up ? scale * LD(Xc, (y / US_S) * SW + x / US_S) : LD(Xc, y * W + x);
+            d[i * WT + j] = v;
+        }
+    }
+#endif
+    #pragma unroll
+    for (int j = 0; j < WT; ++j) yc_bt(d + j, WT, t + j, WT);        /* columns: t = B^T d */
+    #pragma unroll
+    for (int i = 0; i < WT; ++i) yc_bt(t + i * WT, 1, u + i * WT, 1); /* rows: u = t B */
+    const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + p;
+    #pragma unroll
+    for (int xi = 0; xi < T2; ++xi) ST(V, base + (size_t)xi * C * P, u[xi]);
+}

@@ -1,0 +1,199 @@
+"""Layers folded into a conv's input read (graph.mark_read_fusions, cl/fused.cl), on PoCL.
+
+A [maxpool] or [upsample] that only a Winograd conv reads runs inside that conv's input
+transform: its launch disappears, and the network's outputs must equal both the NumPy
+reference (tests/darknet_io.py, independent of yolo_cl) and the same plan with folding off,
+exactly: the folded read computes the same values the layer's own kernel would have stored.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from darknet_io import forward_numpy, write_random_weights
+from yolo_cl.cfg import parse_cfg
+from yolo_cl.executor import Executor
+from yolo_cl.graph import build_graph
+from yolo_cl.kernels import gemm_local as gl
+from yolo_cl.kernels import winograd
+from yolo_cl.layers import build_layers, parse_net
+from yolo_cl.runtime import Runtime
+from yolo_cl.weights import load_weights
+
+# Odd sizes; a 2/2 pool, a 3/2 pool with padding, a 2/1 pool (yolov3-tiny's layer 11), an
+# upsample into the first slice of a concat a conv writes the rest of, and a maxpool whose
+# output a second layer also reads (so it must not be folded).
+CFG = """[net]
+width=23
+height=19
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=12
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=3
+stride=2
+
+[convolutional]
+filters=10
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=1
+
+[convolutional]
+batch_normalize=1
+filters=6
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[upsample]
+stride=2
+
+[route]
+layers=-1,2
+
+[convolutional]
+filters=9
+size=3
+stride=1
+pad=1
+activation=linear
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+filters=5
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=-1,-2
+"""
+
+
+class FixedTuning:
+    def __init__(self, pick) -> None:
+        self.pick = pick
+
+    def conv_config(self, node, batch: int = 1) -> dict:
+        return self.pick(node)
+
+
+TINY = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
+
+
+def wino_pick(node):
+    """Winograd F(2x2) for the 3x3 convs, the implicit GEMM for the rest (local family)."""
+    M, N = node.attrs["filters"], node.output.h * node.output.w
+    if winograd.applicable(node):
+        M, N, K, _ = winograd.gemm_shape(node, 2)
+        return {"algo": "winograd", "m": 2, "family": "local", **gl.complete(TINY, M, N, K)}
+    K = node.attrs["in_c"] * node.attrs["size"] ** 2
+    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
+
+
+def implicit_pick(node):
+    M, N = node.attrs["filters"], node.output.h * node.output.w
+    K = node.attrs["in_c"] * node.attrs["size"] ** 2
+    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
+
+
+@pytest.fixture(scope="module")
+def net():
+    d = tempfile.mkdtemp()
+    cfg = os.path.join(d, "f.cfg")
+    with open(cfg, "w") as f:
+        f.write(CFG)
+    wts = write_random_weights(cfg, os.path.join(d, "f.weights"), seed=3)
+    sections = parse_cfg(cfg)
+    info = parse_net(sections[0], None)
+    layers = build_layers(sections, info)
+    graph = build_graph(info, layers, load_weights(wts, layers))
+    blob = np.random.default_rng(2).random((2, 3, 19, 23), dtype=np.float32) - 0.5
+    ref = forward_numpy(cfg, wts, blob, keep="heads")
+    return graph, blob, list(ref.values())[-1]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+def test_graph_marks_only_legal_folds(net):
+    """The three pools that only a conv reads and the upsample are marked; the last pool, read by
+    the final route too, is not."""
+    graph = net[0]
+    marked = [n.attrs["read_through"] for n in graph.nodes if n.op == "conv" and n.attrs.get("read_through")]
+    assert [p.op for p in marked] == ["maxpool", "maxpool", "maxpool", "upsample"]
+    last_pool = [n for n in graph.nodes if n.op == "maxpool"][-1]
+    assert last_pool not in marked
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_folded_network_equals_unfolded_and_numpy(rt, net, half):
+    graph, blob, ref = net
+    on = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick))
+    off = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick), fold=False)
+    kinds = [l.name for l in on.launches]
+    assert kinds.count("maxpool_rows") == 1 and kinds.count("upsample") == 0       # 3 pools + upsample folded
+    assert len(off.launches) == len(on.launches) + 4
+    assert sum(1 for l in on.launches if l.config.get("through")) == 4
+    a, b = on.run(blob)[0], off.run(blob)[0]
+    np.testing.assert_array_equal(a, b)
+    err = float(np.abs(a - ref).max() / np.abs(ref).max())
+    assert err < (5e-3 if half else 2e-4)
+    np.testing.assert_array_equal(on.run(blob, eager=True)[0], a)     # re-binding folds the same way
+
+
+def test_conv_not_reading_through_keeps_the_producer(rt, net):
+    """Convs on the implicit GEMM cannot fold: every pool and the upsample keep their launch."""
+    graph, blob, ref = net
+    ex = Executor(rt, graph, batch=2, tuning=FixedTuning(implicit_pick))
+    kinds = [l.name for l in ex.launches]
+    assert kinds.count("maxpool_rows") == 4 and kinds.count("upsample") == 1
+    out = ex.run(blob)[0]
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-4
+
+
+def test_default_plan_of_yolov3_tiny_equals_unfolded(rt):
+    """The shipped model on this device's default plan (tuning database or heuristic) at a small size."""
+    from yolo_cl import Detector
+    det = Detector("yolov3-tiny", input_size=160)
+    on = det.executor(1)
+    off = Executor(det.runtime, on.graph, tuning=det.tuning, fold=False)
+    blob = np.random.default_rng(0).random((1, 3, 160, 160), dtype=np.float32)
+    assert len(on.launches) < len(off.launches)
+    for a, b in zip(on.run(blob), off.run(blob)):
+        np.testing.assert_array_equal(a, b)
