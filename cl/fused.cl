@@ -1,5 +1,8 @@
-/* Winograd's input transform reading *through* a layer the graph folded into it, so that layer
- * costs no launch and its output is never written (engine/fusion.py decides where):
+/* Kernels that do the work of several layers in one launch.
+ *
+ * yc_wino_input_fused: Winograd's input transform reading *through* a layer the graph folded
+ * into it (engine/graph.py mark_read_fusions), so that layer costs no launch and its output
+ * is never written:
  *   POOL  the whole input is a [maxpool] of S (size MP_SIZE, strides MP_SX x MP_SY, padding
  *         MP_PAD): each input pixel is the window's maximum, as yc_maxpool_rows computes it;
  *   UPS   channels [US_C0, US_C0 + US_C) of the input are a nearest [upsample] of S (stride US_S,
@@ -9,6 +12,12 @@
  */
 #include "winograd.cl"
 
+#if !defined(POOL) && !defined(UPS)       /* a program built for another kernel of this file */
+#define UPS
+#define US_C0 0
+#define US_C 0
+#define US_S 1
+#endif
 #if defined(POOL) && defined(UPS)
 #error "one fused read per input transform"
 #endif
@@ -77,3 +86,44 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
     #pragma unroll
     for (int xi = 0; xi < T2; ++xi) ST(V, base + (size_t)xi * C * P, u[xi]);
 }
+
+#ifdef MP_N
+/* Sibling max-pools of one input in one pass (engine/graph.merge_sibling_pools: SPP's 5/9/13):
+ * MP_N <= 3 centred stride-1 windows of radius MP_R0 < MP_R1 < MP_R2, each as yc_maxpool_rows
+ * computes it (pixels outside the input are skipped), written to Y0, Y1, Y2 (unused ones are
+ * dummies). Global size (H, C, batch): one work-item per (row, channel, image). */
+__kernel void yc_maxpool_nested(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                                const int H, const int W,
+                                __global dtype* restrict Y0, const int y0_off, const int y0_bstride,
+                                __global dtype* restrict Y1, const int y1_off, const int y1_bstride,
+                                __global dtype* restrict Y2, const int y2_off, const int y2_bstride)
+{
+    const int oy = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int radius[3] = {MP_R0, MP_R1, MP_R2};
+    const int R = radius[MP_N - 1];
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    const size_t row = ((size_t)c * H + oy) * W;
+    for (int ox = 0; ox < W; ++ox) {
+        float m[3] = {-FLT_MAX, -FLT_MAX, -FLT_MAX};
+        for (int dy = -R; dy <= R; ++dy) {
+            const int iy = oy + dy;
+            if (iy < 0 || iy >= H) continue;
+            const int ady = dy < 0 ? -dy : dy;
+            for (int dx = -R; dx <= R; ++dx) {
+                const int ix = ox + dx;
+                if (ix < 0 || ix >= W) continue;
+                const float v = LD(Xc, iy * W + ix);
+                const int r = max(ady, dx < 0 ? -dx : dx);
+                #pragma unroll
+                for (int k = 0; k < MP_N; ++k)
+                    if (r <= radius[k]) m[k] = v > m[k] ? v : m[k];
+            }
+        }
+        ST(Y0, y0_off + (size_t)b * y0_bstride + row + ox, m[0]);
+        ST(Y1, y1_off + (size_t)b * y1_bstride + row + ox, m[1]);
+#if MP_N > 2
+        ST(Y2, y2_off + (size_t)b * y2_bstride + row + ox, m[2]);
+#endif
+    }
+}
+#endif

@@ -9,6 +9,8 @@ What happens here, and only here:
   ``[dropout]`` are just views;
 - layers whose outputs were asked for (``keep``) are not fused away: their output stays a
   readable view, and the graph returns those views instead of the heads' inputs;
+- consecutive centred stride-1 ``[maxpool]`` layers of one input writing slices of one tensor
+  (SPP's 5/9/13 into their concat) become one ``maxpool_nested`` node: one launch, one pass;
 - a ``[maxpool]`` or ``[upsample]`` whose output only one conv reads is marked on that conv
   (``attrs["read_through"]``): a conv whose algorithm can compute the folded layer as it reads its
   input (Winograd's input transform, cl/fused.cl) runs it, and the executor drops its launch.
@@ -312,6 +314,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     else:
         outputs = [view[layers[-1].index]]
     graph = Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
+    merge_sibling_pools(graph)
     mark_read_fusions(graph)
     return graph
 
@@ -422,3 +425,43 @@ def extra_reads(node: Node) -> list:
     """Views a node reads beyond its inputs because of a folded producer (for the planner)."""
     p = node.attrs.get("read_through")
     return list(p.inputs) if p is not None else []
+
+
+def _same(a: View, b: View) -> bool:
+    return a.tensor is b.tensor and a.c0 == b.c0 and a.c == b.c
+
+
+def _centred_pool(node: Node) -> bool:
+    """A stride-1 max-pool of odd size padded to keep the input's size (Darknet's default padding)."""
+    a = node.attrs
+    return (node.op == "maxpool" and a["stride_x"] == a["stride_y"] == 1 and a["size"] % 2 == 1
+            and a["padding"] == a["size"] - 1)
+
+
+def merge_sibling_pools(graph: Graph, most: int = 3) -> int:
+    """Replace runs of consecutive centred stride-1 max-pools of the same input view, of distinct
+    sizes, writing slices of one tensor, by one ``maxpool_nested`` node (attrs ``sizes`` and
+    ``outputs``, smallest first); returns how many nodes it removed."""
+    out, removed, i = [], 0, 0
+    nodes = graph.nodes
+    while i < len(nodes):
+        run = [nodes[i]]
+        if _centred_pool(nodes[i]):
+            x, t = nodes[i].inputs[0], nodes[i].output.tensor
+            j = i + 1
+            while (j < len(nodes) and len(run) < most and _centred_pool(nodes[j]) and _same(nodes[j].inputs[0], x)
+                   and nodes[j].output.tensor is t and nodes[j].attrs["size"] not in [n.attrs["size"] for n in run]):
+                run.append(nodes[j])
+                j += 1
+        if len(run) == 1:
+            out.append(nodes[i])
+            i += 1
+            continue
+        run.sort(key=lambda n: n.attrs["size"])
+        layers_ = [l for n in run for l in n.layers]
+        out.append(Node("maxpool_nested", layers_, [run[0].inputs[0]], run[0].output,
+                        dict(sizes=[n.attrs["size"] for n in run], outputs=[n.output for n in run])))
+        removed += len(run) - 1
+        i += len(run)
+    graph.nodes[:] = out
+    return removed

@@ -197,3 +197,78 @@ def test_default_plan_of_yolov3_tiny_equals_unfolded(rt):
     assert len(on.launches) < len(off.launches)
     for a, b in zip(on.run(blob), off.run(blob)):
         np.testing.assert_array_equal(a, b)
+
+
+SPP = """[net]
+width=17
+height=12
+channels=3
+
+[convolutional]
+filters=6
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+stride=1
+size=5
+
+[route]
+layers=-2
+
+[maxpool]
+stride=1
+size=9
+
+[route]
+layers=-4
+
+[maxpool]
+stride=1
+size=13
+
+[route]
+layers=-1,-3,-5,-6
+
+[convolutional]
+filters=4
+size=1
+stride=1
+pad=1
+activation=leaky
+"""
+
+
+def np_maxpool_same(x: np.ndarray, size: int) -> np.ndarray:
+    """Darknet's stride-1 max-pool with padding size-1: the max over the in-image part of each centred window."""
+    r = size // 2
+    pad = np.pad(x, ((0, 0), (0, 0), (r, r), (r, r)), constant_values=-np.inf)
+    h, w = x.shape[2:]
+    return np.max([pad[:, :, dy:dy + h, dx:dx + w] for dy in range(size) for dx in range(size)], axis=0)
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_spp_pools_run_as_one_launch(rt, half):
+    """SPP's three pools become one maxpool_nested launch whose concat equals NumPy's pools of the
+    conv output exactly (max is exact), and the network equals the NumPy reference."""
+    d = tempfile.mkdtemp()
+    cfg = os.path.join(d, "spp.cfg")
+    with open(cfg, "w") as f:
+        f.write(SPP)
+    wts = write_random_weights(cfg, os.path.join(d, "spp.weights"), seed=4)
+    sections = parse_cfg(cfg)
+    info = parse_net(sections[0], None)
+    layers = build_layers(sections, info)
+    params = load_weights(wts, layers)
+    blob = np.random.default_rng(5).random((2, 3, 12, 17), dtype=np.float32) - 0.5
+    graph = build_graph(info, layers, params, keep=(0, 6, 7))
+    assert [n.op for n in graph.nodes] == ["conv", "maxpool_nested", "conv"]
+    ex = Executor(rt, graph, batch=2, half=half)
+    assert [l.name for l in ex.launches].count("maxpool_nested") == 1 and len(ex.launches) <= 2 + 2 * 3
+    conv0, spp, out = ex.run(blob)
+    want = np.concatenate([np_maxpool_same(conv0, 13), np_maxpool_same(conv0, 9), np_maxpool_same(conv0, 5), conv0], 1)
+    np.testing.assert_array_equal(spp, want)
+    ref = forward_numpy(cfg, wts, blob, keep=[7])[7]
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < (5e-3 if half else 2e-4)

@@ -12,7 +12,8 @@ For each MODEL:SIZE:BATCH (``--models``):
 For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the first model:
   decode-only, draw-only, encode-only (mp4v), inference-only (in flight) and the CLI pipeline
   (``--jsonl`` alone, and ``--out`` + ``--jsonl``) in frames per second.
-``--zoo`` counts launches per frame for the zoo networks at their cfg size.
+``--zoo`` counts launches per frame for the zoo networks at their cfg size, by kernel; ``--no-fold``
+binds the plans without folding maxpool/upsample into the convs' input reads (the count before it).
 
 Random weights unless the model ships real ones. Runs from the source tree on the GPU machine:
     . tools/gpu-setup.sh && python3 tools/bench_host.py --json $OUT/host.json
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -103,7 +105,11 @@ def frame_launches(det: Detector, ex) -> dict:
     network, one read per head) and on the device path (per image upload + preprocess, network,
     one decode, the counters' read and one candidate read per image)."""
     net = len(ex.launches)
-    return {"network": net, "command_buffer": ex.command_buffer is not None,
+    kinds: dict = {}
+    for l in ex.launches:
+        kinds[l.name] = kinds.get(l.name, 0) + 1
+    return {"network": net, "by_kind": kinds, "folded": sum(1 for l in ex.launches if l.config.get("through")),
+            "command_buffer": ex.command_buffer is not None,
             "host_path_frame": 1 + net + len(ex.graph.outputs),
             "device_path_frame": 2 * ex.batch + net + 2 + ex.batch}
 
@@ -256,7 +262,9 @@ def zoo_launches(names: list, tmp: Path) -> dict:
         ex = det.executor(1)
         out[name] = frame_launches(det, ex)
         out[name]["size"] = list(det.input_size)
-        log(f"{name} {det.input_size[0]}x{det.input_size[1]}: {out[name]['network']} launches, commands a "
+        log(f"{name} {det.input_size[0]}x{det.input_size[1]}: {out[name]['network']} launches "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(out[name]['by_kind'].items()))}; "
+            f"{out[name]['folded']} input reads fold a maxpool/upsample), commands a "
             f"frame: {out[name]['host_path_frame']} host path, {out[name]['device_path_frame']} device path")
     return out
 
@@ -271,8 +279,12 @@ def main() -> None:
     ap.add_argument("--video-frames", type=int, default=300)
     ap.add_argument("--zoo", default="", help="zoo names to count launches of, e.g. yolov3-tiny,yolov4-tiny,yolov3,yolov4")
     ap.add_argument("--json", default="", help="write every figure here")
+    ap.add_argument("--no-fold", action="store_true", help="plans without folded maxpool/upsample reads "
+                    "(sets YOLO_CL_FOLD=0: the launch counts and host times before the folding)")
     ap.add_argument("--flush", default="", help="also time Executor.run flushing every N launches, e.g. 4,16,64")
     args = ap.parse_args()
+    if args.no_fold:
+        os.environ["YOLO_CL_FOLD"] = "0"
     np.seterr(all="ignore")      # random weights may saturate a head: no warnings in the figures
     data: dict = {"argv": sys.argv[1:], "models": []}
 

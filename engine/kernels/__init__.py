@@ -126,9 +126,11 @@ def is_pointwise(node: Node) -> bool:
 
 def bind_node(ctx: BindContext, node: Node) -> list:
     """Launches for ``node`` (in order)."""
-    from . import conv, simple
+    from . import conv, fused, simple
     if node.op == "conv":
         return conv.bind(ctx, node)
+    if node.op == "maxpool_nested":
+        return fused.bind_nested_pools(ctx, node)
     return simple.bind(ctx, node)
 
 
