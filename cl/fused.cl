@@ -1,33 +1,31 @@
 /* Kernels that do the work of several layers in one launch.
  *
- * yc_wino_input_fused: Winograd's input transform reading *through* a layer the graph folded
- * into it (engine/graph.py mark_read_fusions), so that layer costs no launch and its output
- * is never written:
- *   POOL  the whole input is a [maxpool] of S (size MP_SIZE, strides MP_SX x MP_SY, padding
- *         MP_PAD): each input pixel is the window's maximum, as yc_maxpool_rows computes it;
- *   UPS   channels [US_C0, US_C0 + US_C) of the input are a nearest [upsample] of S (stride US_S,
- *         times `scale`), as yc_upsample computes them; the other channels come from X.
+ * yc_wino_input_fused: Winograd's input transform reading *through* layers the graph folded
+ * into it (engine/graph.py mark_read_fusions), so they cost no launch and their outputs are
+ * never written:
+ *   POOL   the whole input is a [maxpool] of S0 (size MP_SIZE, strides MP_SX x MP_SY, padding
+ *          MP_PAD): each input pixel is the window's maximum, as yc_maxpool_rows computes it;
+ *   SEG_N  1 or 2 channel segments of the input come from elsewhere: channels
+ *          [SEGk_C0, SEGk_C0 + SEGk_C) are scale_k * Sk(y / SEGk_S, x / SEGk_S), a nearest
+ *          [upsample] as yc_upsample computes it (stride SEGk_S > 1) or a route's copy (stride 1,
+ *          scale 1); the other channels come from X.
  * Everything else is yc_wino_input's (cl/winograd.cl): same tiles, same transform, same V layout.
  * Global size (P, C, batch): one work-item per (tile, channel, image).
  */
 #include "winograd.cl"
 
-#if !defined(POOL) && !defined(UPS)       /* a program built for another kernel of this file */
-#define UPS
-#define US_C0 0
-#define US_C 0
-#define US_S 1
-#endif
-#if defined(POOL) && defined(UPS)
-#error "one fused read per input transform"
+#ifndef SEG_N
+#define SEG_N 0
 #endif
 
 __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
                                   const int C, const int H, const int W,
                                   __global dtype* restrict V, const int v_off, const int TW, const int P,
                                   const int PAD,
-                                  __global const dtype* restrict S, const int s_off, const int s_bstride,
-                                  const int SH, const int SW, const float scale)
+                                  __global const dtype* restrict S0, const int s0_off, const int s0_bstride,
+                                  const int S0H, const int S0W, const float scale0,
+                                  __global const dtype* restrict S1, const int s1_off, const int s1_bstride,
+                                  const int S1H, const int S1W, const float scale1)
 {
     const int p = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
     if (p >= P) return;
@@ -35,7 +33,7 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
     const int y0 = ty * WINO_M - PAD, x0 = tx * WINO_M - PAD;
     float d[T2], t[T2], u[T2];
 #ifdef POOL
-    const __global dtype* Sc = S + s_off + (size_t)b * s_bstride + (size_t)c * SH * SW;
+    const __global dtype* Sc = S0 + s0_off + (size_t)b * s0_bstride + (size_t)c * S0H * S0W;
     #pragma unroll
     for (int i = 0; i < WT; ++i) {
         const int y = y0 + i;
@@ -48,11 +46,11 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
                 m = -FLT_MAX;
                 for (int dy = 0; dy < MP_SIZE; ++dy) {
                     const int sy = sy0 + dy;
-                    if (sy < 0 || sy >= SH) continue;
+                    if (sy < 0 || sy >= S0H) continue;
                     for (int dx = 0; dx < MP_SIZE; ++dx) {
                         const int sx = sx0 + dx;
-                        if (sx >= 0 && sx < SW) {
-                            const float v = LD(Sc, sy * SW + sx);
+                        if (sx >= 0 && sx < S0W) {
+                            const float v = LD(Sc, sy * S0W + sx);
                             m = v > m ? v : m;
                         }
                     }
@@ -62,19 +60,28 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
         }
     }
 #else
-    const int up = c >= US_C0 && c < US_C0 + US_C;
-    const __global dtype* Xc = up ? S + s_off + (size_t)b * s_bstride + (size_t)(c - US_C0) * SH * SW
-                                  : X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    int sw = W, st = 1;
+    float sc = 1.0f;
+#if SEG_N > 0
+    if (c >= SEG0_C0 && c < SEG0_C0 + SEG0_C) {
+        Xc = S0 + s0_off + (size_t)b * s0_bstride + (size_t)(c - SEG0_C0) * S0H * S0W;
+        sw = S0W; st = SEG0_S; sc = scale0;
+    }
+#endif
+#if SEG_N > 1
+    if (c >= SEG1_C0 && c < SEG1_C0 + SEG1_C) {
+        Xc = S1 + s1_off + (size_t)b * s1_bstride + (size_t)(c - SEG1_C0) * S1H * S1W;
+        sw = S1W; st = SEG1_S; sc = scale1;
+    }
+#endif
     #pragma unroll
     for (int i = 0; i < WT; ++i) {
         const int y = y0 + i;
         #pragma unroll
         for (int j = 0; j < WT; ++j) {
             const int x = x0 + j;
-            float v = 0.0f;
-            if (y >= 0 && y < H && x >= 0 && x < W)
-                v = up ? scale * LD(Xc, (y / US_S) * SW + x / US_S) : LD(Xc, y * W + x);
-            d[i * WT + j] = v;
+            d[i * WT + j] = (y >= 0 && y < H && x >= 0 && x < W) ? sc * LD(Xc, (y / st) * sw + x / st) : 0.0f;
         }
     }
 #endif

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cmdbuf
 from .errors import DeviceError, YoloClError
-from .graph import Graph
+from .graph import Graph, folding_default
 from .kernels import BindContext, bind_node, workspace_elems
 from .limits import check_executor
 from .planner import plan_memory
@@ -54,7 +54,7 @@ class Executor:
         second (it is compiling) and stderr is a terminal. ``mma``: the tensor-core mode convs
         compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families.
         ``fold``: convs compute the max-pools and upsamples the graph marked as they read them
-        (graph.mark_read_fusions), so those layers cost no launch; None: on unless YOLO_CL_FOLD=0."""
+        (graph.mark_read_fusions), so those layers cost no launch; None: graph.folding_default()."""
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
         self.plan = plan_memory(graph, batch)
         item = 2 if half else 4
@@ -63,7 +63,7 @@ class Executor:
         self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
         ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
         if fold is None:
-            fold = os.environ.get("YOLO_CL_FOLD", "1").strip() != "0"
+            fold = folding_default()
         self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold)
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
@@ -94,8 +94,8 @@ class Executor:
                 bound.append((node, bind_node(self.ctx, node)))
             except YoloClError as e:
                 raise type(e)(f"layer {node.label} ({node.describe()}): {e}") from None
-        folded = {id(n.attrs["read_through"]) for n, ls in bound
-                  if n.attrs.get("read_through") is not None and any(l.config.get("through") for l in ls)}
+        folded = {id(p) for n, ls in bound if any(l.config.get("through") for l in ls)
+                  for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:

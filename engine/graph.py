@@ -11,15 +11,16 @@ What happens here, and only here:
   readable view, and the graph returns those views instead of the heads' inputs;
 - consecutive centred stride-1 ``[maxpool]`` layers of one input writing slices of one tensor
   (SPP's 5/9/13 into their concat) become one ``maxpool_nested`` node: one launch, one pass;
-- a ``[maxpool]`` or ``[upsample]`` whose output only one conv reads is marked on that conv
-  (``attrs["read_through"]``): a conv whose algorithm can compute the folded layer as it reads its
-  input (Winograd's input transform, cl/fused.cl) runs it, and the executor drops its launch.
+- a ``[maxpool]``, ``[upsample]`` or route copy whose output only one conv reads is marked on that
+  conv (``attrs["read_through"]``): a conv whose algorithm can compute the folded layers as it reads
+  its input (Winograd's input transform, cl/fused.cl) runs them, and the executor drops their launches.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -174,11 +175,13 @@ def _consumers(layers: list) -> dict:
 
 
 def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: float = BN_EPS,
-                keep: Sequence[int] = ()) -> Graph:
+                keep: Sequence[int] = (), fold: Optional[bool] = None) -> Graph:
     """Fuse layers into nodes. ``params`` maps conv layer index -> ConvParams (None: shapes only).
 
     ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer.
-    ``keep``: layer indices whose outputs the graph returns (in that order), none fused away."""
+    ``keep``: layer indices whose outputs the graph returns (in that order), none fused away.
+    ``fold``: merge sibling max-pools and mark the layers convs may read through (below); None:
+    yes unless the environment sets YOLO_CL_FOLD=0 (the plan before these fusions, for benchmarks)."""
     tensors: list = []
 
     def new_tensor(c: int, h: int, w: int, name: str) -> Tensor:
@@ -314,8 +317,9 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     else:
         outputs = [view[layers[-1].index]]
     graph = Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
-    merge_sibling_pools(graph)
-    mark_read_fusions(graph)
+    if fold if fold is not None else folding_default():
+        merge_sibling_pools(graph)
+        mark_read_fusions(graph)
     return graph
 
 
@@ -364,7 +368,13 @@ def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
 
 
 # -- layers folded into a conv's input read ---------------------------------------------------
-FOLDABLE = ("maxpool", "upsample")
+def folding_default() -> bool:
+    """Whether graphs and executors fold layers by default: yes unless YOLO_CL_FOLD=0."""
+    return os.environ.get("YOLO_CL_FOLD", "1").strip() != "0"
+
+
+FOLDABLE = ("maxpool", "upsample", "copy")
+MAX_SEGMENTS = 2          # upsample/copy producers one input transform reads through
 
 
 def _readers(graph: Graph) -> dict:
@@ -403,7 +413,8 @@ def foldable(producer: Node, conv: Node, readers: dict, returned: list) -> bool:
 
 
 def mark_read_fusions(graph: Graph) -> int:
-    """Set ``attrs["read_through"]`` on each conv that may fold its input's producer; returns how many."""
+    """Set ``attrs["read_through"]`` (a list of nodes) on each conv that may fold producers of its
+    input: one max-pool, or up to MAX_SEGMENTS upsamples and route copies; returns how many convs."""
     readers = _readers(graph)
     returned = list(graph.outputs)
     writers: dict = {}
@@ -415,16 +426,17 @@ def mark_read_fusions(graph: Graph) -> int:
             continue
         x = node.inputs[0]
         folds = [w for w in writers.get(x.tensor.id, []) if foldable(w, node, readers, returned)]
-        if len(folds) == 1:                  # one fused read per input transform
-            node.attrs["read_through"] = folds[0]
+        pools = [w for w in folds if w.op == "maxpool"]
+        folds = pools[:1] if pools else folds[:MAX_SEGMENTS]
+        if folds:
+            node.attrs["read_through"] = folds
             marked += 1
     return marked
 
 
 def extra_reads(node: Node) -> list:
     """Views a node reads beyond its inputs because of a folded producer (for the planner)."""
-    p = node.attrs.get("read_through")
-    return list(p.inputs) if p is not None else []
+    return [v for p in node.attrs.get("read_through") or () for v in p.inputs]
 
 
 def _same(a: View, b: View) -> bool:

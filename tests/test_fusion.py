@@ -155,7 +155,7 @@ def test_graph_marks_only_legal_folds(net):
     """The three pools that only a conv reads and the upsample are marked; the last pool, read by
     the final route too, is not."""
     graph = net[0]
-    marked = [n.attrs["read_through"] for n in graph.nodes if n.op == "conv" and n.attrs.get("read_through")]
+    marked = [p for n in graph.nodes if n.op == "conv" for p in n.attrs.get("read_through") or ()]
     assert [p.op for p in marked] == ["maxpool", "maxpool", "maxpool", "upsample"]
     last_pool = [n for n in graph.nodes if n.op == "maxpool"][-1]
     assert last_pool not in marked
@@ -272,3 +272,75 @@ def test_spp_pools_run_as_one_launch(rt, half):
     np.testing.assert_array_equal(spp, want)
     ref = forward_numpy(cfg, wts, blob, keep=[7])[7]
     assert float(np.abs(out - ref).max() / np.abs(ref).max()) < (5e-3 if half else 2e-4)
+
+
+# yolov4-tiny's second head: a route of [upsample | a conv output another route already holds]
+# (so a copy), read by a 3x3 conv: both segments fold into its input transform.
+COPY = """[net]
+width=16
+height=14
+channels=3
+
+[convolutional]
+filters=6
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=0,1
+
+[convolutional]
+filters=4
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[upsample]
+stride=2
+
+[route]
+layers=-1,1
+
+[convolutional]
+filters=5
+size=3
+stride=1
+pad=1
+activation=linear
+"""
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_route_copy_and_upsample_fold_into_one_read(rt, half):
+    d = tempfile.mkdtemp()
+    cfg = os.path.join(d, "copy.cfg")
+    with open(cfg, "w") as f:
+        f.write(COPY)
+    wts = write_random_weights(cfg, os.path.join(d, "copy.weights"), seed=6)
+    sections = parse_cfg(cfg)
+    info = parse_net(sections[0], None)
+    layers = build_layers(sections, info)
+    params = load_weights(wts, layers)
+    graph = build_graph(info, layers, params)
+    assert [n.op for n in graph.nodes] == ["conv", "conv", "conv", "upsample", "copy", "conv"]
+    assert [p.op for p in graph.nodes[-1].attrs["read_through"]] == ["upsample", "copy"]
+    blob = np.random.default_rng(7).random((2, 3, 14, 16), dtype=np.float32) - 0.5
+    on = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick))
+    off = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick), fold=False)
+    kinds = [l.name for l in on.launches]
+    assert "copy" not in kinds and "upsample" not in kinds and len(off.launches) == len(on.launches) + 2
+    a, b = on.run(blob)[0], off.run(blob)[0]
+    np.testing.assert_array_equal(a, b)
+    ref = forward_numpy(cfg, wts, blob, keep="heads")
+    ref = list(ref.values())[-1]
+    assert float(np.abs(a - ref).max() / np.abs(ref).max()) < (5e-3 if half else 2e-4)

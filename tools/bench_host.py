@@ -12,6 +12,7 @@ For each MODEL:SIZE:BATCH (``--models``):
 For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the first model:
   decode-only, draw-only, encode-only (mp4v), inference-only (in flight) and the CLI pipeline
   (``--jsonl`` alone, and ``--out`` + ``--jsonl``) in frames per second.
+``--fold-compare`` times the plans with and without folding side by side (see ``fold_compare``).
 ``--zoo`` counts launches per frame for the zoo networks at their cfg size, by kernel; ``--no-fold``
 binds the plans without folding maxpool/upsample into the convs' input reads (the count before it).
 
@@ -194,6 +195,48 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
     return row, det
 
 
+def fold_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
+    """The plan with and without folding (Detector(fold=...)), one process: launches by kind, device
+    time (from profiled runtimes) and ``Executor.run`` wall and process CPU time (default queue), the
+    four runs called in turn each repetition, so a machine whose load changes treats both plans alike."""
+    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
+    size, batch = int(size), int(batch)
+    cfg, wts = model_files(name, tmp)
+    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
+    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
+    exs, pexs, keep = {}, {}, []
+    for fold in (False, True):
+        key = "fold" if fold else "no_fold"
+        prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True, fold=fold)
+        det = Detector(cfg, wts, input_size=size, precision=precision, fold=fold)
+        pexs[key], exs[key] = prof.executor(batch), det.executor(batch)
+        keep += [prof, det]
+        row[key] = {"launches": frame_launches(det, exs[key])}
+        row["device"] = det.runtime.device_name
+    devs: dict = {k: [] for k in exs}
+    walls: dict = {k: [] for k in exs}
+    cpus: dict = {k: [] for k in exs}
+    for k in exs:
+        pexs[k].run(blob, profile=True)
+        exs[k].run(blob)
+    for _ in range(reps):
+        for k in exs:
+            pexs[k].run(blob, profile=True)
+            devs[k].append(sum(t.ms for t in pexs[k].layer_times()))
+            t0, c0 = time.perf_counter(), time.process_time()
+            exs[k].run(blob)
+            walls[k].append((time.perf_counter() - t0) * 1e3)
+            cpus[k].append((time.process_time() - c0) * 1e3)
+    for k in exs:
+        r = row[k]
+        r["device_ms"] = float(np.median(devs[k]))
+        r["run_ms"], r["run_cpu_ms"] = float(np.median(walls[k])), float(np.median(cpus[k]))
+        r["host_overhead_ms"] = r["run_ms"] - r["device_ms"]
+        log(f"{name} {size} b{batch} {precision} {k}: {r['launches']['network']} launches | device {r['device_ms']:.2f} ms "
+            f"| run {r['run_ms']:.2f} ms (process CPU {r['run_cpu_ms']:.1f} ms) | host overhead {r['host_overhead_ms']:.2f} ms")
+    return row
+
+
 def bench_video(det: Detector, clip: Path, tmp: Path, max_frames: int) -> dict:
     """Stage-alone and pipeline frame rates for one clip."""
     res: dict = {"clip": str(clip)}
@@ -279,6 +322,8 @@ def main() -> None:
     ap.add_argument("--video-frames", type=int, default=300)
     ap.add_argument("--zoo", default="", help="zoo names to count launches of, e.g. yolov3-tiny,yolov4-tiny,yolov3,yolov4")
     ap.add_argument("--json", default="", help="write every figure here")
+    ap.add_argument("--fold-compare", default="", help="MODEL:SIZE:BATCH,...: time the plans with and without "
+                    "folding side by side (launches, device, run wall and process CPU, host overhead), then exit")
     ap.add_argument("--no-fold", action="store_true", help="plans without folded maxpool/upsample reads "
                     "(sets YOLO_CL_FOLD=0: the launch counts and host times before the folding)")
     ap.add_argument("--flush", default="", help="also time Executor.run flushing every N launches, e.g. 4,16,64")
@@ -294,6 +339,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-host-") as td:
         tmp = Path(td)
+        if args.fold_compare:
+            data["fold_compare"] = []
+            for prec in args.precision.split(","):
+                for spec in filter(None, args.fold_compare.split(",")):
+                    data["fold_compare"].append(fold_compare(spec, prec, tmp, args.reps))
+                    save()
+            return
         first = None
         for prec in args.precision.split(","):
             for spec in filter(None, args.models.split(",")):

@@ -1,6 +1,6 @@
 """Launches that do several layers' work (``cl/fused.cl``).
 
-- Winograd's input transform reading through a folded [maxpool] or [upsample]: the graph marks
+- Winograd's input transform reading through a folded [maxpool], [upsample] or route copy: the graph marks
   the pairs (``conv.attrs["read_through"]``, graph.mark_read_fusions); the conv's input
   transform computes the folded layer's values as it reads them, so the executor drops the
   folded layer's own launch (and its output is never written);
@@ -16,27 +16,34 @@ from ..graph import Node
 
 def wino_input(ctx: BindContext, node: Node, m: int, v_off: int, tw: int, P: int) -> Launch:
     """The input transform of Winograd conv ``node`` into the workspace at ``v_off``: the plain
-    ``yc_wino_input``, or ``yc_wino_input_fused`` where the node reads through a folded layer
-    (the launch's ``config["through"]`` then names that layer's op)."""
+    ``yc_wino_input``, or ``yc_wino_input_fused`` where the node reads through folded layers
+    (the launch's ``config["through"]`` then names their ops)."""
     x = node.inputs[0]
     C = node.attrs["in_c"]
     head = ctx.view(x) + i32(C, x.h, x.w) + [ctx.workspace] + i32(v_off, tw, P, node.attrs["pad"])
-    src = node.attrs.get("read_through") if ctx.fold else None
-    if src is None:
+    srcs = (node.attrs.get("read_through") or []) if ctx.fold else []
+    if not srcs:
         k = ctx.kernel("winograd.cl", "yc_wino_input", ctx.defines(WINO_M=m), head)
         return Launch(k, (P, C, ctx.batch), None, node, "wino_input", {"m": m})
-    s = src.inputs[0]
-    a = src.attrs
-    if src.op == "maxpool":
+    if srcs[0].op == "maxpool":
+        a = srcs[0].attrs
         d = ctx.defines(WINO_M=m, POOL=True, MP_SIZE=a["size"], MP_SX=a["stride_x"], MP_SY=a["stride_y"],
                         MP_PAD=a["padding"] // 2)
-        scale = 1.0
     else:
-        d = ctx.defines(WINO_M=m, UPS=True, US_C0=src.output.c0 - x.c0, US_C=src.output.c, US_S=a["stride"])
-        scale = a["scale"]
-    args = head + ctx.view(s) + i32(s.h, s.w) + [np.float32(scale)]
+        d = ctx.defines(WINO_M=m, SEG_N=len(srcs))
+        for k, src in enumerate(srcs):
+            d.update({f"SEG{k}_C0": src.output.c0 - x.c0, f"SEG{k}_C": src.output.c,
+                      f"SEG{k}_S": src.attrs["stride"] if src.op == "upsample" else 1})
+    args = list(head)
+    for k in range(2):
+        if k < len(srcs):
+            s = srcs[k].inputs[0]
+            scale = srcs[k].attrs["scale"] if srcs[k].op == "upsample" else 1.0
+            args += ctx.view(s) + i32(s.h, s.w) + [np.float32(scale)]
+        else:
+            args += [ctx.arena] + i32(0, 0, 0, 0) + [np.float32(1.0)]
     k = ctx.kernel("fused.cl", "yc_wino_input_fused", d, args)
-    return Launch(k, (P, C, ctx.batch), None, node, "wino_input", {"m": m, "through": src.op})
+    return Launch(k, (P, C, ctx.batch), None, node, "wino_input", {"m": m, "through": "+".join(s.op for s in srcs)})
 
 
 def bind_nested_pools(ctx: BindContext, node: Node) -> list:
