@@ -46,9 +46,10 @@ class Detector:
     default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
     ``device_preprocess`` and ``device_decode`` resize the frame and decode [yolo] heads on the
     device (default: on a GPU, not on a CPU device; YOLO_CL_HOST_PREPOST=1 / 0 turns both off /
-    on); off, the host does both (the reference path). ``fold`` (default: on unless
-    YOLO_CL_FOLD=0) runs max-pools and upsamples inside the convs that read them and SPP's pools
-    as one launch (graph.py): fewer launches per frame, the same outputs.
+    on); off, the host does both (the reference path). ``fold`` runs SPP's pools as one launch and,
+    on a GPU by default, max-pools, upsamples and route copies inside the Winograd convs that read
+    them (graph.py, Executor): fewer launches per frame, the same outputs; False (or
+    YOLO_CL_FOLD=0) gives the unfolded plan, True (or YOLO_CL_FOLD=1) folds on a CPU too.
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,

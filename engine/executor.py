@@ -53,8 +53,9 @@ class Executor:
         ``progress``: a progress bar over the layers on stderr when binding them takes more than a
         second (it is compiling) and stderr is a terminal. ``mma``: the tensor-core mode convs
         compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families.
-        ``fold``: convs compute the max-pools and upsamples the graph marked as they read them
-        (graph.mark_read_fusions), so those layers cost no launch; None: graph.folding_default()."""
+        ``fold``: convs compute the max-pools, upsamples and copies the graph marked as they read
+        them (graph.mark_read_fusions), so those layers cost no launch; None: YOLO_CL_FOLD if set,
+        else on a GPU and off on a CPU device (there the redundant reads cost more than a launch)."""
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
         self.plan = plan_memory(graph, batch)
         item = 2 if half else 4
@@ -62,8 +63,9 @@ class Executor:
                        batch, item, getattr(rt, "device", None))   # refuse before allocating anything
         self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
         ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
-        if fold is None:
+        if fold is None:            # reading through costs a CPU more compute than the launch it saves
             fold = folding_default()
+            fold = not getattr(rt, "is_cpu", False) if fold is None else fold
         self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold)
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena

@@ -182,6 +182,8 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     ``keep``: layer indices whose outputs the graph returns (in that order), none fused away.
     ``fold``: merge sibling max-pools and mark the layers convs may read through (below); None:
     yes unless the environment sets YOLO_CL_FOLD=0 (the plan before these fusions, for benchmarks)."""
+    if fold is None:
+        fold = folding_default() is not False
     tensors: list = []
 
     def new_tensor(c: int, h: int, w: int, name: str) -> Tensor:
@@ -317,7 +319,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     else:
         outputs = [view[layers[-1].index]]
     graph = Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
-    if fold if fold is not None else folding_default():
+    if fold:
         merge_sibling_pools(graph)
         mark_read_fusions(graph)
     return graph
@@ -368,9 +370,11 @@ def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
 
 
 # -- layers folded into a conv's input read ---------------------------------------------------
-def folding_default() -> bool:
-    """Whether graphs and executors fold layers by default: yes unless YOLO_CL_FOLD=0."""
-    return os.environ.get("YOLO_CL_FOLD", "1").strip() != "0"
+def folding_default() -> Optional[bool]:
+    """What the environment asks of folding: YOLO_CL_FOLD=0 False, =1 True, unset None (each
+    executor then chooses by its device)."""
+    v = os.environ.get("YOLO_CL_FOLD", "").strip()
+    return None if v == "" else v != "0"
 
 
 FOLDABLE = ("maxpool", "upsample", "copy")

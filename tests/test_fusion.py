@@ -1,5 +1,8 @@
 """Layers folded into a conv's input read (graph.mark_read_fusions, cl/fused.cl), on PoCL.
 
+Folding is the default on GPUs only (on a CPU the redundant reads cost more than the launch);
+these tests ask for it with ``fold=True`` and check that a CPU's default plan leaves it off.
+
 A [maxpool] or [upsample] that only a Winograd conv reads runs inside that conv's input
 transform: its launch disappears, and the network's outputs must equal both the NumPy
 reference (tests/darknet_io.py, independent of yolo_cl) and the same plan with folding off,
@@ -164,8 +167,9 @@ def test_graph_marks_only_legal_folds(net):
 @pytest.mark.parametrize("half", [False, True])
 def test_folded_network_equals_unfolded_and_numpy(rt, net, half):
     graph, blob, ref = net
-    on = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick))
+    on = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick), fold=True)
     off = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick), fold=False)
+    assert len(Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick)).launches) == len(off.launches)
     kinds = [l.name for l in on.launches]
     assert kinds.count("maxpool_rows") == 1 and kinds.count("upsample") == 0       # 3 pools + upsample folded
     assert len(off.launches) == len(on.launches) + 4
@@ -180,7 +184,7 @@ def test_folded_network_equals_unfolded_and_numpy(rt, net, half):
 def test_conv_not_reading_through_keeps_the_producer(rt, net):
     """Convs on the implicit GEMM cannot fold: every pool and the upsample keep their launch."""
     graph, blob, ref = net
-    ex = Executor(rt, graph, batch=2, tuning=FixedTuning(implicit_pick))
+    ex = Executor(rt, graph, batch=2, tuning=FixedTuning(implicit_pick), fold=True)
     kinds = [l.name for l in ex.launches]
     assert kinds.count("maxpool_rows") == 4 and kinds.count("upsample") == 1
     out = ex.run(blob)[0]
@@ -191,8 +195,9 @@ def test_default_plan_of_yolov3_tiny_equals_unfolded(rt):
     """The shipped model on this device's default plan (tuning database or heuristic) at a small size."""
     from yolo_cl import Detector
     det = Detector("yolov3-tiny", input_size=160)
-    on = det.executor(1)
-    off = Executor(det.runtime, on.graph, tuning=det.tuning, fold=False)
+    graph = det.executor(1).graph
+    on = Executor(det.runtime, graph, tuning=det.tuning, fold=True)
+    off = Executor(det.runtime, graph, tuning=det.tuning, fold=False)
     blob = np.random.default_rng(0).random((1, 3, 160, 160), dtype=np.float32)
     assert len(on.launches) < len(off.launches)
     for a, b in zip(on.run(blob), off.run(blob)):
@@ -335,7 +340,7 @@ def test_route_copy_and_upsample_fold_into_one_read(rt, half):
     assert [n.op for n in graph.nodes] == ["conv", "conv", "conv", "upsample", "copy", "conv"]
     assert [p.op for p in graph.nodes[-1].attrs["read_through"]] == ["upsample", "copy"]
     blob = np.random.default_rng(7).random((2, 3, 14, 16), dtype=np.float32) - 0.5
-    on = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick))
+    on = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick), fold=True)
     off = Executor(rt, graph, batch=2, half=half, tuning=FixedTuning(wino_pick), fold=False)
     kinds = [l.name for l in on.launches]
     assert "copy" not in kinds and "upsample" not in kinds and len(off.launches) == len(on.launches) + 2
