@@ -95,10 +95,24 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
 }
 
 #ifdef MP_N
+#if MP_N < 3
+#undef MP_R2
+#define MP_R2 MP_R1                            /* two pools: the third window is the second */
+#endif
+/* Max over the in-image part of row `r`'s columns ox + dx, R_IN < |dx| <= R_OUT, into m. */
+#define YC_ROW_MAX(r, ox, W, R_IN, R_OUT, m)                                       \
+    _Pragma("unroll")                                                             \
+    for (int dx = (R_IN) + 1; dx <= (R_OUT); ++dx) {                              \
+        if ((ox) - dx >= 0) { const float v = LD(r, (ox) - dx); m = v > m ? v : m; } \
+        if ((ox) + dx < (W)) { const float v = LD(r, (ox) + dx); m = v > m ? v : m; } \
+    }
+
 /* Sibling max-pools of one input in one pass (engine/graph.merge_sibling_pools: SPP's 5/9/13):
- * MP_N <= 3 centred stride-1 windows of radius MP_R0 < MP_R1 < MP_R2, each as yc_maxpool_rows
- * computes it (pixels outside the input are skipped), written to Y0, Y1, Y2 (unused ones are
- * dummies). Global size (H, C, batch): one work-item per (row, channel, image). */
+ * MP_N (2 or 3) centred stride-1 windows of radius MP_R0 < MP_R1 < MP_R2, each as
+ * yc_maxpool_rows computes it (pixels outside the input are skipped), written to Y0, Y1, Y2
+ * (Y2 unused with two). Each row of the largest window is read once: its maxima over the three
+ * nested column ranges grow outwards, and each window takes the rows within its radius.
+ * Global size (H, C, batch): one work-item per (row, channel, image). */
 __kernel void yc_maxpool_nested(__global const dtype* restrict X, const int x_off, const int x_bstride,
                                 const int H, const int W,
                                 __global dtype* restrict Y0, const int y0_off, const int y0_bstride,
@@ -106,30 +120,27 @@ __kernel void yc_maxpool_nested(__global const dtype* restrict X, const int x_of
                                 __global dtype* restrict Y2, const int y2_off, const int y2_bstride)
 {
     const int oy = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
-    const int radius[3] = {MP_R0, MP_R1, MP_R2};
-    const int R = radius[MP_N - 1];
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
     const size_t row = ((size_t)c * H + oy) * W;
     for (int ox = 0; ox < W; ++ox) {
-        float m[3] = {-FLT_MAX, -FLT_MAX, -FLT_MAX};
-        for (int dy = -R; dy <= R; ++dy) {
+        float m0 = -FLT_MAX, m1 = -FLT_MAX, m2 = -FLT_MAX;
+        #pragma unroll
+        for (int dy = -MP_R2; dy <= MP_R2; ++dy) {
             const int iy = oy + dy;
             if (iy < 0 || iy >= H) continue;
-            const int ady = dy < 0 ? -dy : dy;
-            for (int dx = -R; dx <= R; ++dx) {
-                const int ix = ox + dx;
-                if (ix < 0 || ix >= W) continue;
-                const float v = LD(Xc, iy * W + ix);
-                const int r = max(ady, dx < 0 ? -dx : dx);
-                #pragma unroll
-                for (int k = 0; k < MP_N; ++k)
-                    if (r <= radius[k]) m[k] = v > m[k] ? v : m[k];
-            }
+            const __global dtype* r = Xc + iy * W;
+            float h = LD(r, ox);
+            YC_ROW_MAX(r, ox, W, 0, MP_R0, h)
+            if (dy >= -MP_R0 && dy <= MP_R0) m0 = h > m0 ? h : m0;
+            YC_ROW_MAX(r, ox, W, MP_R0, MP_R1, h)
+            if (dy >= -MP_R1 && dy <= MP_R1) m1 = h > m1 ? h : m1;
+            YC_ROW_MAX(r, ox, W, MP_R1, MP_R2, h)
+            m2 = h > m2 ? h : m2;
         }
-        ST(Y0, y0_off + (size_t)b * y0_bstride + row + ox, m[0]);
-        ST(Y1, y1_off + (size_t)b * y1_bstride + row + ox, m[1]);
+        ST(Y0, y0_off + (size_t)b * y0_bstride + row + ox, m0);
+        ST(Y1, y1_off + (size_t)b * y1_bstride + row + ox, m1);
 #if MP_N > 2
-        ST(Y2, y2_off + (size_t)b * y2_bstride + row + ox, m[2]);
+        ST(Y2, y2_off + (size_t)b * y2_bstride + row + ox, m2);
 #endif
     }
 }
