@@ -254,28 +254,44 @@ def np_maxpool_same(x: np.ndarray, size: int) -> np.ndarray:
     return np.max([pad[:, :, dy:dy + h, dx:dx + w] for dy in range(size) for dx in range(size)], axis=0)
 
 
-@pytest.mark.parametrize("half", [False, True])
-def test_spp_pools_run_as_one_launch(rt, half):
-    """SPP's three pools become one maxpool_nested launch whose concat equals NumPy's pools of the
+# The same with two pools (5 and 9): the kernel's two-window variant.
+SPP2 = SPP[:SPP.index("[route]\nlayers=-4")] + """[route]
+layers=-1,-3,-4
+
+[convolutional]
+filters=4
+size=1
+stride=1
+pad=1
+activation=leaky
+"""
+
+
+@pytest.mark.parametrize("half,pools", [(False, 3), (True, 3), (False, 2)])
+def test_spp_pools_run_as_one_launch(rt, half, pools):
+    """SPP's pools become one maxpool_nested launch whose concat equals NumPy's pools of the
     conv output exactly (max is exact), and the network equals the NumPy reference."""
     d = tempfile.mkdtemp()
     cfg = os.path.join(d, "spp.cfg")
     with open(cfg, "w") as f:
-        f.write(SPP)
+        f.write(SPP if pools == 3 else SPP2)
     wts = write_random_weights(cfg, os.path.join(d, "spp.weights"), seed=4)
     sections = parse_cfg(cfg)
     info = parse_net(sections[0], None)
     layers = build_layers(sections, info)
     params = load_weights(wts, layers)
     blob = np.random.default_rng(5).random((2, 3, 12, 17), dtype=np.float32) - 0.5
-    graph = build_graph(info, layers, params, keep=(0, 6, 7))
-    assert [n.op for n in graph.nodes] == ["conv", "maxpool_nested", "conv"]
+    route, last = (6, 7) if pools == 3 else (4, 5)
+    graph = build_graph(info, layers, params, keep=(0, route, last))
+    assert [n.op for n in graph.nodes][:3] == ["conv", "maxpool_nested", "conv"]
     ex = Executor(rt, graph, batch=2, half=half)
-    assert [l.name for l in ex.launches].count("maxpool_nested") == 1 and len(ex.launches) <= 2 + 2 * 3
+    kinds = [l.name for l in ex.launches]
+    assert kinds.count("maxpool_nested") == 1 and "maxpool_rows" not in kinds
     conv0, spp, out = ex.run(blob)
-    want = np.concatenate([np_maxpool_same(conv0, 13), np_maxpool_same(conv0, 9), np_maxpool_same(conv0, 5), conv0], 1)
+    sizes = (13, 9, 5) if pools == 3 else (9, 5)
+    want = np.concatenate([np_maxpool_same(conv0, s) for s in sizes] + [conv0], 1)
     np.testing.assert_array_equal(spp, want)
-    ref = forward_numpy(cfg, wts, blob, keep=[7])[7]
+    ref = forward_numpy(cfg, wts, blob, keep=[last])[last]
     assert float(np.abs(out - ref).max() / np.abs(ref).max()) < (5e-3 if half else 2e-4)
 
 
