@@ -57,15 +57,15 @@ class Executor:
         them (graph.mark_read_fusions), so those layers cost no launch; None: YOLO_CL_FOLD if set,
         else on a GPU and off on a CPU device (there the redundant reads cost more than a launch)."""
         self.rt, self.graph, self.batch, self.half = rt, graph, batch, half
-        self.plan = plan_memory(graph, batch)
+        if fold is None:            # reading through costs a CPU more compute than the launch it saves
+            fold = folding_default()
+            fold = not getattr(rt, "is_cpu", False) if fold is None else fold
+        self.plan = plan_memory(graph, batch, fold)
         item = 2 if half else 4
         check_executor(graph, self.plan.arena_elems, max((workspace_elems(n, batch) for n in graph.nodes), default=0),
                        batch, item, getattr(rt, "device", None))   # refuse before allocating anything
         self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
         ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
-        if fold is None:            # reading through costs a CPU more compute than the launch it saves
-            fold = folding_default()
-            fold = not getattr(rt, "is_cpu", False) if fold is None else fold
         self.ctx = BindContext(rt, self.arena, self.plan, batch, half, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold)
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena

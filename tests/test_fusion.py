@@ -162,6 +162,13 @@ def test_graph_marks_only_legal_folds(net):
     assert [p.op for p in marked] == ["maxpool", "maxpool", "maxpool", "upsample"]
     last_pool = [n for n in graph.nodes if n.op == "maxpool"][-1]
     assert last_pool not in marked
+    # A plan that may fold keeps each folded pool's input alive until its conv; one that will not, does not.
+    from yolo_cl.planner import lifetimes
+    conv = next(n for n in graph.nodes if n.op == "conv" and n.attrs.get("read_through"))
+    src = conv.attrs["read_through"][0].inputs[0].tensor.id
+    step = graph.nodes.index(conv)
+    assert lifetimes(graph, fold=True)[src][1] == step
+    assert lifetimes(graph, fold=False)[src][1] == step - 1
 
 
 @pytest.mark.parametrize("half", [False, True])
