@@ -46,14 +46,18 @@ class Detector:
     default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
     ``device_preprocess`` and ``device_decode`` resize the frame and decode [yolo] heads on the
     device (default: on a GPU, not on a CPU device; YOLO_CL_HOST_PREPOST=1 / 0 turns both off /
-    on); off, the host does both (the reference path).
+    on); off, the host does both (the reference path). ``fold`` runs SPP's pools as one launch and,
+    on a GPU by default, max-pools, upsamples and route copies inside the Winograd convs that read
+    them (graph.py, Executor): fewer launches per frame, the same outputs; False (or
+    YOLO_CL_FOLD=0) gives the unfolded plan, True (or YOLO_CL_FOLD=1) folds on a CPU too.
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
                  names: Optional[Union[str, Path, list]] = None, input_size=None, precision: str = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
                  bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
-                 device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False) -> None:
+                 device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False,
+                 fold: Optional[bool] = None) -> None:
         if precision not in PRECISIONS:
             raise YoloClError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
         cfg_path, weights_path = _resolve_model(cfg, weights)
@@ -66,7 +70,8 @@ class Detector:
             raise YoloClError(f"{cfg_path}: no weights given (use --weights, or 'yolo-cl info' for shapes only)")
         self._params = load_weights(weights_path, self.layers) if weights_path is not None else {}
         self.bn_eps = bn_eps
-        self.graph = build_graph(self.net, self.layers, self._params, bn_eps)
+        self.fold = fold
+        self.graph = build_graph(self.net, self.layers, self._params, bn_eps, fold=fold)
         self._graphs: dict = {(self.net.width, self.net.height): self.graph}
         self.heads = head_layers(self.layers)
         self.classes = self.heads[0].p["classes"] if self.heads else self.layers[-1].c
@@ -134,7 +139,7 @@ class Detector:
             g = self._graphs.get(key)
             if g is None:
                 net = replace(self.net, width=size[0], height=size[1])
-                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps, keep)
+                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps, keep, fold=self.fold)
                 self._graphs[key] = g
             return g
 
@@ -149,7 +154,7 @@ class Detector:
                 while len(self._executors) >= MAX_EXECUTORS:
                     self._executors.popitem(last=False)
                 ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision == "fp16", self.tuning,
-                              self._weights, progress=self.progress, mma=self.mma)
+                              self._weights, progress=self.progress, mma=self.mma, fold=self.fold)
                 self._executors[key] = ex
             else:
                 self._executors.move_to_end(key)

@@ -42,6 +42,7 @@ class BindContext:
     tuning: object = None          # tuning database lookups (None: heuristics)
     mma: str = ""                  # tensor-core mode of the mma family ("f16", "tf32"; "" = none)
     weight_cache: dict = field(default_factory=dict)   # device weights, shared by every batch size
+    fold: bool = True              # convs read through the producers the graph marked (graph.mark_read_fusions)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -125,9 +126,11 @@ def is_pointwise(node: Node) -> bool:
 
 def bind_node(ctx: BindContext, node: Node) -> list:
     """Launches for ``node`` (in order)."""
-    from . import conv, simple
+    from . import conv, fused, simple
     if node.op == "conv":
         return conv.bind(ctx, node)
+    if node.op == "maxpool_nested":
+        return fused.bind_nested_pools(ctx, node)
     return simple.bind(ctx, node)
 
 
