@@ -59,13 +59,17 @@ def device_specs(spec: Optional[str]) -> list:
 
 
 # -- single images: dynamic batching ------------------------------------------------------------
-class _Request:
-    __slots__ = ("image", "thresh", "nms", "future", "queued_at")
+class Request:
+    """One queued image; ``started``/``finished`` (monotonic s) bracket the batch that ran it."""
+
+    __slots__ = ("image", "thresh", "nms", "future", "queued_at", "started", "finished", "batch")
 
     def __init__(self, image: np.ndarray, thresh: float, nms: float) -> None:
         self.image, self.thresh, self.nms = image, thresh, nms
         self.future: Future = Future()
         self.queued_at = time.monotonic()
+        self.started = self.finished = 0.0
+        self.batch = 0
 
 
 class Batcher:
@@ -97,7 +101,7 @@ class Batcher:
         """Requests queued and not yet taken into a batch."""
         return len(self._queue)
 
-    def put(self, req: _Request) -> None:
+    def put(self, req: Request) -> None:
         with self._cond:
             if self._closed:
                 raise YoloClError("the detector is shutting down")
@@ -140,6 +144,7 @@ class Batcher:
                 return
             live = [r for r in batch if r.future.set_running_or_notify_cancel()]
             t0 = time.perf_counter()
+            started = time.monotonic()
             groups: dict = {}
             for r in live:
                 groups.setdefault((r.thresh, r.nms), []).append(r)
@@ -150,7 +155,9 @@ class Batcher:
                     for r in reqs:
                         r.future.set_exception(e)
                     continue
+                finished = time.monotonic()
                 for r, dets in zip(reqs, results):
+                    r.started, r.finished, r.batch = started, finished, len(live)
                     r.future.set_result(dets)
             self.busy = 0
             if self.on_batch is not None and live:
@@ -370,14 +377,18 @@ class Fleet:
     def submit(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> Future:
         """Queue one BGR image; the Future's result is its detections. Raises QueueFull when
         ``max_queue`` requests already wait, ImageError for an unusable image."""
+        return self.enqueue(image, thresh, nms).future
+
+    def enqueue(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> Request:
+        """``submit``, returning the queued Request: its ``future`` and, once done, its stage times."""
         image = check_image(image)
         with self._lock:
             if self.queued >= self.max_queue:
                 raise QueueFull(f"the request queue is full ({self.max_queue} waiting); try again later")
             k = min(range(len(self.batchers)), key=self._request_load)
-            req = _Request(image, thresh, nms)
+            req = Request(image, thresh, nms)
             self.batchers[k].put(req)
-        return req.future
+        return req
 
     def detect(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45,
                timeout: Optional[float] = None) -> list:
