@@ -155,6 +155,19 @@ def _stop(workers: list) -> None:
         w.conn.close()
 
 
+def _end_with_parent() -> None:
+    """SIGTERM this worker when the supervisor is gone (killed outright), so no orphan keeps the port."""
+    import threading
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="yolo-cl-parent-watch", daemon=True).start()
+
+
 def worker_main(plan: WorkerPlan, index: int, conn) -> None:
     """A worker process: its Detector and Fleet, worker 0's streams, then uvicorn on the shared
     port and its own Unix socket until SIGTERM/SIGINT."""
@@ -164,6 +177,7 @@ def worker_main(plan: WorkerPlan, index: int, conn) -> None:
     from .noise import routed
     from .serve import Peers, build_app, listen, run_app
     sock = unix = fleet = None
+    _end_with_parent()
     try:
         with routed(False):
             try:

@@ -147,3 +147,17 @@ def test_workers_sigint_ends_all_with_130():
         s.proc.wait(60)
     assert s.proc.returncode == 130
     assert not any(alive(p) for p in pids)
+
+
+def test_workers_end_when_the_supervisor_is_killed():
+    s = Server("--workers", "2", "--max-batch", "1")
+    try:
+        pids = list(workers_seen(s.url, 2).values())
+        assert len(pids) == 2
+    finally:
+        s.proc.kill()
+        s.proc.wait(60)
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids), "orphaned workers kept running"

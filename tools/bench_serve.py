@@ -244,6 +244,17 @@ def load(pool, procs: int, url: str, data: bytes, concurrency: int, seconds: flo
     return len(lat), seconds, lat, busy
 
 
+def answered_by_worker(url: str) -> list:
+    """200 answers so far per server worker, from /metrics (one entry for a single process)."""
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    per = {int(k): int(v) for k, v in re.findall(r'yolo_cl_requests_total\{worker="(\d+)",code="200"\} (\d+)', text)}
+    if per:
+        return [per.get(k, 0) for k in range(max(per) + 1)]
+    return [int(v) for v in re.findall(r'yolo_cl_requests_total\{code="200"\} (\d+)', text)]
+
+
 def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set) -> dict:
     """Detector and server measured in alternating rounds, so both see the same machine load."""
     proc = url = client = pool = None
@@ -279,7 +290,11 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set) -> dict
                         "serve_p50_ms": pct(load_lat, 50), "serve_p99_ms": pct(load_lat, 99), "serve_503": busy,
                         "concurrency": args.concurrency, "serve_cpu_ms_per_image": 1000 * cpu / max(1, sn),
                         "serve_single_stages_ms": {k: statistics.median(s.get(k, 0.0) for s in stages)
-                                                   for k in ("body", "decode", "queue", "batch", "reply")}})
+                                                   for k in ("body", "decode", "queue", "batch", "reply")},
+                        "serve_single_outside_ms": statistics.median(t - sum(v for k, v in s.items())
+                                                                     for t, s in zip(sl, stages)),
+                        "serve_single_added_ms": statistics.median(t - s.get("batch", 0.0) for t, s in zip(sl, stages))})
+            res["serve_answered_by_worker"] = answered_by_worker(url)
         return res
     finally:
         if client is not None:
@@ -349,7 +364,8 @@ def main() -> None:
               f"(+{res['serve_single_p50_ms'] - res['detect_p50_ms']:.2f} ms over detect, of which "
               f"{res['decode_p50_ms']:.2f} ms decoding the JPEG; measured alternately); in the server (p50 ms): "
               + ", ".join(f"{k} {v:.2f}" for k, v in st.items())
-              + f"; outside it (HTTP, client) {res['serve_single_p50_ms'] - sum(st.values()):.2f}")
+              + f"; outside it (HTTP, client, scheduling) {res['serve_single_outside_ms']:.2f}; all but the batch "
+              f"{res['serve_single_added_ms']:.2f}")
         res["serve_ratio"] = res["serve_ips"] / res["detect_batch_ips"]
         print(f"POST /detect x{args.concurrency} clients ({args.client_procs} client processes), "
               f"{args.workers or 'default'} workers, max batch {args.batch}: {res['serve_ips']:.1f} img/s, "
@@ -357,6 +373,7 @@ def main() -> None:
               f"server CPU {res['serve_cpu_ms_per_image']:.1f} ms/image; {res['serve_ratio']:.2f} x detect_batch "
               f"x{args.batch} of one device" + (f" ({res['serve_ratio'] / len(dets):.2f} x per device)"
                                                  if len(dets) > 1 else ""))
+        print(f"answers per server worker (whole run): {res['serve_answered_by_worker']}")
     if "streams" not in skip:
         res.update(bench_streams(dets, args.clip, args.streams))
         print(f"streams: 1 alone {res['stream_1_fps']:.1f} fps; {args.streams} together "
