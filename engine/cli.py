@@ -846,6 +846,9 @@ def _add_fleet_options(d: argparse.ArgumentParser) -> None:
                         "'all', or a list such as 0,1 or 0:0,0:1 (a device listed twice gets two contexts)")
     d.add_argument("--jsonl-dir", metavar="DIR",
                    help="streams: run every source at once and write one JSONL per source into DIR")
+    d.add_argument("--device-processes", action="store_true",
+                   help="streams: one process per device of --devices, so each device's frames have a Python of "
+                        "their own (stream K on device K mod the device count)")
     d.set_defaults(func=cmd_detect_fleet)
 
 
@@ -860,7 +863,7 @@ def cmd_detect_fleet(args) -> int:
     """``detect`` with --devices or --jsonl-dir: every stream source at once on a Fleet; else plain ``detect``."""
     if args.devices is None and args.jsonl_dir is None:
         return cmd_detect(args)
-    from .fleet import Fleet
+    from .fleet import Fleet, ProcessFleet, device_specs
     _fit(args)
     streams, failures = [], 0
     for src in args.sources:
@@ -902,7 +905,11 @@ def cmd_detect_fleet(args) -> int:
         namer = _OutputNames(names_dir)
         for k, src in enumerate(streams):
             target[k] = namer.path_for(src, exts, ext)
-    fleet = Fleet(_detectors(args, args.devices))
+    specs = device_specs(args.devices) if args.devices else [args.device]
+    if args.device_processes:
+        fleet = ProcessFleet(_detector_options(args), specs)
+    else:
+        fleet = Fleet(_detectors(args, args.devices))
     status = _FleetStatus(fleet, quiet=False)
     interrupted = False
     try:
@@ -925,7 +932,7 @@ def cmd_detect_fleet(args) -> int:
             print(f"wrote {path}", file=sys.stderr)
     frames = sum(r.stats.frames for r in fleet.streams.values())
     secs = max((r.stats.seconds for r in fleet.streams.values()), default=0.0)
-    print(f"total: {frames} frames from {len(fleet.streams)} sources on {len(fleet.detectors)} device(s), "
+    print(f"total: {frames} frames from {len(fleet.streams)} sources on {len(specs)} device(s), "
           f"{frames / secs if secs > 0 else 0.0:.1f} fps", file=sys.stderr)
     if interrupted:
         return 130
@@ -1003,6 +1010,8 @@ def cmd_serve(args) -> int:
     if args.max_wait_ms < 0 or args.timeout <= 0 or args.max_body_mb <= 0:
         raise YoloClError("--max-wait-ms must be >= 0, --timeout and --max-body-mb > 0")
     if args.ray is not None:
+        if args.workers is not None:
+            raise YoloClError("--workers runs the embedded server's processes; on Ray use --replicas")
         return _serve_on_ray(args)
     devices = device_specs(args.devices) if args.devices else [args.device]
     limits = Limits(max_body=int(args.max_body_mb * MIB), max_pixels=args.max_pixels, timeout=args.timeout)

@@ -77,12 +77,15 @@ def run_workers(plan: WorkerPlan, announce=sys.stderr) -> None:
     """Start ``plan.workers`` workers on one port, keep them running until SIGTERM (returns) or
     SIGINT (KeyboardInterrupt), then stop them all. YoloClError if a worker cannot start."""
     from .serve import _Terminated, _terminated, address, listen
-    reserve = listen(plan.host, plan.port, reuseport=True)     # holds the port (0: picks it) while workers come and go
+    probe = listen(plan.host, plan.port)        # fails if anyone holds the port, even with SO_REUSEPORT
+    port = probe.getsockname()[1]
+    probe.close()
+    reserve = listen(plan.host, port, reuseport=True)      # holds the port while workers come and go
     old = signal.signal(signal.SIGTERM, _terminated)
     workers: list = []
     try:
         with tempfile.TemporaryDirectory(prefix="yolo-cl-serve-") as sockdir:
-            plan.port = reserve.getsockname()[1]
+            plan.port = port
             plan.sockdir, plan.token = sockdir, secrets.token_hex(16)
             try:
                 workers = [_Worker(plan, k) for k in range(plan.workers)]

@@ -137,26 +137,26 @@ def test_workers_load_every_request_answered(workers):
     assert sum(codes.values()) == 400 and set(codes) <= {200, 503} and codes.get(200, 0) >= 20, codes
 
 
-def test_workers_sigint_ends_all_with_130():
+def stopped_pair(stop) -> tuple:
+    """Start a two-worker server, end its supervisor with ``stop(proc)``: (exit status, worker pids)."""
     s = Server("--workers", "2", "--max-batch", "1")
     try:
         pids = list(workers_seen(s.url, 2).values())
         assert len(pids) == 2
     finally:
-        s.proc.send_signal(signal.SIGINT)
+        stop(s.proc)
         s.proc.wait(60)
-    assert s.proc.returncode == 130
+    return s.proc.returncode, pids
+
+
+def test_workers_sigint_ends_all_with_130():
+    status, pids = stopped_pair(lambda p: p.send_signal(signal.SIGINT))
+    assert status == 130
     assert not any(alive(p) for p in pids)
 
 
 def test_workers_end_when_the_supervisor_is_killed():
-    s = Server("--workers", "2", "--max-batch", "1")
-    try:
-        pids = list(workers_seen(s.url, 2).values())
-        assert len(pids) == 2
-    finally:
-        s.proc.kill()
-        s.proc.wait(60)
+    _, pids = stopped_pair(lambda p: p.kill())
     deadline = time.monotonic() + 30
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -12,7 +12,8 @@ Measures, in this order:
    ``detect_batch`` at the same batch size). 1. and 2. alternate in ``--rounds`` slices of
    ``--seconds`` in all, so both see the same load on a shared machine;
 3. ``--streams`` N copies of a video file through one Fleet (every frame, as fast as the
-   device allows) vs one copy alone: total fps and the ratio.
+   device allows) vs one copy alone: total fps and the ratio; with ``--device-processes`` through
+   one process per device (``detect --device-processes``) instead.
 
     python tools/bench_serve.py --size 160 --batch 4 --concurrency 32 --seconds 20 --streams 4
     python tools/bench_serve.py --size 416 --batch 8 --workers 4           # on a GPU host
@@ -35,12 +36,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import cv2
 import numpy as np
 
 import yolo_cl
-from yolo_cl.fleet import Fleet, device_specs
+from yolo_cl.fleet import Fleet, ProcessFleet, device_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_IMAGE = ROOT.parent / "shared" / "images" / "dog.jpg"
@@ -305,10 +307,12 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set) -> dict
             proc.wait(60)
 
 
-def bench_streams(dets: list, clip: Path, n: int) -> dict:
-    """Total fps of n copies of ``clip`` on the Fleet vs one copy alone (every frame, device-bound)."""
+def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = None) -> dict:
+    """Total fps of n copies of ``clip`` on the Fleet vs one copy alone (every frame, device-bound).
+    ``processes`` = (detector options, device specs): a ProcessFleet, one process per device,
+    instead (each stream timed on its own clock, from its first frame)."""
     def run(k: int) -> float:
-        with Fleet(dets) as fleet:
+        with (ProcessFleet(*processes) if processes else Fleet(dets)) as fleet:
             runs = [fleet.add_stream(str(clip), live=False) for _ in range(k)]
             fleet.wait_streams()
         frames = sum(r.stats.frames for r in runs)
@@ -336,6 +340,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3, help="alternate detector and server this many times")
     ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--device-processes", action="store_true",
+                    help="streams: one process per device (detect --device-processes) instead of one Fleet")
     ap.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
     ap.add_argument("--clip", type=Path, default=DEFAULT_CLIP)
     ap.add_argument("--ray", action="store_true", help="benchmark the server on Ray Serve (serve --ray)")
@@ -375,8 +381,10 @@ def main() -> None:
                                                  if len(dets) > 1 else ""))
         print(f"answers per server worker (whole run): {res['serve_answered_by_worker']}")
     if "streams" not in skip:
-        res.update(bench_streams(dets, args.clip, args.streams))
-        print(f"streams: 1 alone {res['stream_1_fps']:.1f} fps; {args.streams} together "
+        res.update(bench_streams(dets, args.clip, args.streams,
+                                 (dict(cfg=model, **opts), specs) if args.device_processes else None))
+        print(f"streams ({'one process per device' if args.device_processes else 'one Fleet'}): 1 alone "
+              f"{res['stream_1_fps']:.1f} fps; {args.streams} together "
               f"{res[f'streams_{args.streams}_total_fps']:.1f} fps total ({res['streams_ratio']:.2f} x)")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
