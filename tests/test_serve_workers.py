@@ -12,6 +12,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import cv2
@@ -106,6 +108,13 @@ def test_workers_share_streams_and_metrics(workers):
     assert sum(ok) >= 4
     assert re.search(r'yolo_cl_devices\{worker="0"\} 1', text) and re.search(r'yolo_cl_devices\{worker="1"\} 1', text)
     assert re.search(r'yolo_cl_stream_fps\{worker="0",stream="0",[^}]*\} [\d.]+', text)
+
+
+def test_workers_refuse_a_port_in_use(workers):
+    port = workers.url.rsplit(":", 1)[1]
+    r = subprocess.run([sys.executable, "-m", "yolo_cl", "serve", "--workers", "2", "--port", port, "--size", "128"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Address already in use" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_killed_worker_is_started_again(workers, cli_json):
