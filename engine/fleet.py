@@ -608,7 +608,10 @@ def _device_main(detector_opts: dict, spec, k: int, plan: list, interval: float,
     with routed(False):
         try:
             try:
-                fleet = Fleet([Detector(**detector_opts, device=spec)])
+                det = Detector(**detector_opts, device=spec)
+                w, h = det.input_size
+                det.detect(np.zeros((h, w, 3), np.uint8))   # first launches (driver code generation) before any frame
+                fleet = Fleet([det])
                 for sid, source, name, out, jsonl, opts in plan:
                     runs[sid] = fleet.add_stream(source, name=name, out=out, jsonl=jsonl, **opts)
                 fleet.wait_streams(tick=lambda: conn.send(("tick", {sid: _figures(r, False) for sid, r in runs.items()})),
