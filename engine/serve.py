@@ -9,6 +9,9 @@ Endpoints:
   ``GET /streams/{id}/events`` (one JSON line per frame, as Darknet's ``-json_port``).
 * ``GET /`` (a page showing every stream live), ``GET /healthz``, ``GET /metrics`` (Prometheus).
 
+Each ``/detect`` answer's ``Server-Timing`` header splits its time into body, decode, queue,
+batch and reply. ``yolo_cl.workers`` runs several of these servers on one port (``--workers``).
+
 Limits keep memory bounded whatever clients send: a body size cap (checked while reading),
 a pixel cap read from the image header *before* decoding (so a small PNG cannot inflate to
 gigabytes), only JPEG, PNG, BMP and WebP accepted, at most ``max_queue`` requests waiting plus
@@ -50,6 +53,7 @@ MIB = 1 << 20
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 POLL_S = 0.02                      # how often a live HTTP stream looks for a new frame
+INLINE_PIXELS = 2_000_000          # largest image decoded on the event loop's thread (a few ms)
 
 
 @dataclass
@@ -296,7 +300,8 @@ async def read_image_request(request: Request, limits: Limits, marks: Optional[l
     """(BGR image, thresh, nms, filename) of a ``POST /detect`` request, within ``limits``;
     HTTPException 400, 413 or 415 otherwise. ``marks`` gets the monotonic time the body was read.
     The image is decoded on a pool thread (other requests go on meanwhile), or with ``inline`` on
-    this one, which saves the hand-off when no other request is waiting for the event loop."""
+    this one, which saves the hand-off when no other request is waiting for the event loop (only
+    up to INLINE_PIXELS, so a huge image never holds up the live streams)."""
     thresh, nms = _fraction(request, "thresh", 0.25), _fraction(request, "nms", 0.45)
     body = await _read_body(request, limits.max_body)
     if marks is not None:
@@ -307,7 +312,8 @@ async def read_image_request(request: Request, limits: Limits, marks: Optional[l
         if ctype.lower().startswith("multipart/form-data"):
             body, filename = multipart_file(body, ctype)
             filename = filename or "request"
-        if inline:
+        size = image_header_size(body) if inline else None
+        if size is not None and size[0] * size[1] <= INLINE_PIXELS:
             image = decode_image(body, limits.max_pixels)
         else:
             image = await run_in_threadpool(decode_image, body, limits.max_pixels)
