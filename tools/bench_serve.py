@@ -16,7 +16,7 @@ Measures, in this order:
    one process per device (``detect --device-processes``) instead.
 
     python tools/bench_serve.py --size 160 --batch 4 --concurrency 32 --seconds 20 --streams 4
-    python tools/bench_serve.py --size 416 --batch 8 --workers 4           # on a GPU host
+    python tools/bench_serve.py --size 416 --batch 8 --workers 1,2,4,8     # on a GPU host: each in turn
     python tools/bench_serve.py --size 416 --batch 8 --devices all --workers 8
     python tools/bench_serve.py --size 160 --batch 4 --ray --skip streams  # the same load on Ray Serve
 
@@ -150,8 +150,8 @@ def start_server(args) -> tuple:
             port = str(s.getsockname()[1])
     cmd = [sys.executable, "-m", "yolo_cl", "serve", "--port", port, "--max-batch", str(args.batch),
            "--max-queue", str(max(64, 2 * args.concurrency)), "--max-wait-ms", str(args.max_wait_ms)]
-    for name in ("size", "precision", "model", "device", "devices", "workers"):
-        v = getattr(args, name)
+    for name, v in (("size", args.size), ("precision", args.precision), ("model", args.model),
+                    ("device", args.device), ("devices", args.devices), ("workers", args.server_workers)):
         if v is not None:
             cmd += [f"--{name}", str(v)]
     if args.ray:
@@ -324,6 +324,29 @@ def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = N
     return {"stream_1_fps": one, f"streams_{n}_total_fps": many, "streams_ratio": many / one, "streams": n}
 
 
+def print_requests(res: dict, args, workers, devices: int, skip: set) -> None:
+    """The request figures of one server configuration, one line each."""
+    print(f"detect_batch x{args.batch}: {res['detect_batch_ips']:.1f} img/s; detect p50 "
+          f"{res['detect_p50_ms']:.2f} ms (device 0)")
+    if "serve" in skip:
+        return
+    st = res["serve_single_stages_ms"]
+    print(f"POST /detect one at a time: p50 {res['serve_single_p50_ms']:.2f} ms "
+          f"(+{res['serve_single_p50_ms'] - res['detect_p50_ms']:.2f} ms over detect, of which "
+          f"{res['decode_p50_ms']:.2f} ms decoding the JPEG; measured alternately); in the server (p50 ms): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in st.items())
+          + f"; outside it (HTTP, client, scheduling) {res['serve_single_outside_ms']:.2f}; all but the batch "
+          f"{res['serve_single_added_ms']:.2f}")
+    res["serve_ratio"] = res["serve_ips"] / res["detect_batch_ips"]
+    print(f"POST /detect x{args.concurrency} clients ({args.client_procs} client processes), "
+          f"{workers or 'default'} workers, max batch {args.batch}: {res['serve_ips']:.1f} img/s, "
+          f"p50 {res['serve_p50_ms']:.1f} ms, p99 {res['serve_p99_ms']:.1f} ms, {res['serve_503']} answered 503, "
+          f"server CPU {res['serve_cpu_ms_per_image']:.1f} ms/image; {res['serve_ratio']:.2f} x detect_batch "
+          f"x{args.batch} of one device" + (f" ({res['serve_ratio'] / devices:.2f} x per device)"
+                                             if devices > 1 else ""))
+    print(f"answers per server worker (whole run): {res['serve_answered_by_worker']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
@@ -333,7 +356,8 @@ def main() -> None:
     ap.add_argument("--devices", default=None, help="serve and streams on several devices ('all', '0,1')")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
-    ap.add_argument("--workers", type=int, default=None, help="serve --workers (default: the server's)")
+    ap.add_argument("--workers", type=lambda v: [int(w) for w in v.split(",")], default=None,
+                    help="serve --workers; a list (1,2,4) measures each in turn (default: the server's)")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)),
                     help="processes the --concurrency clients are spread over (default: cores/4, 1 to 8)")
@@ -361,25 +385,15 @@ def main() -> None:
     res = {"model": model, "size": args.size, "batch": args.batch, "device": dets[0].runtime.device_name,
            "devices": len(dets), "commit": _commit()}
     if not {"detector", "serve"} <= skip:
-        res.update(bench_requests(args, dets[0], image, data, skip))
-        print(f"detect_batch x{args.batch}: {res['detect_batch_ips']:.1f} img/s; detect p50 "
-              f"{res['detect_p50_ms']:.2f} ms (device 0)")
-    if "serve" not in skip:
-        st = res["serve_single_stages_ms"]
-        print(f"POST /detect one at a time: p50 {res['serve_single_p50_ms']:.2f} ms "
-              f"(+{res['serve_single_p50_ms'] - res['detect_p50_ms']:.2f} ms over detect, of which "
-              f"{res['decode_p50_ms']:.2f} ms decoding the JPEG; measured alternately); in the server (p50 ms): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in st.items())
-              + f"; outside it (HTTP, client, scheduling) {res['serve_single_outside_ms']:.2f}; all but the batch "
-              f"{res['serve_single_added_ms']:.2f}")
-        res["serve_ratio"] = res["serve_ips"] / res["detect_batch_ips"]
-        print(f"POST /detect x{args.concurrency} clients ({args.client_procs} client processes), "
-              f"{args.workers or 'default'} workers, max batch {args.batch}: {res['serve_ips']:.1f} img/s, "
-              f"p50 {res['serve_p50_ms']:.1f} ms, p99 {res['serve_p99_ms']:.1f} ms, {res['serve_503']} answered 503, "
-              f"server CPU {res['serve_cpu_ms_per_image']:.1f} ms/image; {res['serve_ratio']:.2f} x detect_batch "
-              f"x{args.batch} of one device" + (f" ({res['serve_ratio'] / len(dets):.2f} x per device)"
-                                                 if len(dets) > 1 else ""))
-        print(f"answers per server worker (whole run): {res['serve_answered_by_worker']}")
+        runs = []
+        for workers in args.workers or [None]:          # each server alternates with its own detect_batch
+            args.server_workers = workers
+            run = bench_requests(args, dets[0], image, data, skip)
+            print_requests(run, args, workers, len(dets), skip)
+            runs.append(dict(run, workers=workers))
+        res.update(runs[0])
+        if len(runs) > 1:
+            res["runs"] = runs
     if "streams" not in skip:
         res.update(bench_streams(dets, args.clip, args.streams,
                                  (dict(cfg=model, **opts), specs) if args.device_processes else None))
