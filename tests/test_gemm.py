@@ -324,22 +324,25 @@ def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
             assert err < (1e-2 if half else 1e-4), f"{cfg}: relative error {err:.2e}"
 
 
-def test_heuristic_large_pointwise(rt, tmp_path):
-    """A 1x1 conv over at least POINTWISE_MIN_N pixels gets POINTWISE_BLOCK untuned (here with
-    ragged rows: 10 filters in 4-row blocks), and it computes the conv; a smaller one does not."""
+def test_heuristic_large_maps(rt, tmp_path):
+    """Over large maps the heuristic's fixed rules apply and compute the conv: a 1x1 conv over at
+    least POINTWISE_MIN_N pixels gets POINTWISE_BLOCK (here with ragged rows: 10 filters in 4-row
+    blocks), a 3x3 over 32 channels and IMPLICIT_LARGE_N pixels the implicit GEMM; on smaller
+    maps neither rule applies."""
     from yolo_cl.cfg import parse_cfg
     from yolo_cl.graph import build_graph
     from yolo_cl.layers import build_layers, parse_net
     from yolo_cl.tuner import ConvBench
-    for (w, h), large in (((32, 20), True), ((24, 10), False)):
-        assert (w * h >= gc.POINTWISE_MIN_N) == large
+    for (w, h), large in (((256, 128), True), ((24, 10), False)):
         path = tmp_path / "net.cfg"
-        path.write_text(CONV_NET.format(c=6, k=3, d=1, g=1).replace("width=24\nheight=10", f"width={w}\nheight={h}"))
+        path.write_text(CONV_NET.format(c=32, k=3, d=1, g=1).replace("width=24\nheight=10", f"width={w}\nheight={h}"))
         sections = parse_cfg(path)
         net = parse_net(sections[0], None)
-        node = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"][1]
-        cfg = gc.heuristic_config(node)
-        picked = {k: cfg[k] for k in gc.POINTWISE_BLOCK if k in cfg} == gc.POINTWISE_BLOCK
-        assert picked == large, cfg
-        bench = ConvBench(rt, node, 1, False, rt.queue, seed=7)
-        assert bench.check(bench.bind(cfg)) < 1e-4
+        conv3, conv1 = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
+        assert (w * h >= gc.IMPLICIT_LARGE_N) == large and (w * h >= gc.POINTWISE_MIN_N) == large
+        c3, c1 = gc.heuristic_config(conv3), gc.heuristic_config(conv1)
+        assert (c3["algo"] == "implicit") == large, c3
+        assert ({k: c1[k] for k in gc.POINTWISE_BLOCK if k in c1} == gc.POINTWISE_BLOCK) == large, c1
+        for node, cfg in ((conv3, c3), (conv1, c1)):
+            bench = ConvBench(rt, node, 1, False, rt.queue, seed=7)
+            assert bench.check(bench.bind(cfg)) < 1e-4, cfg
