@@ -118,4 +118,26 @@ inline float yc_activate(float x, const int a) {
     }
 }
 
+
+/* NAME(x, a): yc_activate on a whole float or floatN T (ASI/ASF its bit casts, as for
+ * YC_DEFINE_EXP): linear, leaky, relu and mish as SIMD arithmetic, the others lane by lane.
+ * The CPU kernels' epilogues use it so the activation vectorises with the block. */
+#define YC_DEFINE_ACTIVATE_VEC(NAME, T, ASI, ASF)                                                \
+    YC_DEFINE_EXP(NAME##_exp, T, ASI, ASF)                                                     \
+    YC_DEFINE_MISH(NAME##_mish, T, NAME##_exp)                                                 \
+    inline T NAME(const T x, const int a) {                                                    \
+        switch (a) {                                                                           \
+        case A_LINEAR: return x;                                                               \
+        case A_LEAKY: return x > (T)(0.0f) ? x : (T)(0.1f) * x;                                \
+        case A_RELU: return x > (T)(0.0f) ? x : (T)(0.0f);                                     \
+        case A_MISH: return NAME##_mish(x);                                                    \
+        default: {                                                                             \
+            union { T v; float s[sizeof(T) / sizeof(float)]; } u;                              \
+            u.v = x;                                                                           \
+            for (int i = 0; i < (int)(sizeof(T) / sizeof(float)); ++i) u.s[i] = yc_activate(u.s[i], a); \
+            return u.v;                                                                        \
+        }                                                                                      \
+        }                                                                                      \
+    }
+
 #endif

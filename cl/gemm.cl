@@ -120,27 +120,10 @@
  * activations (and mish's exp, in plain arithmetic) are written for VECT, so they compile to
  * SIMD instructions; the rest go lane by lane through yc_activate. */
 #if VW == 1
-YC_DEFINE_EXP(yc_exp_v, VECT, as_int, as_float)
+YC_DEFINE_ACTIVATE_VEC(yc_act_v, VECT, as_int, as_float)
 #else
-YC_DEFINE_EXP(yc_exp_v, VECT, CAT(as_int, VW), CAT(as_float, VW))
+YC_DEFINE_ACTIVATE_VEC(yc_act_v, VECT, CAT(as_int, VW), CAT(as_float, VW))
 #endif
-YC_DEFINE_MISH(yc_mish_v, VECT, yc_exp_v)
-
-inline VECT yc_act_v(const VECT x, const int a)
-{
-    switch (a) {
-    case A_LINEAR: return x;
-    case A_LEAKY: return x > (VECT)(0.0f) ? x : (VECT)(0.1f) * x;
-    case A_RELU: return x > (VECT)(0.0f) ? x : (VECT)(0.0f);
-    case A_MISH: return yc_mish_v(x);
-    default: {
-        float y[VW];
-        #pragma unroll
-        for (int v = 0; v < VW; ++v) y[v] = yc_activate(LANE(x, v), a);
-        return FVEC(y, 0);
-    }
-    }
-}
 
 /* Vector v of the epilogue: v = ACT(acc + bias) [then ACT2(v + R), R read lane by lane where
  * `in` (a lane's bounds check) holds], stored lane by lane at C[ci + lane * cs] where `in` holds. */
