@@ -8,6 +8,7 @@ import numpy as np
 from yolo_cl.layers import ACT_ID
 
 LEAKY, MISH = ACT_ID["leaky"], ACT_ID["mish"]
+RELU, LOGISTIC = ACT_ID["relu"], ACT_ID["logistic"]
 
 
 def leaky(x):
@@ -18,7 +19,8 @@ def mish(x):
     return x * np.tanh(np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
-ACTS = {0: lambda x: x, LEAKY: leaky, MISH: mish}
+ACTS = {0: lambda x: x, LEAKY: leaky, MISH: mish, RELU: lambda x: np.maximum(x, 0.0),
+        LOGISTIC: lambda x: 1.0 / (1.0 + np.exp(-x))}
 
 
 def reference(A, B, bias, residual=None, act=0, act2=0):
