@@ -49,14 +49,41 @@ typedef float dtype;
 
 inline float yc_logistic(float x) { return 1.0f / (1.0f + exp(-x)); }
 
+/* exp(x) for float or floatN T (IT its int type, ASI/ASF the bit casts) in plain arithmetic:
+ * on CPU devices (PoCL) exp() is an out-of-line library call per element that nothing
+ * vectorises, and behind a mish it cost 5x the GEMM it follows. Cephes' expf: x = n ln2 + r,
+ * |r| <= ln2/2, e^r by a degree-7 polynomial (1-2 ulp), 2^n built in the exponent bits;
+ * x is clamped to [-87, 88] (2^-126 .. 2^127: no denormals, no overflow before the scale). */
+#define YC_DEFINE_EXP(NAME, T, ASI, ASF)                                                         \
+    inline T NAME(T x) {                                                                       \
+        x = x < (T)(-87.0f) ? (T)(-87.0f) : x;                                                  \
+        x = x > (T)(88.0f) ? (T)(88.0f) : x;                                                    \
+        const T t = x * (T)(1.44269504088896341f) + (T)(12582912.0f); /* round(x log2 e) + 1.5*2^23 */ \
+        const T n = t - (T)(12582912.0f);                                                       \
+        const T r = (x - n * (T)(0.693359375f)) + n * (T)(2.12194440e-4f);                      \
+        T p = (T)(1.9875691500e-4f);                                                            \
+        p = p * r + (T)(1.3981999507e-3f);                                                      \
+        p = p * r + (T)(8.3334519073e-3f);                                                      \
+        p = p * r + (T)(4.1665795894e-2f);                                                      \
+        p = p * r + (T)(1.6666665459e-1f);                                                      \
+        p = p * r + (T)(5.0000001201e-1f);                                                      \
+        p = p * (r * r) + r + (T)(1.0f);                                                        \
+        return p * ASF((ASI(t) - 0x4B400000 + 127) << 23);                                      \
+    }
+
 /* Darknet's mish, x * tanh(softplus(x)) with softplus's threshold 20, with one exp instead of
  * exp + log1p + tanh: tanh(log(1 + e)) = n / (n + 2) with n = e (e + 2), e = exp(x). Same
- * function to float rounding; on CPU devices the three calls cost 10x the GEMM they follow. */
-inline float yc_mish(float x) {
-    const float e = exp(fmin(x, 20.0f));  /* branch-free: vectorises; past 20 the select returns x */
-    const float n = e * (e + 2.0f);
-    return x > 20.0f ? x : x * n / (n + 2.0f);
-}
+ * function to float rounding (below -20 Darknet's softplus is e, and n / (n + 2) -> e too).
+ * Branch-free, so it vectorises; past 20 the select returns x. */
+#define YC_DEFINE_MISH(NAME, T, EXP)                                                             \
+    inline T NAME(const T x) {                                                                 \
+        const T e = EXP(x < (T)(20.0f) ? x : (T)(20.0f));                                       \
+        const T n = e * (e + (T)(2.0f));                                                        \
+        return x > (T)(20.0f) ? x : x * n / (n + (T)(2.0f));                                    \
+    }
+
+YC_DEFINE_EXP(yc_exp, float, as_int, as_float)
+YC_DEFINE_MISH(yc_mish, float, yc_exp)
 
 /* Darknet's stair_activate: floor(x/2), plus x's fractional part where floor(x) is odd. */
 inline float yc_stair(float x) {
@@ -90,5 +117,27 @@ inline float yc_activate(float x, const int a) {
     default: return x;
     }
 }
+
+
+/* NAME(x, a): yc_activate on a whole float or floatN T (ASI/ASF its bit casts, as for
+ * YC_DEFINE_EXP): linear, leaky, relu and mish as SIMD arithmetic, the others lane by lane.
+ * The CPU kernels' epilogues use it so the activation vectorises with the block. */
+#define YC_DEFINE_ACTIVATE_VEC(NAME, T, ASI, ASF)                                                \
+    YC_DEFINE_EXP(NAME##_exp, T, ASI, ASF)                                                     \
+    YC_DEFINE_MISH(NAME##_mish, T, NAME##_exp)                                                 \
+    inline T NAME(const T x, const int a) {                                                    \
+        switch (a) {                                                                           \
+        case A_LINEAR: return x;                                                               \
+        case A_LEAKY: return x > (T)(0.0f) ? x : (T)(0.1f) * x;                                \
+        case A_RELU: return x > (T)(0.0f) ? x : (T)(0.0f);                                     \
+        case A_MISH: return NAME##_mish(x);                                                    \
+        default: {                                                                             \
+            union { T v; float s[sizeof(T) / sizeof(float)]; } u;                              \
+            u.v = x;                                                                           \
+            for (int i = 0; i < (int)(sizeof(T) / sizeof(float)); ++i) u.s[i] = yc_activate(u.s[i], a); \
+            return u.v;                                                                        \
+        }                                                                                      \
+        }                                                                                      \
+    }
 
 #endif

@@ -116,16 +116,36 @@
 #define BIAS(i) bias[i]
 #endif
 
-/* The epilogue for one element of C: bias, activation, optional residual, store. */
-inline void yc_store(__global dtype* C, const size_t ci, __global const dtype* R, const size_t ri,
-                     const float acc, const float bias)
-{
-    float v = yc_activate(acc + bias, ACT);
-#ifdef RESIDUAL
-    v = yc_activate(v + LD(R, ri), ACT2);
+/* The epilogue runs on whole vectors of the register block: bias, ACT, [+ R, ACT2]. The common
+ * activations (and mish's exp, in plain arithmetic) are written for VECT, so they compile to
+ * SIMD instructions; the rest go lane by lane through yc_activate. */
+#if VW == 1
+YC_DEFINE_ACTIVATE_VEC(yc_act_v, VECT, as_int, as_float)
+#else
+YC_DEFINE_ACTIVATE_VEC(yc_act_v, VECT, CAT(as_int, VW), CAT(as_float, VW))
 #endif
-    ST(C, ci, v);
-}
+
+/* Vector v of the epilogue: v = ACT(acc + bias) [then ACT2(v + R), R read lane by lane where
+ * `in` (a lane's bounds check) holds], stored lane by lane at C[ci + lane * cs] where `in` holds. */
+#ifdef RESIDUAL
+#define RES_ADD(ri, rs, in)                                                                   \
+    {                                                                                         \
+        float r[VW];                                                                          \
+        _Pragma("unroll")                                                                     \
+        for (int e = 0; e < VW; ++e) r[e] = (in) ? LD(R, (ri) + (size_t)e * (rs)) : 0.0f;      \
+        v = yc_act_v(v + FVEC(r, 0), ACT2);                                                   \
+    }
+#else
+#define RES_ADD(ri, rs, in)
+#endif
+#define STORE_V(x, bv, ci, ri, cs, in)                                                        \
+    {                                                                                         \
+        VECT v = yc_act_v((x) + (bv), ACT);                                                   \
+        RES_ADD(ri, cs, in)                                                                   \
+        _Pragma("unroll")                                                                     \
+        for (int e = 0; e < VW; ++e)                                                          \
+            if (in) ST(C, (ci) + (size_t)e * (cs), LANE(v, e));                               \
+    }
 
 /* ---------------------------------------------------------------------------------------- */
 /* N-vectorised: work-item (n block, m block, z) owns C[m0 .. m0+TM)[n0 .. n0+VW*NV).        */
@@ -246,18 +266,18 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
         if (m < M)
 #endif
         {
-            const float bi = BIAS(g * M + m);
+            const VECT bi = (VECT)(BIAS(g * M + m));
             const size_t row = (size_t)(g * M + m) * ldc + n0;
             #pragma unroll
-            for (int j = 0; j < NV; ++j)
-                #pragma unroll
-                for (int v = 0; v < VW; ++v) {
-                    const int e = j * VW + v;
+            for (int j = 0; j < NV; ++j) {
 #ifdef CHECK_N
-                    if (n0 + e < N)
+#define IN_N (n0 + j * VW + e < N)
+#else
+#define IN_N 1
 #endif
-                    yc_store(C, cb + row + e, R, rb + row + e, LANE(acc[i][j], v), bi);
-                }
+                STORE_V(acc[i][j], bi, cb + row + j * VW, rb + row + j * VW, 1, IN_N)
+#undef IN_N
+            }
         }
     }
 }
@@ -316,25 +336,33 @@ __kernel void yc_gemm_mv(__global const dtype* restrict A, __global const float*
 
     const size_t cb = c_off + (size_t)b * c_bstride, rb = r_off + (size_t)b * r_bstride;
     #pragma unroll
-    for (int j = 0; j < NV; ++j)
+    for (int j = 0; j < NV; ++j) {
+        float bs[VW];                     /* the lanes' biases; rows past M read as 0 */
         #pragma unroll
         for (int v = 0; v < VW; ++v) {
-            const int m = m0 + j * VW + v;
 #ifdef CHECK_M
-            if (m < M)
+            bs[v] = m0 + j * VW + v < M ? BIAS(g * M + m0 + j * VW + v) : 0.0f;
+#else
+            bs[v] = BIAS(g * M + m0 + j * VW + v);
 #endif
-            {
-                const float bi = BIAS(g * M + m);
-                const size_t row = (size_t)(g * M + m) * ldc;
-                #pragma unroll
-                for (int t = 0; t < TN; ++t) {
-#ifdef CHECK_N
-                    if (n0 + t < N)
-#endif
-                    yc_store(C, cb + row + n0 + t, R, rb + row + n0 + t, LANE(acc[t][j], v), bi);
-                }
-            }
         }
+        const VECT bv = FVEC(bs, 0);
+        const size_t row = (size_t)(g * M + m0 + j * VW) * ldc;
+        #pragma unroll
+        for (int t = 0; t < TN; ++t) {
+#if defined(CHECK_M) && defined(CHECK_N)
+#define IN_MN (m0 + j * VW + e < M && n0 + t < N)
+#elif defined(CHECK_M)
+#define IN_MN (m0 + j * VW + e < M)
+#elif defined(CHECK_N)
+#define IN_MN (n0 + t < N)
+#else
+#define IN_MN 1
+#endif
+            STORE_V(acc[t][j], bv, cb + row + n0 + t, rb + row + n0 + t, (size_t)ldc, IN_MN)
+#undef IN_MN
+        }
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -24,10 +24,19 @@
  *   WM WN          warps per work-group along M and N: each warp owns a (MWG/WM) x (NWG/WN) tile
  *                  of m16n8 fragments
  *   SK             split K over SK work-groups per tile (more work-groups where M x N gives few);
- *                  each writes raw partial sums to P = (float*)C as [SK][Z][M][N], and gemm_local.cl's
- *                  yc_gemm_splitk sums them and applies the epilogue
+ *                  each writes raw partial sums as [SK][Z][M][N] planes; with SK_FIX (trailing args
+ *                  P, counters) into P, and the last work-group of each tile adds them and runs the
+ *                  epilogue; without, into C's buffer, for gemm_local.cl's yc_gemm_splitk
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only where the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B gathered from the NCHW input (trailing args H, W, OW)
+ *   STAGES         (config key "ST") local-memory stages. 1: one A/B buffer, the next tile
+ *                  prefetched into registers, two barriers per k-step, B staged transposed ([n][k-word]). 2..4: a ring of STAGES
+ *                  buffers, one barrier per k-step; A (and B with BVEC) copied global -> local by
+ *                  cp.async STAGES-1 tiles ahead, B otherwise through registers one tile ahead; B kept
+ *                  [k][n] (n contiguous, rows padded by 8 elements: conflict-free stores and
+ *                  ldmatrix.trans rows), its f16 fragments read with ldmatrix.x4.trans
+ *   BVEC           (STAGES > 1, f16, not IMPLICIT; needs N and every B offset/stride a multiple of 8)
+ *                  B rows copied as 16-byte chunks by cp.async too
  *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
@@ -60,6 +69,15 @@
 #ifndef SK
 #define SK 1
 #endif
+#ifndef STAGES
+#define STAGES 1
+#endif
+#if STAGES > 4
+#error "STAGES is 1 to 4"
+#endif
+#if defined(BVEC) && (STAGES == 1 || defined(MMA_TF32) || defined(IMPLICIT))
+#error "BVEC needs STAGES > 1, MMA_F16 and an explicit B"
+#endif
 #if !defined(LDSM) || defined(MMA_EMULATE)
 #undef LDSM
 #define LDSM 0
@@ -87,6 +105,19 @@
 #define NB (NWG * KU)          /* words per B tile */
 #define LA_PER ((NA4 + THREADS - 1) / THREADS)
 #define LB_PER ((NB + THREADS - 1) / THREADS)
+#ifdef MMA_F16
+#define btype ushort           /* a B element in the STAGES > 1 local layout */
+#define BBYTES 2
+#else
+#define btype uint
+#define BBYTES 4
+#endif
+#define LDB (NWG + 8)          /* STAGES > 1: B row stride in elements */
+#define BTILE (KWG * LDB)      /* ... and a B stage in elements */
+#define NBE (KWG * NWG)        /* B elements per tile */
+#define LBE_PER ((NBE + THREADS - 1) / THREADS)
+#define NBV (KWG * NWG / 8)    /* BVEC: 16-byte chunks per B tile */
+#define BV_PER ((NBV + THREADS - 1) / THREADS)
 #define ROUND_UP(x, r) ((((x) + (r) - 1) / (r)) * (r))
 
 /* A float as TF32 bits: round to nearest, ties away from zero (cvt.rna.tf32.f32). */
@@ -156,11 +187,55 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
                  : "=r"((r)[0]), "=r"((r)[1]) : "r"((uint)(size_t)(p)))
 #endif
 
+/* Global -> local copies that bypass registers (cp.async, sm_80+): 16 bytes, zero-filled where !ok;
+ * a commit closes a group, a wait leaves at most CP_PENDING of this work-item's groups in flight
+ * (the barrier after it makes every work-item's copies visible). Plain copies under emulation. */
+#if STAGES > 1
+#define CP_PENDING_(x) #x
+#define CP_PENDING_STR(x) CP_PENDING_(x)
+#if STAGES == 2
+#define CP_PENDING 0
+#elif STAGES == 3
+#define CP_PENDING 1
+#else
+#define CP_PENDING 2
+#endif
+#ifdef MMA_EMULATE
+#define CP_ASYNC16(dst, src, ok) (*(__local uint4*)(dst) = (ok) ? *(const __global uint4*)(src) : (uint4)(0u))
+#define CP_COMMIT()
+#define CP_WAIT()
+#else
+#define CP_ASYNC16(dst, src, ok)                                                                 \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                \
+                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"((ok) ? 16 : 0) : "memory")
+#define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define CP_WAIT() asm volatile("cp.async.wait_group " CP_PENDING_STR(CP_PENDING) ";" ::: "memory")
+#endif
+#if LDSM
+#define LDSM_X4T(r, p)                                                                           \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"          \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3]) : "r"((uint)(size_t)(p)))
+#define LDSM_X2T(r, p)                                                                           \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"                \
+                 : "=r"((r)[0]), "=r"((r)[1]) : "r"((uint)(size_t)(p)))
+#endif
+#endif
+
 /* One element of B as mma input bits (0 outside the matrix). */
 #ifdef MMA_F16
 #define BBITS(i) ((uint)((__global const ushort*)Bg)[i])
 #else
 #define BBITS(i) yc_tf32(Bg[i])
+#endif
+#ifdef CHECK_M
+#define CHECK_M_ON 1
+#else
+#define CHECK_M_ON 0
+#endif
+#ifdef CHECK_N
+#define CHECK_N_ON 1
+#else
+#define CHECK_N_ON 0
 #endif
 #ifdef CHECK_K
 #define K_OK(k) ((k) < K)
@@ -212,6 +287,9 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
 #ifdef IMPLICIT
                  , const int H, const int W, const int OW
 #endif
+#ifdef SK_FIX
+                 , __global float* restrict P, volatile __global int* restrict counters
+#endif
                  )
 {
     const int tid = get_local_id(0);
@@ -225,10 +303,9 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
     const __global uint* Aw = (const __global uint*)A + ((size_t)grp * Mp + m0) * KpW;
     const __global dtype* Bg = B + b_off + (size_t)b * b_bstride + (size_t)grp * b_gstride;
 
-    __local uint4 As4[MWG * LDS / 4];          /* uint4: 16-byte aligned for the vector stores */
-    __local uint4 Bs4[NWG * LDS / 4];
-    __local uint* As = (__local uint*)As4;
-    __local uint* Bs = (__local uint*)Bs4;
+#ifdef SK_FIX
+    __local int sk_last[1];
+#endif
 #ifdef MMA_EMULATE
     __local uint xchg[WARPS * 32 * 6];
     __local uint* xch = xchg + warp * 32 * 6;
@@ -244,8 +321,6 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
 #endif
 #endif
 
-    uint4 ra[LA_PER];
-    uint rb[LB_PER];
     float acc[FM][FN][4];
     #pragma unroll
     for (int i = 0; i < FM; ++i)
@@ -253,6 +328,14 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
         for (int j = 0; j < FN; ++j)
             #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+#if STAGES == 1
+    __local uint4 As4[MWG * LDS / 4];          /* uint4: 16-byte aligned for the vector stores */
+    __local uint4 Bs4[NWG * LDS / 4];
+    __local uint* As = (__local uint*)As4;
+    __local uint* Bs = (__local uint*)Bs4;
+    uint4 ra[LA_PER];
+    uint rb[LB_PER];
 
 /* Global -> registers for the tile at k0: A as 16-byte vectors, B one word (two k for f16) per column. */
 #define LOAD_TILE(k0)                                                                            \
@@ -331,35 +414,222 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-#if SK > 1
-    /* Raw partial sums of this K split; gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. */
-    __global float* P = (__global float*)C + ((size_t)ks * (get_global_size(2) / SK) + z) * M * N;
-#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
 #else
-    /* Epilogue: bias, activation, optional residual add + ACT2, store. */
-#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), grp, M, ldc, bias, C, cb, R, rbase)
+    /* STAGES-stage ring: A [m][k-word] rows of LDS words, B [k][n] rows of LDB elements. */
+    __local uint4 As4[STAGES * MWG * LDS / 4];
+    __local uint4 Bs4[STAGES * BTILE * BBYTES / 16];
+    __local uint* As0 = (__local uint*)As4;
+    __local btype* Bs0 = (__local btype*)Bs4;
+    const int KT = (kend - kbeg + KWG - 1) / KWG;       /* k-tiles of this split */
+#ifndef BVEC
+    uint rb[LBE_PER];
 #endif
+
+/* Tile kt's asynchronous copies into stage s: A as 16-byte chunks (always in bounds: A is padded),
+ * with BVEC B's rows too (a chunk is wholly inside or outside C's N, since N % 8 == 0). */
+#ifdef BVEC
+#define ASYNC_B(s, k0)                                                                           \
+    for (int p = 0; p < BV_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NBV % THREADS == 0 || v < NBV) {                                                     \
+            const int r = v / (NWG / 8), c = v - r * (NWG / 8);                                   \
+            const int kk = (k0) + r, nn = n0 + c * 8;                                            \
+            const bool ok = K_OK(kk) && (nn < N);                                                \
+            CP_ASYNC16(Bs0 + (s) * BTILE + r * LDB + c * 8, Bg + (ok ? (size_t)kk * ldb + nn : 0), ok); \
+        }                                                                                        \
+    }
+#else
+#define ASYNC_B(s, k0)
+#endif
+#define ASYNC_TILE(s, k0)                                                                        \
+    for (int p = 0; p < LA_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NA4 % THREADS == 0 || v < NA4) {                                                     \
+            const int r = v / (KU / 4), c = v - r * (KU / 4);                                    \
+            CP_ASYNC16(As0 + (s) * MWG * LDS + r * LDS + c * 4,                                  \
+                       Aw + (size_t)r * KpW + (k0) / KPW + c * 4, true);                          \
+        }                                                                                        \
+    }                                                                                            \
+    ASYNC_B(s, k0)
+/* B through registers (gathered, or ragged): element v is (k = v / NWG, n = v % NWG), so a warp's
+ * work-items read consecutive n (coalesced) and store consecutive local elements (no bank conflict). */
+#define LOAD_B(k0)                                                                               \
+    for (int p = 0; p < LBE_PER; ++p) {                                                          \
+        const int v = tid + p * THREADS;                                                         \
+        B_COLUMN(v)                                                                              \
+        const bool bok = nok && (NBE % THREADS == 0 || v < NBE);                                 \
+        rb[p] = B_AT((k0) + v / NWG, bn);                                                        \
+    }
+#define STORE_B(s)                                                                               \
+    for (int p = 0; p < LBE_PER; ++p) {                                                          \
+        const int v = tid + p * THREADS;                                                         \
+        if (NBE % THREADS == 0 || v < NBE)                                                       \
+            Bs0[(s) * BTILE + (v / NWG) * LDB + v % NWG] = (btype)rb[p];                         \
+    }
+
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) {
+            ASYNC_TILE(s, kbeg + s * KWG)
+        }
+        CP_COMMIT();
+    }
+#ifndef BVEC
+    LOAD_B(kbeg)
+    STORE_B(0)
+#endif
+    for (int kt = 0; kt < KT; ++kt) {
+        CP_WAIT();                          /* tile kt's copies (this work-item's) have landed */
+        barrier(CLK_LOCAL_MEM_FENCE);       /* ... everyone's, and stage (kt - 1) % STAGES is free */
+        {
+            const int kn = kt + STAGES - 1;
+            if (kn < KT) {
+                ASYNC_TILE(kn % STAGES, kbeg + kn * KWG)
+            }
+            CP_COMMIT();
+        }
+#ifndef BVEC
+        const bool more = kt + 1 < KT;
+        if (more) {
+            LOAD_B(kbeg + (kt + 1) * KWG)
+        }
+#endif
+        const __local uint* As = As0 + (kt % STAGES) * MWG * LDS;
+        const __local btype* Bs = Bs0 + (kt % STAGES) * BTILE;
+
+        #pragma unroll
+        for (int kw = 0; kw < KU; kw += 8) {
+            uint af[FM][4], bf[FN][2];
+            const int kb = kw * KPW;            /* the B row (k) of this step */
+#if LDSM
+            #pragma unroll
+            for (int i = 0; i < FM; ++i)
+                LDSM_X4(af[i], As + (wm * WTM + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDS + kw
+                                + 4 * (lane >> 4));
+#ifdef MMA_F16
+            /* ldmatrix.trans of [k][n] rows: matrix q = (k half q & 1, n block q >> 1), and lane
+             * (g, t) receives B[kb + 2t, 2t + 1][n + g]: the col fragment, low half the lower k. */
+            #pragma unroll
+            for (int j = 0; j + 1 < FN; j += 2) {
+                uint r4[4];
+                LDSM_X4T(r4, Bs + (kb + (lane & 15)) * LDB + wn * WTN + j * 8 + 8 * (lane >> 4));
+                bf[j][0] = r4[0];
+                bf[j][1] = r4[1];
+                bf[j + 1][0] = r4[2];
+                bf[j + 1][1] = r4[3];
+            }
+            if (FN & 1)
+                LDSM_X2T(bf[FN - 1], Bs + (kb + (lane & 15)) * LDB + wn * WTN + (FN - 1) * 8);
+#endif
+#else
+            #pragma unroll
+            for (int i = 0; i < FM; ++i) {
+                const __local uint* p = As + (wm * WTM + i * 16 + g) * LDS + kw + t;
+                af[i][0] = p[0];
+                af[i][1] = p[8 * LDS];
+                af[i][2] = p[4];
+                af[i][3] = p[8 * LDS + 4];
+            }
+#endif
+#if !LDSM || defined(MMA_TF32)
+            #pragma unroll
+            for (int j = 0; j < FN; ++j) {
+                const __local btype* p = Bs + kb * LDB + wn * WTN + j * 8 + g;
+#ifdef MMA_F16
+                bf[j][0] = (uint)p[2 * t * LDB] | ((uint)p[(2 * t + 1) * LDB] << 16);
+                bf[j][1] = (uint)p[(2 * t + 8) * LDB] | ((uint)p[(2 * t + 9) * LDB] << 16);
+#else
+                bf[j][0] = p[t * LDB];
+                bf[j][1] = p[(t + 4) * LDB];
+#endif
+            }
+#endif
+            #pragma unroll
+            for (int i = 0; i < FM; ++i)
+                #pragma unroll
+                for (int j = 0; j < FN; ++j)
+                    MMA(acc[i][j], af[i], bf[j]);
+        }
+#ifndef BVEC
+        if (more) {
+            STORE_B((kt + 1) % STAGES)
+        }
+#endif
+    }
+#endif
+
     const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
 #ifdef RESIDUAL
     const size_t rbase = (size_t)r_off + (size_t)b * r_bstride;
 #else
     const size_t rbase = 0;
 #endif
+#if SK > 1
+    /* Raw partial sums of this K split, as planes [SK][Z][M][N]: into the workspace P (SK_FIX),
+     * else into C's buffer for gemm_local.cl's yc_gemm_splitk to add up in a second launch. */
+    const size_t plane = (size_t)M * N, zt = get_global_size(2) / SK;
+#ifdef SK_FIX
+    __global float* Pk = P + ((size_t)ks * zt + z) * plane;
+#else
+    __global float* Pk = (__global float*)C + ((size_t)ks * zt + z) * plane;
+#endif
+#endif
+    /* Each accumulator inside C: its partial (SK > 1) or its epilogue. */
     #pragma unroll
     for (int i = 0; i < FM; ++i)
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1);
-#ifdef CHECK_M
-            if (m >= M) continue;
-#endif
+            if (CHECK_M_ON && m >= M) continue;
             #pragma unroll
             for (int j = 0; j < FN; ++j) {
                 const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1);
-#ifdef CHECK_N
-                if (n >= N) continue;
+                if (CHECK_N_ON && n >= N) continue;
+                const float v = acc[i][j][q];
+#if SK > 1
+                Pk[(size_t)m * N + n] = v;
+#else
+                yc_gemm_store(v, m, n, grp, M, ldc, bias, C, cb, R, rbase);
 #endif
-                STORE_C(acc[i][j][q], m, n);
             }
         }
+#if SK > 1
+#ifdef SK_FIX
+    /* The work-group that finishes a tile last (a count per tile, reset to 0 by that group for
+     * the next launch) adds the planes in split order and runs the epilogue. Every work-item
+     * fences its partial stores device-wide before the count; the sums read with volatile loads,
+     * past the non-coherent L1. */
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (tid == 0) {
+        const int tile = (z * (int)get_num_groups(1) + (int)get_group_id(1)) * (int)get_num_groups(0)
+                         + (int)get_group_id(0);
+        sk_last[0] = atomic_inc(counters + tile) == SK - 1;
+        if (sk_last[0])
+            counters[tile] = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!sk_last[0])
+        return;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    const volatile __global float* Pz = P + (size_t)z * plane;
+    #pragma unroll
+    for (int i = 0; i < FM; ++i)
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1);
+            if (CHECK_M_ON && m >= M) continue;
+            #pragma unroll
+            for (int j = 0; j < FN; ++j) {
+                const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1);
+                if (CHECK_N_ON && n >= N) continue;
+                const float v = acc[i][j][q];
+                float sum = 0.0f;
+                for (int s = 0; s < SK; ++s)
+                    sum += s == ks ? v : Pz[(size_t)s * zt * plane + (size_t)m * N + n];
+                yc_gemm_store(sum, m, n, grp, M, ldc, bias, C, cb, R, rbase);
+            }
+        }
+#endif
+#endif
 }

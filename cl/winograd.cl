@@ -16,6 +16,17 @@
 #define WT (WINO_M + 2)
 #define T2 (WT * WT)
 
+/* A tile row as a vector: WVEC, its activation yc_act_w, and WROW(p, i) = p[i .. i+WINO_M). */
+#if WINO_M == 2
+#define WVEC float2
+#define WROW(p, i) ((float2)((p)[i], (p)[(i) + 1]))
+YC_DEFINE_ACTIVATE_VEC(yc_act_w, float2, as_int2, as_float2)
+#else
+#define WVEC float4
+#define WROW(p, i) ((float4)((p)[i], (p)[(i) + 1], (p)[(i) + 2], (p)[(i) + 3]))
+YC_DEFINE_ACTIVATE_VEC(yc_act_w, float4, as_int4, as_float4)
+#endif
+
 /* out = B^T in, over WT elements spaced `s` apart. */
 inline void yc_bt(const float* in, const int s, float* out, const int so)
 {
@@ -98,25 +109,25 @@ __kernel void yc_wino_output(__global const dtype* restrict Mt, const int m_off,
     for (int j = 0; j < WT; ++j) yc_at(m + j, WT, t + j, WT);            /* columns: t = A^T m */
     #pragma unroll
     for (int i = 0; i < WINO_M; ++i) yc_at(t + i * WT, 1, y + i * WINO_M, 1); /* rows: y = t A */
-    const float bi = bias[f];
     const size_t yb = (size_t)y_off + (size_t)b * y_bstride;
 #ifdef RESIDUAL
     const size_t rb = (size_t)r_off + (size_t)b * r_bstride;
 #endif
+    /* The epilogue a tile row at a time, as one WINO_M-wide vector (the activation vectorises). */
     #pragma unroll
     for (int i = 0; i < WINO_M; ++i) {
         const int oy = ty * WINO_M + i;
         if (oy >= OH) break;
-        #pragma unroll
-        for (int j = 0; j < WINO_M; ++j) {
-            const int ox = tx * WINO_M + j;
-            if (ox >= OW) break;
-            const size_t pix = (size_t)f * OH * OW + (size_t)oy * OW + ox;
-            float v = yc_activate(y[i * WINO_M + j] + bi, ACT);
+        const size_t pix = (size_t)f * OH * OW + (size_t)oy * OW + tx * WINO_M;
+        WVEC v = yc_act_w(WROW(y, i * WINO_M) + (WVEC)(bias[f]), ACT);
 #ifdef RESIDUAL
-            v = yc_activate(v + LD(R, rb + pix), ACT2);
+        float r[WINO_M];
+        #pragma unroll
+        for (int j = 0; j < WINO_M; ++j) r[j] = tx * WINO_M + j < OW ? LD(R, rb + pix + j) : 0.0f;
+        v = yc_act_w(v + WROW(r, 0), ACT2);
 #endif
-            ST(Y, yb + pix, v);
-        }
+        #pragma unroll
+        for (int j = 0; j < WINO_M; ++j)
+            if (tx * WINO_M + j < OW) ST(Y, yb + pix + j, v[j]);
     }
 }

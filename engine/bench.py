@@ -230,6 +230,11 @@ class BenchReport:
             lines.append(f"  of which between kernels (the driver starting each one): {span - dev:.2f} ms over "
                          f"{len(self.launches)} launches; outside the kernels' span (enqueue, copies, Python): "
                          f"{wall - span:.2f} ms")
+        kinds: dict = {}
+        for l in self.launches:
+            kinds[l.name] = kinds.get(l.name, 0) + 1
+        lines.append(f"launches per frame: {len(self.launches)} (" +
+                     ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])) + ")")
         if any(l.name.startswith("wino") for l in self.launches):
             lines.append("(GFLOP/s count a conv's direct-convolution FLOPs: Winograd does fewer multiplies, so its "
                          "rates are effective ones and may exceed the peak)")

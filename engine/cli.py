@@ -361,6 +361,12 @@ def _fit(args) -> Optional[str]:
 
 def _make_detector(args):
     from .detector import Detector
+    return Detector(**_detector_options(args), device=args.device, progress=True)
+
+
+def _detector_options(args) -> dict:
+    """Detector's keyword arguments (all but device and progress) for the model options in ``args``;
+    fetches a zoo model's weights first when they are not here yet."""
     from .zoo import resolve
     if args.cfg and args.model:
         raise YoloClError("give either --model or --cfg, not both")
@@ -371,8 +377,8 @@ def _make_detector(args):
         print(f"yolo-cl: {model}: downloading its published weights (once; 'yolo-cl download' does only this)",
               file=sys.stderr)
         args.weights = str(download(model))
-    return Detector(model, args.weights, names=args.names, input_size=args.size, precision=args.precision,
-                    device=args.device, fit=_fit(args), progress=True, warmup=True)
+    return dict(cfg=model, weights=args.weights, names=args.names, input_size=args.size, precision=args.precision,
+                fit=_fit(args), warmup=True)
 
 
 class _OutputNames:
@@ -836,6 +842,9 @@ def _add_fleet_options(d: argparse.ArgumentParser) -> None:
                         "'all', or a list such as 0,1 or 0:0,0:1 (a device listed twice gets two contexts)")
     d.add_argument("--jsonl-dir", metavar="DIR",
                    help="streams: run every source at once and write one JSONL per source into DIR")
+    d.add_argument("--device-processes", action="store_true",
+                   help="streams: one process per device of --devices, so each device's frames have a Python of "
+                        "their own (stream K on device K mod the device count)")
     d.set_defaults(func=cmd_detect_fleet)
 
 
@@ -850,7 +859,7 @@ def cmd_detect_fleet(args) -> int:
     """``detect`` with --devices or --jsonl-dir: every stream source at once on a Fleet; else plain ``detect``."""
     if args.devices is None and args.jsonl_dir is None:
         return cmd_detect(args)
-    from .fleet import Fleet
+    from .fleet import Fleet, ProcessFleet, device_specs
     _fit(args)
     streams, failures = [], 0
     for src in args.sources:
@@ -892,7 +901,11 @@ def cmd_detect_fleet(args) -> int:
         namer = _OutputNames(names_dir)
         for k, src in enumerate(streams):
             target[k] = namer.path_for(src, exts, ext)
-    fleet = Fleet(_detectors(args, args.devices))
+    specs = device_specs(args.devices) if args.devices else [args.device]
+    if args.device_processes:
+        fleet = ProcessFleet(_detector_options(args), specs)
+    else:
+        fleet = Fleet(_detectors(args, args.devices))
     status = _FleetStatus(fleet, quiet=False)
     interrupted = False
     try:
@@ -915,7 +928,7 @@ def cmd_detect_fleet(args) -> int:
             print(f"wrote {path}", file=sys.stderr)
     frames = sum(r.stats.frames for r in fleet.streams.values())
     secs = max((r.stats.seconds for r in fleet.streams.values()), default=0.0)
-    print(f"total: {frames} frames from {len(fleet.streams)} sources on {len(fleet.detectors)} device(s), "
+    print(f"total: {frames} frames from {len(fleet.streams)} sources on {len(specs)} device(s), "
           f"{frames / secs if secs > 0 else 0.0:.1f} fps", file=sys.stderr)
     if interrupted:
         return 130
@@ -979,23 +992,36 @@ def _add_serve_parser(sub, common: argparse.ArgumentParser) -> None:
                    help="serve POST /detect on Ray Serve (pip install \"yolo-cl[ray]\"): a local Ray instance, or the "
                         "cluster at ADDRESS; one deployment per device (resource yolo_cl_device_K)")
     s.add_argument("--replicas", type=_positive, default=1, help="--ray: replicas per device deployment (default 1)")
+    s.add_argument("--workers", type=_positive,
+                   help="server processes sharing the port, each with its own detector; worker K uses device K mod "
+                        "the device count (default: one per device; with 1, a single process)")
     s.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
-    """Build a Fleet (one Detector per device), start the --source streams, serve until interrupted."""
-    from .fleet import Fleet
+    """Build a Fleet (one Detector per device), start the --source streams, serve until interrupted;
+    with several workers (``--workers``, or one per device of ``--devices``), one process each."""
+    from .fleet import Fleet, device_specs
     from .serve import Limits, serve
     if args.max_wait_ms < 0 or args.timeout <= 0 or args.max_body_mb <= 0:
         raise YoloClError("--max-wait-ms must be >= 0, --timeout and --max-body-mb > 0")
     if args.ray is not None:
+        if args.workers is not None:
+            raise YoloClError("--workers runs the embedded server's processes; on Ray use --replicas")
         return _serve_on_ray(args)
+    devices = device_specs(args.devices) if args.devices else [args.device]
+    limits = Limits(max_body=int(args.max_body_mb * MIB), max_pixels=args.max_pixels, timeout=args.timeout)
+    if (args.workers or len(devices)) > 1:
+        from .workers import WorkerPlan, run_workers
+        run_workers(WorkerPlan(_detector_options(args), devices, args.workers or len(devices), args.host, args.port,
+                               limits, args.max_batch, args.max_wait_ms, args.max_queue, list(args.source),
+                               args.thresh, args.nms))
+        return 0
     fleet = Fleet(_detectors(args, args.devices), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                   max_queue=args.max_queue)
     try:
         for src in args.source:
             fleet.add_stream(src, thresh=args.thresh, nms=args.nms, loop=True, live=True)
-        limits = Limits(max_body=int(args.max_body_mb * MIB), max_pixels=args.max_pixels, timeout=args.timeout)
         serve(fleet, args.host, args.port, limits)
     finally:
         fleet.close()

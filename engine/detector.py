@@ -46,7 +46,10 @@ class Detector:
     default; OpenCV's Darknet importer uses 1e-6, which moves outputs by up to ~1e-3.
     ``device_preprocess`` and ``device_decode`` resize the frame and decode [yolo] heads on the
     device (default: on a GPU, not on a CPU device; YOLO_CL_HOST_PREPOST=1 / 0 turns both off /
-    on); off, the host does both (the reference path).
+    on); off, the host does both (the reference path). ``fold`` runs SPP's pools as one launch and,
+    on a GPU by default, max-pools, upsamples and route copies inside the Winograd convs that read
+    them (graph.py, Executor): fewer launches per frame, the same outputs; False (or
+    YOLO_CL_FOLD=0) gives the unfolded plan, True (or YOLO_CL_FOLD=1) folds on a CPU too.
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
@@ -54,14 +57,16 @@ class Detector:
                  precision: Union[str, Precision] = "fp32",
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
                  bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
-                 device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False) -> None:
+                 device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False,
+                 fold: Optional[bool] = None) -> None:
         precision = precision_named(precision)
-        model = load_model(cfg, weights, input_size, bn_eps=bn_eps, warn=True)
+        model = load_model(cfg, weights, input_size, bn_eps=bn_eps, warn=True, fold=fold)
         self.cfg_path, self.weights_path = model.cfg_path, model.weights_path
         self._sections, self.net, self.layers = model.sections, model.net, model.layers
         self.cfg_warnings = model.cfg_warnings      # unused and repeated keys, one line each
         self._params = model.params
         self.bn_eps = bn_eps
+        self.fold = fold
         self.graph = model.graph
         self._graphs: dict = {(self.net.width, self.net.height): self.graph}
         self.heads = head_layers(self.layers)
@@ -129,7 +134,7 @@ class Detector:
             g = self._graphs.get(key)
             if g is None:
                 net = replace(self.net, width=size[0], height=size[1])
-                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps, keep)
+                g = build_graph(net, build_layers(self._sections, net), self._params, self.bn_eps, keep, fold=self.fold)
                 self._graphs[key] = g
             return g
 
@@ -144,7 +149,7 @@ class Detector:
                 while len(self._executors) >= MAX_EXECUTORS:
                     self._executors.popitem(last=False)
                 ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision, self.tuning,
-                              self._weights, progress=self.progress, mma=self.mma)
+                              self._weights, progress=self.progress, mma=self.mma, fold=self.fold)
                 self._executors[key] = ex
             else:
                 self._executors.move_to_end(key)

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cmdbuf
 from .errors import DeviceError, YoloClError
-from .graph import Graph
+from .graph import Graph, folding_default
 from .kernels import BindContext
 from .kernels.nodes import bind_node, workspace_elems
 from .measure import event_ms
@@ -50,35 +50,37 @@ class Executor:
 
     def __init__(self, rt, graph: Graph, batch: int = 1, precision: Precision = FP32, tuning=None,
                  weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
-                 progress: bool = False, mma: str = "") -> None:
+                 progress: bool = False, mma: str = "", fold: Optional[bool] = None) -> None:
         """``precision``: storage and arithmetic (``precision.FP32``, ``FP16``, ``TF32``);
-        ``tuning``: a table with ``conv_config(node, batch)`` (None: heuristics). ``command_buffer``: None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
+        ``tuning``: a table with ``conv_config(node, batch)`` (None: heuristics). ``command_buffer``:
+        None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
         is not 0), True requires one, False replays the launch list with one enqueue each.
         ``progress``: a progress bar over the layers on stderr when binding them takes more than a
         second (it is compiling) and stderr is a terminal. ``mma``: the tensor-core mode convs
-        compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families."""
+        compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families.
+        ``fold``: convs compute the max-pools, upsamples and copies the graph marked as they read
+        them (graph.mark_read_fusions), so those layers cost no launch; None: YOLO_CL_FOLD if set,
+        else on a GPU and off on a CPU device (there the redundant reads cost more than a launch)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
-        self.plan = plan_memory(graph, batch)
+        if fold is None:            # reading through costs a CPU more compute than the launch it saves
+            fold = folding_default()
+            fold = not getattr(rt, "is_cpu", False) if fold is None else fold
+        self.plan = plan_memory(graph, batch, fold)
         item = precision.itemsize
         check_executor(graph, self.plan.arena_elems, max((workspace_elems(n, batch) for n in graph.nodes), default=0),
                        batch, item, getattr(rt, "device", None))   # refuse before allocating anything
         self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
         ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
         self.ctx = BindContext(rt, self.arena, self.plan, batch, precision, tuning=tuning, mma=mma,
-                               weight_cache=weight_cache if weight_cache is not None else {})
+                               weight_cache=weight_cache if weight_cache is not None else {}, fold=fold)
         self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
         self.workspace_bytes = ws * item if ws else 0
-        self.launches = []
         # > 0: flush the queue after every this many launches, so that a GPU starts computing while
         # the rest of the plan is still being enqueued (tools/bench_host.py --flush measures it)
         self.flush_every = 0
         from tqdm import tqdm
-        for node in tqdm(graph.nodes, desc="compiling kernels", unit="layer", delay=1.0, leave=False,
-                         disable=None if progress else True, file=sys.stderr):
-            try:
-                self.launches.extend(bind_node(self.ctx, node))
-            except YoloClError as e:
-                raise type(e)(f"layer {node.label} ({node.describe()}): {e}") from None
+        self.launches = self._bind(tqdm(graph.nodes, desc="compiling kernels", unit="layer", delay=1.0, leave=False,
+                                        disable=None if progress else True, file=sys.stderr))
         dtype = precision.dtype
         self._host_in = np.empty((batch,) + (graph.input.c, graph.input.h, graph.input.w), dtype)
         self._host_out = [np.empty((batch,) + v.shape, dtype) for v in graph.outputs]
@@ -94,6 +96,19 @@ class Executor:
     def half(self) -> bool:
         """Activations stored as half."""
         return self.precision.half
+
+    def _bind(self, nodes) -> list:
+        """The launches of ``nodes`` in order, less those of producers a conv read through (its
+        input transform computed them: its launch's ``config["through"]`` says so)."""
+        bound = []
+        for node in nodes:
+            try:
+                bound.append((node, bind_node(self.ctx, node)))
+            except YoloClError as e:
+                raise type(e)(f"layer {node.label} ({node.describe()}): {e}") from None
+        folded = {id(p) for n, ls in bound if any(l.config.get("through") for l in ls)
+                  for p in n.attrs.get("read_through") or ()}
+        return [l for n, ls in bound if id(n) not in folded for l in ls]
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
         device = getattr(self.rt, "device", None)
@@ -159,7 +174,7 @@ class Executor:
         if self.command_buffer is not None and not (profile or eager):
             self.command_buffer.enqueue()          # per-launch events need the launch list
         else:
-            launches = [l for n in self.graph.nodes for l in bind_node(self.ctx, n)] if eager else self.launches
+            launches = self._bind(self.graph.nodes) if eager else self.launches
             every = self.flush_every
             for i, l in enumerate(launches, 1):
                 ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)

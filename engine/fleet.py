@@ -13,11 +13,14 @@ contexts, each with its own queue). Two kinds of work run on it:
   images, on one worker thread. The waiting requests of all devices are bounded by
   ``max_queue``: past it ``submit`` raises ``QueueFull`` at once instead of queueing.
 
-The CLI's many-source ``detect`` and ``yolo-cl serve`` are both thin layers over this.
+``ProcessFleet`` runs streams with one process per device instead, each with a Fleet of its own,
+so the devices' per-frame Python does not share one GIL. The CLI's many-source ``detect`` and
+``yolo-cl serve`` are both thin layers over these.
 """
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -59,13 +62,17 @@ def device_specs(spec: Optional[str]) -> list:
 
 
 # -- single images: dynamic batching ------------------------------------------------------------
-class _Request:
-    __slots__ = ("image", "thresh", "nms", "future", "queued_at")
+class Request:
+    """One queued image; ``started``/``finished`` (monotonic s) bracket the batch that ran it."""
+
+    __slots__ = ("image", "thresh", "nms", "future", "queued_at", "started", "finished", "batch")
 
     def __init__(self, image: np.ndarray, thresh: float, nms: float) -> None:
         self.image, self.thresh, self.nms = image, thresh, nms
         self.future: Future = Future()
         self.queued_at = time.monotonic()
+        self.started = self.finished = 0.0
+        self.batch = 0
 
 
 class Batcher:
@@ -97,7 +104,7 @@ class Batcher:
         """Requests queued and not yet taken into a batch."""
         return len(self._queue)
 
-    def put(self, req: _Request) -> None:
+    def put(self, req: Request) -> None:
         with self._cond:
             if self._closed:
                 raise YoloClError("the detector is shutting down")
@@ -140,6 +147,7 @@ class Batcher:
                 return
             live = [r for r in batch if r.future.set_running_or_notify_cancel()]
             t0 = time.perf_counter()
+            started = time.monotonic()
             groups: dict = {}
             for r in live:
                 groups.setdefault((r.thresh, r.nms), []).append(r)
@@ -150,7 +158,9 @@ class Batcher:
                     for r in reqs:
                         r.future.set_exception(e)
                     continue
+                finished = time.monotonic()
                 for r, dets in zip(reqs, results):
+                    r.started, r.finished, r.batch = started, finished, len(live)
                     r.future.set_result(dets)
             self.busy = 0
             if self.on_batch is not None and live:
@@ -223,6 +233,7 @@ class StreamRun:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._pipe = None
+        self._done = threading.Event()      # set when _run has finished, outputs included
         self._thread = threading.Thread(target=self._run, name=f"yolo-cl-stream-{stream_id}", daemon=True)
 
     # -- running ---------------------------------------------------------------------------------
@@ -238,6 +249,14 @@ class StreamRun:
         return open_source(self.source, live=self.live)
 
     def _run(self) -> None:
+        try:
+            self._stream()
+        finally:
+            with self._cond:
+                self._done.set()
+                self._cond.notify_all()
+
+    def _stream(self) -> None:
         from .draw import draw
         from .video import Pipeline
         from .writers import OutputSink
@@ -298,7 +317,9 @@ class StreamRun:
     # -- reading -----------------------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        # Not Thread.is_alive: a join interrupted by Ctrl-C can leave a live thread marked stopped
+        # (CPython before 3.13), and the outputs must still be finished then.
+        return self._thread.ident is not None and not self._done.is_set()
 
     def wait(self, after_seq: int, timeout: float) -> int:
         """Block until a frame newer than ``after_seq`` arrives, the stream ends, or ``timeout``; the current seq."""
@@ -327,7 +348,8 @@ class StreamRun:
             self._pipe.interrupt()
 
     def join(self, timeout: Optional[float] = None) -> None:
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._done.wait(timeout)
 
 
 # -- the fleet ----------------------------------------------------------------------------------
@@ -371,14 +393,18 @@ class Fleet:
     def submit(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> Future:
         """Queue one BGR image; the Future's result is its detections. Raises QueueFull when
         ``max_queue`` requests already wait, ImageError for an unusable image."""
+        return self.enqueue(image, thresh, nms).future
+
+    def enqueue(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> Request:
+        """``submit``, returning the queued Request: its ``future`` and, once done, its stage times."""
         image = check_image(image)
         with self._lock:
             if self.queued >= self.max_queue:
                 raise QueueFull(f"the request queue is full ({self.max_queue} waiting); try again later")
             k = min(range(len(self.batchers)), key=self._request_load)
-            req = _Request(image, thresh, nms)
+            req = Request(image, thresh, nms)
             self.batchers[k].put(req)
-        return req.future
+        return req
 
     def detect(self, image: np.ndarray, thresh: float = 0.25, nms: float = 0.45,
                timeout: Optional[float] = None) -> list:
@@ -440,3 +466,167 @@ class Fleet:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- one process per device ---------------------------------------------------------------------
+class _Figures:
+    """A stream's figures as a device process reported them (the parts of StreamStats the CLI reads)."""
+
+    def __init__(self, name: str) -> None:
+        self.source, self.fps, self.frames, self.seconds, self.text = name, 0.0, 0, 0.0, f"{name}: not started"
+
+    def format(self) -> str:
+        return self.text
+
+
+class StreamReport:
+    """One stream of a ProcessFleet, as seen from the parent: id, name, device, ``stats`` (fps,
+    frames, seconds, ``format()``), ``error`` and the ``written`` output paths once it ended."""
+
+    def __init__(self, stream_id: str, name: str, device: int) -> None:
+        self.id, self.name, self.device = stream_id, name, device
+        self.stats = _Figures(name)
+        self.error: Optional[str] = None
+        self.written: list = []
+        self.running = True
+
+
+class ProcessFleet:
+    """Fleet's streams with one process per device (``multiprocessing`` spawn), so each device's
+    frames pass through a Python of their own instead of sharing one GIL. Stream K goes to device
+    K mod len(devices); each process runs a Fleet on its one Detector (``Detector(**detector_opts,
+    device=spec)``) and reports every stream's figures back. Same reading interface as Fleet for
+    streams: ``add_stream``, ``streams``, ``total_fps``, ``wait_streams``, ``close``."""
+
+    def __init__(self, detector_opts: dict, devices: Sequence, interval: float = 0.5) -> None:
+        if not devices:
+            raise YoloClError("a ProcessFleet needs at least one device")
+        self.detector_opts, self.devices, self.interval = dict(detector_opts), list(devices), interval
+        self.streams: dict = {}
+        self._plans: list = [[] for _ in self.devices]
+        self._procs: list = []
+
+    def add_stream(self, source, *, name: Optional[str] = None, out=None, jsonl=None, **opts) -> StreamReport:
+        """Plan ``source`` (options as Fleet.add_stream) on the next device; it starts with ``wait_streams``."""
+        sid = str(len(self.streams))
+        k = len(self.streams) % len(self.devices)
+        report = StreamReport(sid, name or str(source), k)
+        self.streams[sid] = report
+        self._plans[k].append((sid, source, report.name, out, jsonl, opts))
+        return report
+
+    def total_fps(self) -> float:
+        return sum(s.stats.fps for s in self.streams.values())
+
+    def _start(self) -> None:
+        import multiprocessing
+        ctx = multiprocessing.get_context("spawn")
+        for k, plan in enumerate(self._plans):
+            if not plan:
+                continue
+            conn, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_device_main, name=f"yolo-cl-device-{k}",
+                               args=(self.detector_opts, self.devices[k], k, plan, self.interval, child))
+            proc.start()
+            child.close()
+            self._procs.append((k, proc, conn))
+
+    def _receive(self, timeout: float) -> None:
+        import multiprocessing.connection
+        live = [conn for _, proc, conn in self._procs if not conn.closed]
+        for conn in multiprocessing.connection.wait(live, timeout):
+            k = next(i for i, _, c in self._procs if c is conn)
+            try:
+                kind, data = conn.recv()
+            except (EOFError, OSError):
+                conn.close()
+                for s in self.streams.values():
+                    if s.device == k and s.running:
+                        s.running, s.error = False, s.error or f"device {k}'s process ended without a report"
+                continue
+            for sid, fig in data.items():
+                s = self.streams[sid]
+                s.stats.fps, s.stats.frames, s.stats.seconds = fig["fps"], fig["frames"], fig["seconds"]
+                if kind == "done":
+                    s.stats.text, s.error, s.written, s.running = fig["text"], fig["error"], fig["written"], False
+
+    def wait_streams(self, timeout: Optional[float] = None, tick: Optional[Callable[[], None]] = None,
+                     interval: float = 0.5) -> bool:
+        """Start the device processes (once) and wait for every stream to end; False on timeout."""
+        if not self._procs:
+            self._start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(s.running for s in self.streams.values()):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self._receive(interval)
+            if tick is not None:
+                tick()
+        return True
+
+    def close(self) -> None:
+        """Interrupt the device processes still running (they finish their outputs and report), then reap them."""
+        import signal
+        for _, proc, _ in self._procs:
+            if proc.is_alive():
+                try:
+                    os.kill(proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 60.0
+        while any(s.running for s in self.streams.values()) and time.monotonic() < deadline:
+            self._receive(0.5)
+        for _, proc, conn in self._procs:
+            proc.join(max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+            conn.close()
+
+    def __enter__(self) -> "ProcessFleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _figures(run: StreamRun, final: bool) -> dict:
+    st = run.stats
+    fig = {"fps": st.fps, "frames": st.frames, "seconds": st.seconds}
+    if final:
+        fig.update(text=st.format(), error=run.error, written=[str(p) for p in run.written])
+    return fig
+
+
+def _device_main(detector_opts: dict, spec, k: int, plan: list, interval: float, conn) -> None:
+    """A ProcessFleet's device process: one Detector, a Fleet running ``plan``'s streams, figures
+    to ``conn`` every ``interval`` s and once at the end (also after Ctrl-C)."""
+    import signal
+    from .detector import Detector
+    from .noise import routed
+    fleet = None
+    runs: dict = {}
+    with routed(False):
+        try:
+            try:
+                det = Detector(**detector_opts, device=spec)
+                w, h = det.input_size
+                det.detect(np.zeros((h, w, 3), np.uint8))   # first launches (driver code generation) before any frame
+                fleet = Fleet([det])
+                for sid, source, name, out, jsonl, opts in plan:
+                    runs[sid] = fleet.add_stream(source, name=name, out=out, jsonl=jsonl, **opts)
+                fleet.wait_streams(tick=lambda: conn.send(("tick", {sid: _figures(r, False) for sid, r in runs.items()})),
+                                   interval=interval)
+            except KeyboardInterrupt:
+                pass
+            except YoloClError as e:
+                conn.send(("done", {sid: {"fps": 0.0, "frames": 0, "seconds": 0.0, "text": "", "error": str(e),
+                                          "written": []} for sid, *_ in plan}))
+                return
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)      # a Ctrl-C now must not cut the outputs short
+                if fleet is not None:
+                    fleet.close()
+            conn.send(("done", {sid: _figures(r, True) for sid, r in runs.items()}))
+        finally:
+            conn.close()

@@ -8,13 +8,19 @@ What happens here, and only here:
   into (each into its channel slice), so no copy runs; ``[route]`` with ``groups`` and
   ``[dropout]`` are just views;
 - layers whose outputs were asked for (``keep``) are not fused away: their output stays a
-  readable view, and the graph returns those views instead of the heads' inputs.
+  readable view, and the graph returns those views instead of the heads' inputs;
+- consecutive centred stride-1 ``[maxpool]`` layers of one input writing slices of one tensor
+  (SPP's 5/9/13 into their concat) become one ``maxpool_nested`` node: one launch, one pass;
+- a ``[maxpool]``, ``[upsample]`` or route copy whose output only one conv reads is marked on that
+  conv (``attrs["read_through"]``): a conv whose algorithm can compute the folded layers as it reads
+  its input (Winograd's input transform, cl/fused.cl) runs them, and the executor drops their launches.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -169,11 +175,15 @@ def _consumers(layers: list) -> dict:
 
 
 def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: float = BN_EPS,
-                keep: Sequence[int] = ()) -> Graph:
+                keep: Sequence[int] = (), fold: Optional[bool] = None) -> Graph:
     """Fuse layers into nodes. ``params`` maps conv layer index -> ConvParams (None: shapes only).
 
     ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer.
-    ``keep``: layer indices whose outputs the graph returns (in that order), none fused away."""
+    ``keep``: layer indices whose outputs the graph returns (in that order), none fused away.
+    ``fold``: merge sibling max-pools and mark the layers convs may read through (below); None:
+    yes unless the environment sets YOLO_CL_FOLD=0 (the plan before these fusions, for benchmarks)."""
+    if fold is None:
+        fold = folding_default() is not False
     tensors: list = []
 
     def new_tensor(c: int, h: int, w: int, name: str) -> Tensor:
@@ -308,7 +318,11 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
         outputs = [view[h.inputs[0]] for h in heads]
     else:
         outputs = [view[layers[-1].index]]
-    return Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
+    graph = Graph(net, layers, nodes, graph_input, outputs, heads, tensors, tuple(keep))
+    if fold:
+        merge_sibling_pools(graph)
+        mark_read_fusions(graph)
+    return graph
 
 
 def _weighted_node(l: Layer, x: View, out: View, params: Optional[dict], bn_eps: float) -> Node:
@@ -353,3 +367,117 @@ def _fuses_into_shortcut(conv: Layer, by_index: dict, uses: dict) -> bool:
     src = by_index.get(other)
     shape = (src.c, src.h, src.w) if src is not None else None
     return shape == (conv.c, conv.h, conv.w)
+
+
+# -- layers folded into a conv's input read ---------------------------------------------------
+def folding_default() -> Optional[bool]:
+    """What the environment asks of folding: YOLO_CL_FOLD=0 False, =1 True, unset None (each
+    executor then chooses by its device)."""
+    v = os.environ.get("YOLO_CL_FOLD", "").strip()
+    return None if v == "" else v != "0"
+
+
+FOLDABLE = ("maxpool", "upsample", "copy")
+MAX_SEGMENTS = 2          # upsample/copy producers one input transform reads through
+
+
+def _readers(graph: Graph) -> dict:
+    """tensor id -> (node, view) of every read of it (inputs and fused shortcut inputs)."""
+    out: dict = {}
+    for node in graph.nodes:
+        views = list(node.inputs)
+        if node.attrs.get("residual") is not None:
+            views.append(node.attrs["residual"])
+        for v in views:
+            out.setdefault(v.tensor.id, []).append((node, v))
+    return out
+
+
+def _overlap(a: View, b: View) -> bool:
+    return a.tensor is b.tensor and a.c0 < b.c0 + b.c and b.c0 < a.c0 + a.c
+
+
+def foldable(producer: Node, conv: Node, readers: dict, returned: list) -> bool:
+    """Whether ``conv`` can compute ``producer``'s output while reading its input: the conv's input
+    is the only read of the channels the producer writes (no returned view holds them either) and
+    they lie inside that input view (a max-pool's output must be that whole view)."""
+    if producer.op not in FOLDABLE or conv.op != "conv" or producer is conv:
+        return False
+    out, x = producer.output, conv.inputs[0]
+    t = out.tensor
+    if x.tensor is not t or any(_overlap(out, v) for v in returned):
+        return False
+    if any(_overlap(out, v) and (node is not conv or v is not x) for node, v in readers.get(t.id, [])):
+        return False
+    if not (x.c0 <= out.c0 and out.c0 + out.c <= x.c0 + x.c):
+        return False
+    if producer.op == "maxpool":             # the pooled tensor is exactly what the conv reads
+        return out.c0 == 0 and out.c == t.c and x.c0 == 0 and x.c == t.c
+    return True
+
+
+def mark_read_fusions(graph: Graph) -> int:
+    """Set ``attrs["read_through"]`` (a list of nodes) on each conv that may fold producers of its
+    input: one max-pool, or up to MAX_SEGMENTS upsamples and route copies; returns how many convs."""
+    readers = _readers(graph)
+    returned = list(graph.outputs)
+    writers: dict = {}
+    for node in graph.nodes:
+        writers.setdefault(node.output.tensor.id, []).append(node)
+    marked = 0
+    for node in graph.nodes:
+        if node.op != "conv":
+            continue
+        x = node.inputs[0]
+        folds = [w for w in writers.get(x.tensor.id, []) if foldable(w, node, readers, returned)]
+        pools = [w for w in folds if w.op == "maxpool"]
+        folds = pools[:1] if pools else folds[:MAX_SEGMENTS]
+        if folds:
+            node.attrs["read_through"] = folds
+            marked += 1
+    return marked
+
+
+def extra_reads(node: Node) -> list:
+    """Views a node reads beyond its inputs because of a folded producer (for the planner)."""
+    return [v for p in node.attrs.get("read_through") or () for v in p.inputs]
+
+
+def _same(a: View, b: View) -> bool:
+    return a.tensor is b.tensor and a.c0 == b.c0 and a.c == b.c
+
+
+def _centred_pool(node: Node) -> bool:
+    """A stride-1 max-pool of odd size padded to keep the input's size (Darknet's default padding)."""
+    a = node.attrs
+    return (node.op == "maxpool" and a["stride_x"] == a["stride_y"] == 1 and a["size"] % 2 == 1
+            and a["padding"] == a["size"] - 1)
+
+
+def merge_sibling_pools(graph: Graph, most: int = 3) -> int:
+    """Replace runs of consecutive centred stride-1 max-pools of the same input view, of distinct
+    sizes, writing slices of one tensor, by one ``maxpool_nested`` node (attrs ``sizes`` and
+    ``outputs``, smallest first); returns how many nodes it removed."""
+    out, removed, i = [], 0, 0
+    nodes = graph.nodes
+    while i < len(nodes):
+        run = [nodes[i]]
+        if _centred_pool(nodes[i]):
+            x, t = nodes[i].inputs[0], nodes[i].output.tensor
+            j = i + 1
+            while (j < len(nodes) and len(run) < most and _centred_pool(nodes[j]) and _same(nodes[j].inputs[0], x)
+                   and nodes[j].output.tensor is t and nodes[j].attrs["size"] not in [n.attrs["size"] for n in run]):
+                run.append(nodes[j])
+                j += 1
+        if len(run) == 1:
+            out.append(nodes[i])
+            i += 1
+            continue
+        run.sort(key=lambda n: n.attrs["size"])
+        layers_ = [l for n in run for l in n.layers]
+        out.append(Node("maxpool_nested", layers_, [run[0].inputs[0]], run[0].output,
+                        dict(sizes=[n.attrs["size"] for n in run], outputs=[n.output for n in run])))
+        removed += len(run) - 1
+        i += len(run)
+    graph.nodes[:] = out
+    return removed

@@ -47,13 +47,15 @@ def resolve_model(model: Union[str, Path], weights: Optional[Union[str, Path]] =
 
 def load_model(model: Union[str, Path], weights: Optional[Union[str, Path]] = None, size=None, *,
                params: str = "required", bn_eps: float = BN_EPS,
-               make_params: Optional[Callable[[list], dict]] = None, warn: bool = False) -> Model:
+               make_params: Optional[Callable[[list], dict]] = None, warn: bool = False,
+               fold: Optional[bool] = None) -> Model:
     """Load ``model`` (zoo name or cfg path) at input ``size`` (None: the cfg's).
 
     ``params``: ``required`` -- a network with weighted layers needs a weights file (the zoo's or
     ``weights``); ``optional`` -- without one, ``make_params(layers)`` makes them (e.g. random
     weights for a speed run); ``made`` -- ``make_params(layers)`` whatever files there are;
-    ``none`` -- shapes only (the graph carries no weights). ``warn``: log the cfg keys nobody reads."""
+    ``none`` -- shapes only (the graph carries no weights). ``warn``: log the cfg keys nobody reads.
+    ``fold``: graph.build_graph's (None: its default)."""
     if params not in WEIGHTS:
         raise ValueError(f"params '{params}' is not one of {', '.join(WEIGHTS)}")
     cfg_path, weights_path = resolve_model(model, weights)
@@ -74,4 +76,4 @@ def load_model(model: Union[str, Path], weights: Optional[Union[str, Path]] = No
         else:
             values = {}
     return Model(cfg_path, weights_path if params != "none" else None, sections, net, layers, values,
-                 build_graph(net, layers, values, bn_eps), cfg_warnings)
+                 build_graph(net, layers, values, bn_eps, fold=fold), cfg_warnings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import Graph
+from .graph import Graph, extra_reads
 
 ALIGN = 64   # elements: 256-byte aligned offsets suit every vector width
 
@@ -28,12 +28,15 @@ class Plan:
         return self.offsets[tensor.id]
 
 
-def lifetimes(graph: Graph) -> dict:
-    """(first write, last read) step of each tensor; -1 is before the first node."""
+def lifetimes(graph: Graph, fold: bool = True) -> dict:
+    """(first write, last read) step of each tensor; -1 is before the first node. ``fold``: a conv
+    may read through the producers the graph marked on it (graph.mark_read_fusions), so their
+    inputs live until that conv has run."""
     end = len(graph.nodes)
     life: dict = {graph.input.id: [-1, -1]}
     for step, node in enumerate(graph.nodes):
-        for v in node.inputs + ([node.attrs["residual"]] if node.attrs.get("residual") is not None else []):
+        for v in node.inputs + ([node.attrs["residual"]] if node.attrs.get("residual") is not None else []) \
+                + (extra_reads(node) if fold else []):
             t = v.tensor.id
             life.setdefault(t, [step, step])[1] = step
         t = node.output.tensor.id
@@ -45,9 +48,10 @@ def lifetimes(graph: Graph) -> dict:
     return {k: tuple(v) for k, v in life.items()}
 
 
-def plan_memory(graph: Graph, batch: int = 1) -> Plan:
-    """Place tensors in an arena by liveness (greedy, largest first, lowest fitting offset)."""
-    life = lifetimes(graph)
+def plan_memory(graph: Graph, batch: int = 1, fold: bool = True) -> Plan:
+    """Place tensors in an arena by liveness (greedy, largest first, lowest fitting offset);
+    ``fold``: as in ``lifetimes`` (False for an executor that reads through nothing)."""
+    life = lifetimes(graph, fold)
     sizes = {t.id: _align(t.size * batch) for t in graph.tensors if t.id in life}
     placed: list = []       # (offset, size, first, last)
     offsets: dict = {}

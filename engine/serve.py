@@ -9,6 +9,9 @@ Endpoints:
   ``GET /streams/{id}/events`` (one JSON line per frame, as Darknet's ``-json_port``).
 * ``GET /`` (a page showing every stream live), ``GET /healthz``, ``GET /metrics`` (Prometheus).
 
+Each ``/detect`` answer's ``Server-Timing`` header splits its time into body, decode, queue,
+batch and reply. ``yolo_cl.workers`` runs several of these servers on one port (``--workers``).
+
 Limits keep memory bounded whatever clients send: a body size cap (checked while reading),
 a pixel cap read from the image header *before* decoding (so a small PNG cannot inflate to
 gigabytes), only JPEG, PNG, BMP and WebP accepted, at most ``max_queue`` requests waiting plus
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
@@ -49,6 +53,7 @@ MIB = 1 << 20
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 POLL_S = 0.02                      # how often a live HTTP stream looks for a new frame
+INLINE_PIXELS = 2_000_000          # largest image decoded on the event loop's thread (a few ms)
 
 
 @dataclass
@@ -186,25 +191,26 @@ class Metrics:
         self.batch.observe(size)
         self.batch_time.observe(seconds)
 
-    def render(self, fleet: Fleet) -> str:
-        out = ["# HELP yolo_cl_requests_total POST /detect answers by status code.",
-               "# TYPE yolo_cl_requests_total counter"]
+    def families(self, fleet: Fleet) -> list:
+        """The metric families ``(name, type, help, sample lines)`` of this process."""
         with self._lock:
-            out += [f'yolo_cl_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.requests.items())]
-        out += ["# HELP yolo_cl_request_seconds POST /detect time from arrival to answer (answered requests).",
-                "# TYPE yolo_cl_request_seconds histogram"] + self.latency.lines("yolo_cl_request_seconds")
-        out += ["# HELP yolo_cl_batch_size Images per detect_batch call.",
-                "# TYPE yolo_cl_batch_size histogram"] + self.batch.lines("yolo_cl_batch_size")
-        out += ["# HELP yolo_cl_batch_seconds Time of one batch on its device (detect_batch calls).",
-                "# TYPE yolo_cl_batch_seconds histogram"] + self.batch_time.lines("yolo_cl_batch_seconds")
-        out += ["# HELP yolo_cl_queue_length Requests waiting for a batch.", "# TYPE yolo_cl_queue_length gauge",
-                f"yolo_cl_queue_length {fleet.queued}",
-                "# HELP yolo_cl_queue_capacity Requests that may wait before 503.",
-                "# TYPE yolo_cl_queue_capacity gauge", f"yolo_cl_queue_capacity {fleet.max_queue}",
-                "# HELP yolo_cl_requests_in_flight POST /detect requests being handled.",
-                "# TYPE yolo_cl_requests_in_flight gauge", f"yolo_cl_requests_in_flight {self.in_flight}",
-                "# HELP yolo_cl_devices Detectors (device contexts) serving.", "# TYPE yolo_cl_devices gauge",
-                f"yolo_cl_devices {len(fleet.detectors)}"]
+            codes = sorted(self.requests.items())
+        fams = [("yolo_cl_requests_total", "counter", "POST /detect answers by status code.",
+                 [f'yolo_cl_requests_total{{code="{c}"}} {n}' for c, n in codes]),
+                ("yolo_cl_request_seconds", "histogram",
+                 "POST /detect time from arrival to answer (answered requests).",
+                 self.latency.lines("yolo_cl_request_seconds")),
+                ("yolo_cl_batch_size", "histogram", "Images per detect_batch call.",
+                 self.batch.lines("yolo_cl_batch_size")),
+                ("yolo_cl_batch_seconds", "histogram", "Time of one batch on its device (detect_batch calls).",
+                 self.batch_time.lines("yolo_cl_batch_seconds")),
+                ("yolo_cl_queue_length", "gauge", "Requests waiting for a batch.", [f"yolo_cl_queue_length {fleet.queued}"]),
+                ("yolo_cl_queue_capacity", "gauge", "Requests that may wait before 503.",
+                 [f"yolo_cl_queue_capacity {fleet.max_queue}"]),
+                ("yolo_cl_requests_in_flight", "gauge", "POST /detect requests being handled.",
+                 [f"yolo_cl_requests_in_flight {self.in_flight}"]),
+                ("yolo_cl_devices", "gauge", "Detectors (device contexts) serving.",
+                 [f"yolo_cl_devices {len(fleet.detectors)}"])]
         runs = list(fleet.streams.values())
         for name, kind, help_, get in (
                 ("yolo_cl_stream_fps", "gauge", "Frames per second of a stream.", lambda s: round(s.stats.fps, 3)),
@@ -214,9 +220,48 @@ class Metrics:
                 ("yolo_cl_stream_latency_seconds", "gauge", "Mean time from frame read to detections.",
                  lambda s: round(s.stats.latency.mean_ms / 1000.0, 6)),
                 ("yolo_cl_stream_running", "gauge", "1 while the stream runs.", lambda s: int(s.running))):
-            out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-            out += [f'{name}{{stream="{s.id}",source="{_label(s.name)}",device="{s.device}"}} {get(s)}' for s in runs]
-        return "\n".join(out) + "\n"
+            fams.append((name, kind, help_, [f'{name}{{stream="{s.id}",source="{_label(s.name)}",device="{s.device}"}} '
+                                             f"{get(s)}" for s in runs]))
+        return fams
+
+    def render(self, fleet: Fleet) -> str:
+        return render_families(self.families(fleet))
+
+
+def render_families(fams: list) -> str:
+    """The Prometheus text format of ``(name, type, help, samples)`` families."""
+    out: list = []
+    for name, kind, help_, samples in fams:
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *samples]
+    return "\n".join(out) + "\n"
+
+
+def with_label(sample: str, label: str) -> str:
+    """A Prometheus sample line with ``label`` (``key="value"``) added first to its labels."""
+    name, _, rest = sample.partition(" ")
+    if name.endswith("}"):
+        head, _, labels = name.partition("{")
+        return f"{head}{{{label},{labels} {rest}"
+    return f"{name}{{{label}}} {rest}"
+
+
+def merge_families(per_worker: list) -> list:
+    """Families of several processes as one list: each family once, its samples labelled
+    ``worker="K"`` (``per_worker``: ``(K, families)`` pairs)."""
+    merged: dict = {}
+    for k, fams in per_worker:
+        for name, kind, help_, samples in fams:
+            entry = merged.setdefault(name, (name, kind, help_, []))
+            entry[3].extend(with_label(s, f'worker="{k}"') for s in samples)
+    return list(merged.values())
+
+
+def server_timing(marks: list, batch: int) -> str:
+    """The ``Server-Timing`` header of one answer: where its milliseconds went, from the monotonic
+    ``marks`` arrival, body read, decoded, batch start, batch end, answer built."""
+    names = ("body", "decode", "queue", "batch", "reply")
+    parts = [f"{n};dur={(b - a) * 1000.0:.3f}" for n, a, b in zip(names, marks, marks[1:])]
+    return ", ".join(parts + [f"size;desc={batch}"])
 
 
 # -- the application ------------------------------------------------------------------------------
@@ -250,18 +295,28 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_image_request(request: Request, limits: Limits) -> tuple:
+async def read_image_request(request: Request, limits: Limits, marks: Optional[list] = None,
+                             inline: bool = False) -> tuple:
     """(BGR image, thresh, nms, filename) of a ``POST /detect`` request, within ``limits``;
-    HTTPException 400, 413 or 415 otherwise."""
+    HTTPException 400, 413 or 415 otherwise. ``marks`` gets the monotonic time the body was read.
+    The image is decoded on a pool thread (other requests go on meanwhile), or with ``inline`` on
+    this one, which saves the hand-off when no other request is waiting for the event loop (only
+    up to INLINE_PIXELS, so a huge image never holds up the live streams)."""
     thresh, nms = _fraction(request, "thresh", 0.25), _fraction(request, "nms", 0.45)
     body = await _read_body(request, limits.max_body)
+    if marks is not None:
+        marks.append(time.monotonic())
     ctype = request.headers.get("content-type", "")
     filename = "request"
     try:
         if ctype.lower().startswith("multipart/form-data"):
             body, filename = multipart_file(body, ctype)
             filename = filename or "request"
-        image = await run_in_threadpool(decode_image, body, limits.max_pixels)
+        size = image_header_size(body) if inline else None
+        if size is not None and size[0] * size[1] <= INLINE_PIXELS:
+            image = decode_image(body, limits.max_pixels)
+        else:
+            image = await run_in_threadpool(decode_image, body, limits.max_pixels)
     except LimitExceeded as e:
         raise HTTPException(413, str(e)) from None
     except UnsupportedFormat as e:
@@ -271,10 +326,85 @@ async def read_image_request(request: Request, limits: Limits) -> tuple:
     return image, thresh, nms, filename
 
 
-def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[Metrics] = None) -> Starlette:
-    """The Starlette application serving ``fleet``. The caller owns the Fleet (and closes it)."""
+@dataclass
+class Peers:
+    """This process's place among the ``serve --workers`` processes: worker ``index`` of ``count``.
+    Worker K also listens on the Unix socket ``sockdir/K.sock``; worker 0 runs the streams, and
+    ``token`` opens the internal route that hands a worker's metrics to the one asked."""
+
+    index: int
+    count: int
+    sockdir: str
+    token: str
+
+    def path(self, k: int) -> str:
+        return os.path.join(self.sockdir, f"{k}.sock")
+
+
+TOKEN_HEADER = "x-yolo-cl-worker"
+RELAY_HEADER = "x-yolo-cl-relayed-by"      # names the worker that passed an answer on from worker 0
+
+
+async def unix_get(path: str, target: bytes, headers: bytes = b"") -> tuple:
+    """Start ``GET target`` on the HTTP server at the Unix socket ``path``: (status, response
+    headers with lower-case names, async iterator over the body)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 5.0)
+    try:
+        writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n" + headers + b"\r\n")
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30.0)).decode("latin-1").split("\r\n")
+        status = int(head[0].split()[1])
+    except BaseException:
+        writer.close()
+        raise
+    fields = {}
+    for line in head[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name.strip().lower()] = value.strip()
+
+    async def body():
+        try:
+            if fields.get("transfer-encoding", "").lower() == "chunked":
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                    if size == 0:
+                        return
+                    yield await reader.readexactly(size)
+                    await reader.readexactly(2)
+            else:
+                while True:
+                    chunk = await reader.read(1 << 16)
+                    if not chunk:
+                        return
+                    yield chunk
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            return
+        finally:
+            writer.close()
+
+    return status, fields, body()
+
+
+async def _worker_families(peers: Peers, k: int) -> Optional[list]:
+    """Worker ``k``'s metric families, or None when it does not answer (restarting)."""
+    try:
+        status, _, body = await unix_get(peers.path(k), b"/_worker/metrics",
+                                         f"{TOKEN_HEADER}: {peers.token}\r\n".encode())
+        data = b"".join([chunk async for chunk in body])
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+        return None
+    return json.loads(data) if status == 200 else None
+
+
+def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[Metrics] = None,
+              peers: Optional[Peers] = None) -> Starlette:
+    """The Starlette application serving ``fleet``. The caller owns the Fleet (and closes it).
+
+    With ``peers`` (``serve --workers``) the stream routes of workers other than 0 are passed
+    to worker 0, and ``/metrics`` gathers every worker's figures, labelled ``worker``."""
     limits = limits or Limits()
     metrics = metrics or Metrics()
+    relay = peers is not None and peers.index != 0
     for b in fleet.batchers:
         b.on_batch = metrics.on_batch
     # Requests past this are answered 503 before their body is read: queue + one batch per device.
@@ -301,21 +431,39 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         return resp
 
     async def _detect(request: Request, t0: float) -> Response:
-        image, thresh, nms, filename = await read_image_request(request, limits)
+        marks = [t0]
+        alone = metrics.in_flight == 1           # nobody else needs the event loop during the decode
+        image, thresh, nms, filename = await read_image_request(request, limits, marks, inline=alone)
+        marks.append(time.monotonic())
         try:
-            future = fleet.submit(image, thresh, nms)
+            req = fleet.enqueue(image, thresh, nms)
         except QueueFull as e:
             return error_response(503, str(e))
         left = limits.timeout - (time.monotonic() - t0)
         try:
-            dets = await asyncio.wait_for(asyncio.wrap_future(future), max(0.001, left))
+            dets = await asyncio.wait_for(asyncio.wrap_future(req.future), max(0.001, left))
         except asyncio.TimeoutError:
             return error_response(504, f"no answer within {limits.timeout:g} s")
         except YoloClError as e:
             return error_response(500, str(e))
         counter["n"] += 1
         h, w = image.shape[:2]
-        return JSONResponse(json_frame(counter["n"], filename, dets, w, h, fleet.detectors[0].fit))
+        body = json_frame(counter["n"], filename, dets, w, h, fleet.detectors[0].fit)
+        marks += [req.started, req.finished, time.monotonic()]
+        return JSONResponse(body, headers={"Server-Timing": server_timing(marks, req.batch)})
+
+    async def proxied(request: Request) -> Response:
+        """The answer of worker 0 (which runs the streams) to this GET, streamed through."""
+        target = request.scope.get("raw_path") or request.url.path.encode()
+        if request.url.query:
+            target += b"?" + request.url.query.encode("latin-1")
+        try:
+            status, fields, body = await unix_get(peers.path(0), target)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+            return error_response(503, "the streams' worker is restarting; try again")
+        keep = {k: v for k, v in fields.items() if k in ("content-type", "cache-control")}
+        keep[RELAY_HEADER] = str(peers.index)
+        return StreamingResponse(body, status_code=status, headers=keep)
 
     def _stream(request: Request):
         run = fleet.streams.get(request.path_params["sid"])
@@ -324,6 +472,8 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         return run
 
     async def streams(request: Request) -> Response:
+        if relay:
+            return await proxied(request)
         return JSONResponse([s.summary() for s in fleet.streams.values()])
 
     def _jpeg(run) -> Optional[tuple]:
@@ -343,6 +493,8 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
             return jpeg_cache[run.id]
 
     async def mjpeg(request: Request) -> Response:
+        if relay:
+            return await proxied(request)
         run = _stream(request)
 
         async def parts():
@@ -363,6 +515,8 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
                                  headers={"Cache-Control": "no-store"})
 
     async def events(request: Request) -> Response:
+        if relay:
+            return await proxied(request)
         run = _stream(request)
 
         async def lines():
@@ -381,13 +535,26 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
 
     async def healthz(request: Request) -> Response:
         ready = fleet.ready
-        return JSONResponse({"status": "ok" if ready else "warming",
-                             "devices": [d.runtime.device_name for d in fleet.detectors],
-                             "queued": fleet.queued, "streams": len(fleet.streams)},
-                            status_code=200 if ready else 503)
+        body = {"status": "ok" if ready else "warming", "devices": [d.runtime.device_name for d in fleet.detectors],
+                "queued": fleet.queued, "streams": len(fleet.streams)}
+        if peers is not None:
+            body.update(worker=peers.index, workers=peers.count, pid=os.getpid())
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_page(request: Request) -> Response:
-        return PlainTextResponse(metrics.render(fleet), media_type="text/plain; version=0.0.4")
+        if peers is None:
+            return PlainTextResponse(metrics.render(fleet), media_type="text/plain; version=0.0.4")
+        got = await asyncio.gather(*(_worker_families(peers, k) for k in range(peers.count)))
+        fams = merge_families([(k, f) for k, f in enumerate(got) if f is not None])
+        fams.append(("yolo_cl_workers", "gauge", "Server processes answering / configured.",
+                     [f'yolo_cl_workers{{state="answering"}} {sum(f is not None for f in got)}',
+                      f'yolo_cl_workers{{state="configured"}} {peers.count}']))
+        return PlainTextResponse(render_families(fams), media_type="text/plain; version=0.0.4")
+
+    async def worker_metrics(request: Request) -> Response:
+        if peers is None or request.headers.get(TOKEN_HEADER) != peers.token:
+            return error_response(404, "Not Found")
+        return JSONResponse(metrics.families(fleet))
 
     async def index(request: Request) -> Response:
         return HTMLResponse(PAGE)
@@ -400,40 +567,64 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
 
     routes = [Route("/", index), Route("/healthz", healthz), Route("/metrics", metrics_page),
               Route("/detect", detect, methods=["POST"]), Route("/streams", streams),
-              Route("/streams/{sid}.mjpg", mjpeg), Route("/streams/{sid}/events", events)]
+              Route("/streams/{sid}.mjpg", mjpeg), Route("/streams/{sid}/events", events),
+              Route("/_worker/metrics", worker_metrics)]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
 # -- running it ---------------------------------------------------------------------------------
-def serve(fleet: Fleet, host: str = "127.0.0.1", port: int = 8080, limits: Optional[Limits] = None,
-          announce=sys.stderr) -> None:
-    """Serve ``fleet`` until SIGINT/SIGTERM; prints ``listening on http://HOST:PORT`` (the real port if 0)."""
-    import uvicorn
-    app = build_app(fleet, limits)
+def listen(host: str, port: int, reuseport: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``reuseport``: shared with other processes that ask the
+    same, the kernel spreading new connections over them); YoloClError if the address is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuseport:
+        if not hasattr(socket, "SO_REUSEPORT"):
+            sock.close()
+            raise YoloClError("--workers needs SO_REUSEPORT (Linux, macOS, BSD); leave it out on this system")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
         raise YoloClError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
-    sock.listen(1024)
-    bound = sock.getsockname()[1]
+    return sock
+
+
+def address(host: str, port: int) -> str:
+    """``http://HOST:PORT`` (IPv6 hosts in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run_app(app: Starlette, sockets: list) -> None:
+    """Serve ``app`` on the listening ``sockets`` with uvicorn until SIGINT (KeyboardInterrupt
+    once uvicorn has shut down) or SIGTERM (a clean return)."""
+    import uvicorn
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
     server = uvicorn.Server(config)
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    if announce is not None:
-        print(f"yolo-cl serve: listening on http://{shown}:{bound} ({len(fleet.detectors)} device(s), "
-              f"{len(fleet.streams)} stream(s))", file=announce, flush=True)
     old = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=sockets)
     except _Terminated:
         pass
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+def serve(fleet: Fleet, host: str = "127.0.0.1", port: int = 8080, limits: Optional[Limits] = None,
+          announce=sys.stderr) -> None:
+    """Serve ``fleet`` until SIGINT/SIGTERM; prints ``listening on http://HOST:PORT`` (the real port if 0)."""
+    app = build_app(fleet, limits)
+    sock = listen(host, port)
+    try:
+        sock.listen(1024)
+        if announce is not None:
+            print(f"yolo-cl serve: listening on {address(host, sock.getsockname()[1])} ({len(fleet.detectors)} "
+                  f"device(s), {len(fleet.streams)} stream(s))", file=announce, flush=True)
+        run_app(app, [sock])
+    finally:
         sock.close()
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from yolo_cl.kernels import act_id
 
 LINEAR, LEAKY, MISH = act_id("linear"), act_id("leaky"), act_id("mish")
+RELU, LOGISTIC = act_id("relu"), act_id("logistic")
 
 
 def leaky(x):
@@ -18,7 +19,8 @@ def mish(x):
     return x * np.tanh(np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
-ACTS = {LINEAR: lambda x: x, LEAKY: leaky, MISH: mish}
+ACTS = {LINEAR: lambda x: x, LEAKY: leaky, MISH: mish, RELU: lambda x: np.maximum(x, 0.0),
+        LOGISTIC: lambda x: 1.0 / (1.0 + np.exp(-x))}
 
 
 def reference(A, B, bias, residual=None, act=LINEAR, act2=LINEAR):

@@ -6,6 +6,7 @@ two queues, as two GPUs would be.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -154,18 +155,32 @@ def test_stream_that_cannot_open_does_not_stop_the_others(dets, clips, tmp_path)
     assert good.error is None and good.stats.frames == FRAMES
 
 
-def test_cli_many_sources_two_contexts(clips, tmp_path):
-    out = tmp_path / "jsonl"
-    r = subprocess.run([sys.executable, "-m", "yolo_cl", "detect", *map(str, clips[:2]), "--devices", "0,0",
-                        "--jsonl-dir", str(out), "--size", str(SIZE), "--out", str(tmp_path / "vid")],
-                       capture_output=True, text=True, timeout=300)
+def cli_two_contexts(clips, out_dir: Path, *extra: str) -> tuple:
+    """``detect`` of three clips over two contexts of the one device: (completed process, JSONL texts)."""
+    r = subprocess.run([sys.executable, "-m", "yolo_cl", "detect", *map(str, clips), "--devices", "0,0",
+                        "--jsonl-dir", str(out_dir / "jsonl"), "--size", str(SIZE), "--out", str(out_dir / "vid"),
+                        *extra], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    for clip in clips[:2]:
-        lines = (out / f"{clip.stem}.jsonl").read_text().splitlines()
-        assert len(lines) == FRAMES
-        assert len(read_clip(tmp_path / "vid" / f"{clip.stem}.avi")) == FRAMES
+    texts = []
+    for clip in clips:
+        texts.append((out_dir / "jsonl" / f"{clip.stem}.jsonl").read_text())
+        assert len(texts[-1].splitlines()) == FRAMES
+        assert len(read_clip(out_dir / "vid" / f"{clip.stem}.avi")) == FRAMES
     assert "on device 0" in r.stderr and "on device 1" in r.stderr
-    assert f"total: {2 * FRAMES} frames from 2 sources on 2 device(s)" in r.stderr
+    assert f"total: {3 * FRAMES} frames from 3 sources on 2 device(s)" in r.stderr
+    return r, texts
+
+
+def test_cli_many_sources_two_contexts(clips, tmp_path):
+    cli_two_contexts(clips, tmp_path)
+
+
+def test_cli_one_process_per_device_writes_the_same(clips, tmp_path):
+    _, shared = cli_two_contexts(clips, tmp_path / "one")
+    r, apart = cli_two_contexts(clips, tmp_path / "apart", "--device-processes")
+    assert apart == shared
+    assert re.search(r"\[0 on device 0\].*clip0", r.stderr) and re.search(r"\[1 on device 1\].*clip1", r.stderr)
+    assert re.search(r"\[2 on device 0\].*clip2", r.stderr)
 
 
 def test_cli_many_sources_refuses_images(tmp_path):

@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, LINEAR, MISH, SlicedC, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, LOGISTIC, MISH, RELU, SlicedC, reference, rel_err
 from yolo_cl.kernels import gemm_cpu as gc
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
@@ -107,6 +107,45 @@ def test_epilogue_residual_groups_batch_slice(rt):
     """Bias + mish + residual add + leaky, 3 groups, batch 2, writing into the middle of a concat."""
     for cfg in (CONFIGS[1], CONFIGS[5]):
         case(rt, cfg, 7, 45, 20, G=3, batch=2, act=MISH, act2=LEAKY, with_residual=True, c_pad=(5, 3))
+
+
+@pytest.mark.parametrize("act,seed", [(LINEAR, 0), (LEAKY, 1), (RELU, 2), (MISH, 6), (LOGISTIC, 4)])
+def test_vector_epilogue_activations(rt, act, seed):
+    """The epilogue on whole vectors: the activations it computes as SIMD (linear, leaky, relu,
+    mish) and one it computes lane by lane (logistic), after a residual add too, in both kernels
+    on exact and ragged blocks (pre-activations reach +-25: both sides of mish's threshold 20)."""
+    for cfg in (CONFIGS[1], CONFIGS[6]):
+        rows, cols = gc.block(cfg)
+        for M, N in ((2 * rows, 2 * cols), (rows + 3, cols + 5)):
+            case(rt, cfg, M, N, 37, act=act, act2=act, with_residual=True, seed=seed)
+
+
+def test_exp_and_mish_functions(rt):
+    """common.h's yc_exp (plain-arithmetic exp) and yc_mish against float64 over [-100, 100]:
+    exp within 2e-7 relative where it is not clamped, mish within 2e-6 of Darknet's formula
+    (softplus threshold 20: x above it, exp(x) below -20) where it is not tiny."""
+    import os
+    src = ('#include "common.h"\n__kernel void k(__global const float* x, __global float* e, __global float* m)'
+           '{ const int i = get_global_id(0); e[i] = yc_exp(x[i]); m[i] = yc_mish(x[i]); }')
+    prg = rt.cl.Program(rt.context, src).build(options=f"-I{os.path.join(os.path.dirname(__file__), '..', 'cl')}")
+    x = np.concatenate([np.linspace(-100, 100, 20001), np.random.default_rng(1).standard_normal(20000) * 8])
+    x = x.astype(np.float32)
+    bufs = [rt.upload(x, "x"), rt.alloc(x.nbytes, "exp"), rt.alloc(x.nbytes, "mish")]
+    prg.k(rt.queue, x.shape, None, *bufs)
+    e, m = np.empty_like(x), np.empty_like(x)
+    rt.cl.enqueue_copy(rt.queue, e, bufs[1])
+    rt.cl.enqueue_copy(rt.queue, m, bufs[2])
+    rt.queue.finish()
+    xd = x.astype(np.float64)
+    inside = (xd > -87) & (xd < 88)
+    ref_e = np.exp(xd[inside])
+    assert np.max(np.abs(e[inside] - ref_e) / ref_e) < 2e-7
+    assert (e[xd >= 88] == e[xd >= 88].max()).all() and np.isfinite(e).all()
+    sp = np.where(xd > 20, xd, np.where(xd < -20, np.exp(xd), np.log1p(np.exp(np.minimum(xd, 20)))))
+    ref_m = xd * np.tanh(sp)
+    big = np.abs(ref_m) > 1e-30
+    assert np.max(np.abs(m[big] - ref_m[big]) / np.abs(ref_m[big])) < 2e-6
+    assert np.max(np.abs(m - ref_m)) < 1e-5
 
 
 def test_one_channel_and_single_pixel(rt):
@@ -285,3 +324,27 @@ def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
             bench = ConvBench(rt, node, 2, precision, rt.queue, seed=5)
             err = bench.check(bench.bind(cfg))
             assert err < (1e-2 if half else 1e-4), f"{cfg}: relative error {err:.2e}"
+
+
+def test_heuristic_large_maps(rt, tmp_path):
+    """Over large maps the heuristic's fixed rules apply and compute the conv: a 1x1 conv over at
+    least POINTWISE_MIN_N pixels gets POINTWISE_BLOCK (here with ragged rows: 10 filters in 4-row
+    blocks), a 3x3 over 32 channels and IMPLICIT_LARGE_N pixels the implicit GEMM; on smaller
+    maps neither rule applies."""
+    from yolo_cl.cfg import parse_cfg
+    from yolo_cl.graph import build_graph
+    from yolo_cl.layers import build_layers, parse_net
+    from yolo_cl.tuner import ConvBench
+    for (w, h), large in (((256, 128), True), ((24, 10), False)):
+        path = tmp_path / "net.cfg"
+        path.write_text(CONV_NET.format(c=32, k=3, d=1, g=1).replace("width=24\nheight=10", f"width={w}\nheight={h}"))
+        sections = parse_cfg(path)
+        net = parse_net(sections[0], None)
+        conv3, conv1 = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
+        assert (w * h >= gc.IMPLICIT_LARGE_N) == large and (w * h >= gc.POINTWISE_MIN_N) == large
+        c3, c1 = gc.heuristic_config(conv3), gc.heuristic_config(conv1)
+        assert (c3["algo"] == "implicit") == large, c3
+        assert ({k: c1[k] for k in gc.POINTWISE_BLOCK if k in c1} == gc.POINTWISE_BLOCK) == large, c1
+        for node, cfg in ((conv3, c3), (conv1, c1)):
+            bench = ConvBench(rt, node, 1, FP32, rt.queue, seed=7)
+            assert bench.check(bench.bind(cfg)) < 1e-4, cfg

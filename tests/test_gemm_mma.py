@@ -35,8 +35,10 @@ def rounded(x, mode):
     return x.astype(np.float16).astype(np.float32) if mode == "f16" else gm.tf32_round(x)
 
 
-def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEAR, c_pad=(0, 0), implicit=None):
-    """yc_gemm_mma on host arrays: A (G,M,K), B (batch,G,K,N) or the conv input; returns C (batch,G,M,N)."""
+def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEAR, c_pad=(0, 0), implicit=None,
+             bvec=False):
+    """yc_gemm_mma on host arrays: A (G,M,K), B (batch,G,K,N) or the conv input; returns C (batch,G,M,N).
+    ``bvec``: B rows by 16-byte cp.async chunks (where :func:`gm.b_vector` allows it)."""
     cl = rt.cl
     half = mode == "f16"
     dt = np.float16 if half else np.float32
@@ -47,7 +49,9 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
     Abuf = rt.upload(gm.pack_weights(A.reshape(G * M, K), G, mode), "A")
     biasb = rt.upload(bias.astype(np.float32), "bias")
     Bbuf = rt.upload(B.astype(dt).ravel(), "B")
-    d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode)
+    bvec = bvec and implicit is None and gm.b_vector(cfg, mode, False, N, G * K * N, K * N)
+    d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode, bvec)
+    assert ("BVEC" in d) == bvec
     if residual is not None:
         d.update(RESIDUAL=True, ACT2=act2)
     extra = []
@@ -59,14 +63,22 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
         b_args = [np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)]
         extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
     partial = rt.upload(np.full(max(gm.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
+    split = gm.split_k(cfg) > 1
+    counters = None
+    if split and gm.split_in_kernel():
+        counters = rt.upload(np.zeros(gm.tile_count(cfg, M, N, batch * G), np.int32), "counts")
     specs = gm.launch_specs(cfg, d, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
                             [c.buf, np.int32(c.off), np.int32(c.bstride), np.int32(N)],
-                            [c.rbuf, np.int32(c.off), np.int32(c.bstride)], extra, partial)
-    assert len(specs) == (2 if gm.split_k(cfg) > 1 else 1)
+                            [c.rbuf, np.int32(c.off), np.int32(c.bstride)], extra, partial, counters)
+    assert len(specs) == (2 if split and counters is None else 1)
     for src, name, dd, args, gs, ls in specs:
         k = cl.Kernel(rt.program(src, dd), name)
         k.set_args(*args)
         cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    if counters is not None:        # every tile's last work-group left its count at 0 for the next launch
+        left = np.empty(gm.tile_count(cfg, M, N, batch * G), np.int32)
+        cl.enqueue_copy(rt.queue, left, counters)
+        assert not left.any(), left
     return c.read()
 
 
@@ -77,6 +89,11 @@ CONFIGS = [  # (mode, config, ragged M, N, K); emulation on PoCL is slow: shapes
     ("f16", dict(MWG=16, NWG=64, KWG=64, WM=1, WN=2), (5, 70, 17)),
     ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2), (33, 29, 41)),
     ("tf32", dict(MWG=32, NWG=16, KWG=32, WM=1, WN=1), (1, 1, 1)),
+    # ST > 1: the cp.async ring, B [k][n] (ldmatrix.trans on the GPU: x2 for FN = 1, x4 pairs else)
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=2), (33, 29, 41)),
+    ("f16", dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2, ST=3), (70, 37, 100)),
+    ("f16", dict(MWG=16, NWG=48, KWG=16, WM=1, WN=2, ST=4), (5, 70, 97)),
+    ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=3), (33, 29, 41)),
 ]
 
 
@@ -94,12 +111,12 @@ def test_gemm_ragged_and_exact_shapes(rt, mode, cfg, odd):
         assert rel_err(out, reference(A, B, bias, act=LEAKY)) < TOL[mode], (M, N, K, cfg)
 
 
-@pytest.mark.parametrize("mode", ["f16", "tf32"])
-def test_full_epilogue_groups_batches_residual_slice(rt, mode):
+@pytest.mark.parametrize("mode,st", [("f16", 1), ("tf32", 1), ("f16", 2), ("tf32", 2)])
+def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     """Groups, batches, bias, leaky, a fused residual + leaky, written into a concat slice."""
     rng = np.random.default_rng(1)
     G, M, N, K, batch = 2, 24, 52, 40, 3
-    cfg = dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2)
+    cfg = dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2, ST=st)
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
     B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
     bias = rng.standard_normal(G * M).astype(np.float32)
@@ -110,13 +127,17 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk", [("f16", 3), ("tf32", 2)])
-def test_split_k_full_epilogue(rt, mode, sk):
-    """K split over work-groups (the last split shorter, CHECK_K), partial planes summed by
-    gemm_local.cl's yc_gemm_splitk with the whole epilogue: batches, residual, a concat slice."""
+@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, True), ("tf32", 2, 1, True), ("f16", 3, 3, True),
+                                                  ("tf32", 2, 2, True), ("f16", 3, 2, False)])
+def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
+    """K split over work-groups (the last split shorter, CHECK_K), partial planes summed with the
+    whole epilogue (batches, residual, a concat slice) by gemm_local.cl's yc_gemm_splitk in a
+    second launch, or with YOLO_CL_MMA_SPLIT_SUM=kernel by the tile's last work-group."""
+    if in_kernel:
+        monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
-    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk)
+    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st)
     assert gm.why_illegal(cfg, M, N, K, mode) is None
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
     B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
@@ -125,6 +146,23 @@ def test_split_k_full_epilogue(rt, mode, sk):
     out = run_gemm(rt, cfg, mode, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(2, 1))
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
     assert "non-empty" in gm.why_illegal({**cfg, "SK": 8}, M, N, 40, mode)
+
+
+@pytest.mark.parametrize("cfg,shape", [(dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2, ST=2), (33, 40, 41)),
+                                       (dict(MWG=64, NWG=16, KWG=32, WM=2, WN=1, ST=3), (64, 32, 128))],
+                         ids=["ragged", "exact"])
+def test_b_rows_copied_as_chunks(rt, cfg, shape):
+    """BVEC (f16, N a multiple of 8): B rows reach local memory as 16-byte cp.async chunks, the
+    chunks past N and the rows past K zero-filled, with batches and the epilogue."""
+    rng = np.random.default_rng(8)
+    M, N, K = shape
+    A = rounded(rng.standard_normal((1, M, K)).astype(np.float32), "f16")
+    B = rounded(rng.standard_normal((2, 1, K, N)).astype(np.float32), "f16")
+    bias = rng.standard_normal(M).astype(np.float32)
+    out = run_gemm(rt, cfg, "f16", A, B, bias, act=LEAKY, bvec=True)
+    assert rel_err(out, reference(A, B, bias, act=LEAKY)) < TOL["f16"]
+    assert not gm.b_vector(cfg, "f16", False, 36) and not gm.b_vector(cfg, "tf32", False, 32)
+    assert not gm.b_vector({**cfg, "ST": 1}, "f16", False, 32) and not gm.b_vector(cfg, "f16", True, 32)
 
 
 def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):
@@ -140,10 +178,11 @@ def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):
     assert 1e-5 < rel_err(out, reference(A, B, bias)) < 2e-3
 
 
-@pytest.mark.parametrize("mode,geom", [("f16", (3, 1, 1, 1, 1)), ("tf32", (3, 2, 1, 1, 1)),
-                                       ("f16", (3, 1, 1, 1, 2)), ("tf32", (1, 1, 0, 1, 1))],
-                         ids=["f16-3x3s1", "tf32-3x3s2", "f16-3x3g2", "tf32-1x1"])
-def test_implicit_conv(rt, mode, geom):
+@pytest.mark.parametrize("mode,geom,st", [("f16", (3, 1, 1, 1, 1), 1), ("tf32", (3, 2, 1, 1, 1), 1),
+                                          ("f16", (3, 1, 1, 1, 2), 1), ("tf32", (1, 1, 0, 1, 1), 1),
+                                          ("f16", (3, 2, 1, 1, 1), 2), ("tf32", (3, 1, 1, 1, 2), 3)],
+                         ids=["f16-3x3s1", "tf32-3x3s2", "f16-3x3g2", "tf32-1x1", "f16-3x3s2-st2", "tf32-3x3g2-st3"])
+def test_implicit_conv(rt, mode, geom, st):
     """im2col gathered inside the B-tile load, against a direct float64 convolution."""
     ks, stride, pad, dil, groups = geom
     rng = np.random.default_rng(3)
@@ -155,7 +194,7 @@ def test_implicit_conv(rt, mode, geom):
     bias = rng.standard_normal(F).astype(np.float32)
     M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
     geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
-    cfg = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2)
+    cfg = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=st)
     out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo)
     ref = conv_reference(x, w, bias, stride, pad, dil, groups)
     assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]
@@ -239,18 +278,24 @@ activation=linear
 """
 
 
+def net_and_reference(tmp_path, text: str, size: int, seed: int) -> tuple:
+    """(cfg path, weights path, a random input blob, the NumPy Darknet forward pass's last output)
+    of a cfg ``text`` with random weights."""
+    from darknet_io import forward_numpy, write_random_weights
+    cfg = tmp_path / "net.cfg"
+    cfg.write_text(text)
+    weights = write_random_weights(str(cfg), str(tmp_path / "net.weights"), calib_size=32)
+    blob = np.random.default_rng(seed).random((1, 3, size, size), dtype=np.float32)
+    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
+    return cfg, weights, blob, ref[max(ref)]
+
+
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
 def test_conv_net_end_to_end(rt, tmp_path, precision):
     """A small conv net (3x3, strided, 1x1, fused shortcut, concat) through the Detector on the
     mma family, against the NumPy Darknet forward pass and the FMA fp32 path."""
     import yolo_cl
-    from darknet_io import forward_numpy, write_random_weights
-    cfg = tmp_path / "net.cfg"
-    cfg.write_text(NET)
-    weights = write_random_weights(str(cfg), str(tmp_path / "net.weights"), calib_size=32)
-    blob = np.random.default_rng(6).random((1, 3, 24, 24), dtype=np.float32)
-    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
-    ref = ref[max(ref)]
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 24, 6)
     det = yolo_cl.Detector(str(cfg), weights, precision=precision)
     assert det.mma == PRECISIONS[precision].mma
     names = {l.name for l in det.executor(1).launches if l.node.op == "conv"}
@@ -304,3 +349,74 @@ def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
     bench = tmod.ConvBench(rt, node, 1, precision, tuner.queue, mma=tuner.mma)
     err = bench.check(bench.bind(gm.heuristic_config(node, tuner.mma)))
     assert FP32.tolerance < err < tuner.tol
+
+
+SPLIT_NET = """[net]
+width=16
+height=16
+channels=3
+
+[convolutional]
+filters=64
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[convolutional]
+filters=32
+size=3
+stride=1
+pad=1
+activation=leaky
+"""
+
+
+def test_in_kernel_split_sum_through_the_detector(rt, tmp_path, monkeypatch):
+    """A layer the heuristic splits (K = 576, two tiles) with YOLO_CL_MMA_SPLIT_SUM=kernel: one
+    launch per conv, no split-sum launch, the per-tile counts kept alive past binding (a kernel
+    does not hold its buffer arguments; NVIDIA's driver fails the enqueue of a freed one), and
+    two frames in a row (the counts reset) match the NumPy Darknet forward pass."""
+    import gc
+
+    import yolo_cl
+    monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
+    cfg, weights, blob, ref = net_and_reference(tmp_path, SPLIT_NET, 16, 9)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    launches = det.executor(1).launches
+    assert [l.name for l in launches] == ["gemm_mma", "gemm_mma"]
+    assert gm.split_k(launches[1].config) > 1
+    gc.collect()
+    for _ in range(2):
+        assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+def test_tune_retunes_a_shape_whose_own_entry_is_an_fma_config(rt, tmp_path, monkeypatch):
+    """With tensor cores in use (emulated here), a shape whose entry for this device and driver is
+    an FMA family's config still needs tuning (it used to count as tuned: on an H100 with shipped
+    FMA fp16 entries, `yolo-cl tune --precision fp16` tuned nothing); an mma entry counts."""
+    import io
+    import re
+
+    from test_tuner import convs
+    from yolo_cl import tune_cli
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.tuning_db import shape_key
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    nodes = convs(tmp_path)
+    db = tmp_path / "user.yaml"
+    local = {"family": "local", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
+    mma = {"family": "mma", "algo": "implicit", "MWG": 32, "NWG": 32, "KWG": 32, "WM": 2, "WN": 1}
+
+    def need(entry: dict) -> tuple:
+        tuning_database(rt, FP16, "f16", user_path=db).record(
+            {shape_key(n): {**entry, "algo": gm.conv_algos(n)[0]} for n in nodes})
+        out = io.StringIO()
+        tune_cli.tune_model(str(tmp_path / "net24x20.cfg"), precision="fp16", budget_s=0, db_path=str(db),
+                        progress=False, out=out)
+        todo, total = re.search(r"(\d+) of (\d+) conv shapes need tuning", out.getvalue()).groups()
+        return int(todo), int(total)
+
+    todo, total = need(local)
+    assert todo == total > 0
+    assert need(mma) == (0, total)

@@ -12,7 +12,9 @@ For each MODEL:SIZE:BATCH (``--models``):
 For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the first model:
   decode-only, draw-only, encode-only (mp4v), inference-only (in flight) and the CLI pipeline
   (``--jsonl`` alone, and ``--out`` + ``--jsonl``) in frames per second.
-``--zoo`` counts launches per frame for the zoo networks at their cfg size.
+``--fold-compare`` times the plans with and without folding side by side (see ``fold_compare``).
+``--zoo`` counts launches per frame for the zoo networks at their cfg size, by kernel; ``--no-fold``
+binds the plans without folding maxpool/upsample into the convs' input reads (the count before it).
 
 Random weights unless the model ships real ones. Runs from the source tree on the GPU machine:
     . tools/gpu-setup.sh && python3 tools/bench_host.py --json $OUT/host.json
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -103,7 +106,11 @@ def frame_launches(det: Detector, ex) -> dict:
     network, one read per head) and on the device path (per image upload + preprocess, network,
     one decode, the counters' read and one candidate read per image)."""
     net = len(ex.launches)
-    return {"network": net, "command_buffer": ex.command_buffer is not None,
+    kinds: dict = {}
+    for l in ex.launches:
+        kinds[l.name] = kinds.get(l.name, 0) + 1
+    return {"network": net, "by_kind": kinds, "folded": sum(1 for l in ex.launches if l.config.get("through")),
+            "command_buffer": ex.command_buffer is not None,
             "host_path_frame": 1 + net + len(ex.graph.outputs),
             "device_path_frame": 2 * ex.batch + net + 2 + ex.batch}
 
@@ -188,6 +195,48 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
     return row, det
 
 
+def fold_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
+    """The plan with and without folding (Detector(fold=...)), one process: launches by kind, device
+    time (from profiled runtimes) and ``Executor.run`` wall and process CPU time (default queue), the
+    four runs called in turn each repetition, so a machine whose load changes treats both plans alike."""
+    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
+    size, batch = int(size), int(batch)
+    cfg, wts = model_files(name, tmp)
+    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
+    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
+    exs, pexs, keep = {}, {}, []
+    for fold in (False, True):
+        key = "fold" if fold else "no_fold"
+        prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True, fold=fold)
+        det = Detector(cfg, wts, input_size=size, precision=precision, fold=fold)
+        pexs[key], exs[key] = prof.executor(batch), det.executor(batch)
+        keep += [prof, det]
+        row[key] = {"launches": frame_launches(det, exs[key])}
+        row["device"] = det.runtime.device_name
+    devs: dict = {k: [] for k in exs}
+    walls: dict = {k: [] for k in exs}
+    cpus: dict = {k: [] for k in exs}
+    for k in exs:
+        pexs[k].run(blob, profile=True)
+        exs[k].run(blob)
+    for _ in range(reps):
+        for k in exs:
+            pexs[k].run(blob, profile=True)
+            devs[k].append(sum(t.ms for t in pexs[k].layer_times()))
+            t0, c0 = time.perf_counter(), time.process_time()
+            exs[k].run(blob)
+            walls[k].append((time.perf_counter() - t0) * 1e3)
+            cpus[k].append((time.process_time() - c0) * 1e3)
+    for k in exs:
+        r = row[k]
+        r["device_ms"] = float(np.median(devs[k]))
+        r["run_ms"], r["run_cpu_ms"] = float(np.median(walls[k])), float(np.median(cpus[k]))
+        r["host_overhead_ms"] = r["run_ms"] - r["device_ms"]
+        log(f"{name} {size} b{batch} {precision} {k}: {r['launches']['network']} launches | device {r['device_ms']:.2f} ms "
+            f"| run {r['run_ms']:.2f} ms (process CPU {r['run_cpu_ms']:.1f} ms) | host overhead {r['host_overhead_ms']:.2f} ms")
+    return row
+
+
 def bench_video(det: Detector, clip: Path, tmp: Path, max_frames: int) -> dict:
     """Stage-alone and pipeline frame rates for one clip."""
     res: dict = {"clip": str(clip)}
@@ -256,7 +305,9 @@ def zoo_launches(names: list, tmp: Path) -> dict:
         ex = det.executor(1)
         out[name] = frame_launches(det, ex)
         out[name]["size"] = list(det.input_size)
-        log(f"{name} {det.input_size[0]}x{det.input_size[1]}: {out[name]['network']} launches, commands a "
+        log(f"{name} {det.input_size[0]}x{det.input_size[1]}: {out[name]['network']} launches "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(out[name]['by_kind'].items()))}; "
+            f"{out[name]['folded']} input reads fold a maxpool/upsample), commands a "
             f"frame: {out[name]['host_path_frame']} host path, {out[name]['device_path_frame']} device path")
     return out
 
@@ -271,8 +322,14 @@ def main() -> None:
     ap.add_argument("--video-frames", type=int, default=300)
     ap.add_argument("--zoo", default="", help="zoo names to count launches of, e.g. yolov3-tiny,yolov4-tiny,yolov3,yolov4")
     ap.add_argument("--json", default="", help="write every figure here")
+    ap.add_argument("--fold-compare", default="", help="MODEL:SIZE:BATCH,...: time the plans with and without "
+                    "folding side by side (launches, device, run wall and process CPU, host overhead), then exit")
+    ap.add_argument("--no-fold", action="store_true", help="plans without folded maxpool/upsample reads "
+                    "(sets YOLO_CL_FOLD=0: the launch counts and host times before the folding)")
     ap.add_argument("--flush", default="", help="also time Executor.run flushing every N launches, e.g. 4,16,64")
     args = ap.parse_args()
+    if args.no_fold:
+        os.environ["YOLO_CL_FOLD"] = "0"
     np.seterr(all="ignore")      # random weights may saturate a head: no warnings in the figures
     data: dict = {"argv": sys.argv[1:], "models": []}
 
@@ -282,6 +339,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-host-") as td:
         tmp = Path(td)
+        if args.fold_compare:
+            data["fold_compare"] = []
+            for prec in args.precision.split(","):
+                for spec in filter(None, args.fold_compare.split(",")):
+                    data["fold_compare"].append(fold_compare(spec, prec, tmp, args.reps))
+                    save()
+            return
         first = None
         for prec in args.precision.split(","):
             for spec in filter(None, args.models.split(",")):

@@ -27,7 +27,14 @@ from yolo_cl.runtime import Runtime
 
 CONFIGS = [dict(MWG=128, NWG=128, KWG=32, WM=2, WN=2), dict(MWG=128, NWG=128, KWG=32, WM=2, WN=4),
            dict(MWG=256, NWG=128, KWG=32, WM=4, WN=2), dict(MWG=128, NWG=256, KWG=32, WM=2, WN=4),
-           dict(MWG=128, NWG=128, KWG=64, WM=2, WN=2), dict(MWG=64, NWG=128, KWG=32, WM=2, WN=2)]
+           # ST > 1: the cp.async ring (local memory caps the stages at 48 KB per work-group)
+           dict(MWG=128, NWG=128, KWG=32, WM=2, WN=2, ST=2), dict(MWG=128, NWG=128, KWG=32, WM=2, WN=4, ST=2),
+           dict(MWG=128, NWG=128, KWG=16, WM=2, WN=2, ST=3), dict(MWG=128, NWG=128, KWG=16, WM=2, WN=2, ST=4),
+           dict(MWG=128, NWG=128, KWG=16, WM=2, WN=4, ST=4), dict(MWG=128, NWG=256, KWG=16, WM=2, WN=4, ST=3),
+           dict(MWG=256, NWG=128, KWG=16, WM=4, WN=2, ST=2), dict(MWG=64, NWG=128, KWG=32, WM=2, WN=2, ST=3),
+           dict(MWG=128, NWG=64, KWG=32, WM=2, WN=2, ST=3), dict(MWG=128, NWG=128, KWG=32, WM=4, WN=2, ST=2),
+           # staged configs that fit tf32's twice-as-wide tiles in 48 KB (the last is tf32 only: k8)
+           dict(MWG=128, NWG=128, KWG=16, WM=2, WN=4, ST=2), dict(MWG=128, NWG=128, KWG=8, WM=2, WN=4, ST=4)]
 
 
 def time_gemm(rt, mode: str, cfg: dict, n: int, reps: int) -> tuple:
@@ -42,7 +49,7 @@ def time_gemm(rt, mode: str, cfg: dict, n: int, reps: int) -> tuple:
     b = rt.upload(B, "B")
     c = rt.alloc(n * n * np.dtype(dt).itemsize, "C")
     bias = rt.upload(np.zeros(n, np.float32), "bias")
-    d = gm.defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, n, n, n, mode)
+    d = gm.defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, n, n, n, mode, gm.b_vector(cfg, mode, False, n))
     (_, name, d, args, gs, ls), = gm.launch_specs(cfg, d, n, n, n, 1, 1, [a, bias], [b] + i32(0, 0, 0, n),
                                                   [c] + i32(0, 0, n), [c] + i32(0, 0), [])
     k = cl.Kernel(rt.program("gemm_mma.cl", d), name)

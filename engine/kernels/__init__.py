@@ -45,6 +45,7 @@ class BindContext:
     tuning: object = None          # tuning database lookups (None: heuristics)
     mma: str = ""                  # tensor-core mode of the mma family ("f16", "tf32"; "" = none)
     weight_cache: dict = field(default_factory=dict)   # device weights, shared by every batch size
+    fold: bool = True              # convs read through the producers the graph marked (graph.mark_read_fusions)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property

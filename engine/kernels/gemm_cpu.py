@@ -291,6 +291,23 @@ def candidates(node: Node, rt, batch: int = 1, precision: Precision = FP32) -> l
 # with IMPLICIT_BLOCK where its 16 columns divide the output rows.
 IMPLICIT_MAX_K = 144
 IMPLICIT_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2}   # the best implicit block on both recorded shapes
+# ... and so do those over at least IMPLICIT_LARGE_N pixels with K up to IMPLICIT_LARGE_MAX_K (3x3
+# over 32 channels at 208x208 in yolov3 and yolov4 416): by process CPU time (load 14) the implicit
+# GEMM took 14.2 ms there against 17.6-24.8 ms for Winograd F(4x4), whose transforms dominate at so
+# few channels, and 15.0 ms for the shipped im2col entry.
+IMPLICIT_LARGE_N = 32768
+IMPLICIT_LARGE_MAX_K = 288
+
+
+# 1x1 convs over at least this many output pixels run POINTWISE_BLOCK untuned: their B (the input
+# itself) outgrows a core's L2, and walking the row blocks first so consecutive work-items share
+# the B strip is what the tuner chose on the large-map 1x1 shapes of yolov4 416. By process CPU
+# time over all 1x1 shapes (load 14-18, one process, weighted by count), the heuristic came to
+# 1.10x the shipped entries' total on yolov4 416 (1.48x with the cost model's pick there: mv
+# blocks, column blocks first) and 1.17x on yolov3 416; a 6-row block did as well on yolov4 but
+# 2x worse on yolov3's 512->256 at 26x26.
+POINTWISE_MIN_N = 512
+POINTWISE_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2, "KU": 4, "WG": 1, "ORD": 1}
 
 
 def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
@@ -298,8 +315,12 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) ->
     (Winograd with the tile sizes ``precision`` allows, as in the tuner's candidates)."""
     best, best_cost = None, None
     algos = conv_algos(node)
-    if "implicit" in algos and conv_gemm_shape(node)[2] <= IMPLICIT_MAX_K:
-        M, N, K, G = conv_gemm_shape(node)
+    M, N, K, G = conv_gemm_shape(node)
+    if algos == ["gemm1x1"] and N >= POINTWISE_MIN_N:
+        cfg = {"family": FAMILY, "algo": "gemm1x1", **POINTWISE_BLOCK}
+        if why_illegal(cfg, M, N, K) is None:
+            return cfg
+    if "implicit" in algos and (K <= IMPLICIT_MAX_K or (N >= IMPLICIT_LARGE_N and K <= IMPLICIT_LARGE_MAX_K)):
         head = {"family": FAMILY, "algo": "implicit"}
         for cfg in ({**head, **IMPLICIT_BLOCK, **HEURISTIC_FIXED},
                     {**head, **heuristic(M, N, K, batch * G, lambda c: conv_illegal(node, {**head, **c}) is None)}):

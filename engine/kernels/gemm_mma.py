@@ -5,11 +5,19 @@ inputs with fp32 accumulation (``m16n8k16``) for the ``fp16`` precision (half st
 inputs (``m16n8k8``) for ``tf32`` (float storage). A config is a dict of the kernel's tunables::
 
     {"family": "mma", "algo": "im2col" | "gemm1x1" | "implicit",
-     "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "SK": 1}
+     "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "SK": 1, "ST": 2}
+
+``ST`` (optional, default 1) is the number of local-memory stages: 1 keeps one buffer and
+prefetches the next tile into registers (two barriers per k-step); 2 to 4 run a ring of
+buffers filled by ``cp.async`` ST-1 tiles ahead, one barrier per k-step, B kept n-contiguous
+and read with ``ldmatrix.trans`` (``cl/gemm_mma.cl`` says how).
 
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
-work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608); gemm_local.cl's split-sum
-kernel adds the partial planes (kept in the workspace) and runs the epilogue.
+work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608). The partial planes live in
+the workspace, and gemm_local.cl's split-sum kernel adds them and runs the epilogue in a second
+launch. ``YOLO_CL_MMA_SPLIT_SUM=kernel`` has the work-group that finishes a tile last (a per-tile
+count) add them in the GEMM launch itself instead: it passes the reference tests on an H100 but
+is opt-in until a network run on a GPU has measured it.
 
 The family is offered only where :func:`available` says so: an NVIDIA device of compute
 capability 8.0 or later on which a small GEMM of this very kernel builds, runs and matches
@@ -38,8 +46,11 @@ FAMILY = "mma"
 MODES = ("f16", "tf32")         # mma input types (a precision's ``mma``)
 MPAD, KPAD = 256, 64            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
 TUNABLES = ("MWG", "NWG", "KWG", "WM", "WN")
+STAGES = (1, 2, 3)              # local-memory stages the search tries (the kernel takes up to 4)
+HEURISTIC_STAGES = 2            # the untuned pick's stages
 ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
+SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
 log = logging.getLogger("yolo_cl.kernels")
@@ -49,6 +60,17 @@ _PROBED: dict = {}              # (device, driver, mode, emulated) -> bool
 def emulated() -> bool:
     """Whether mma is computed in plain OpenCL C (``YOLO_CL_MMA_EMULATE=1``) instead of PTX."""
     return os.environ.get(EMULATE_ENV, "").strip() == "1"
+
+
+def split_in_kernel() -> bool:
+    """Whether split-K partial sums are added inside the GEMM launch (``YOLO_CL_MMA_SPLIT_SUM=kernel``)
+    rather than by a second launch (the default)."""
+    return os.environ.get(SPLIT_SUM_ENV, "").strip() == "kernel"
+
+
+def tile_count(cfg: dict, M: int, N: int, Z: int) -> int:
+    """C tiles of a launch over Z matrices: the split-K counts, one int32 each."""
+    return -(-M // int(cfg["MWG"])) * -(-N // int(cfg["NWG"])) * Z
 
 
 def k_step(mode: str) -> int:
@@ -128,7 +150,7 @@ def gemm(rt, A: np.ndarray, B: np.ndarray, mode: str, cfg: dict) -> np.ndarray:
     b = rt.upload(np.ascontiguousarray(B, dt), "B")
     c = rt.alloc(M * N * np.dtype(dt).itemsize, "C")
     bias = rt.upload(np.zeros(M, np.float32), "bias")
-    d = defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, M, N, K, mode)
+    d = defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, M, N, K, mode, b_vector(cfg, mode, False, N))
     for src, name, dd, args, gs, ls in launch_specs(cfg, d, M, N, K, 1, 1, [a, bias], [b] + i32(0, 0, 0, N),
                                                     [c] + i32(0, 0, N), [c] + i32(0, 0), []):
         k = cl.Kernel(rt.program(src, dd), name)
@@ -163,24 +185,47 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return f"work-group of {threads} exceeds the device's {lim.max_wg}"
     if local_bytes(cfg, mode) > lim.local_mem:
         return "local memory exceeded"
+    if not 1 <= stages(cfg) <= 4:
+        return "ST (local-memory stages) must be 1 to 4"
     sk = split_k(cfg)
     if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
         return "every K split must be non-empty (and SK <= 8)"
     return None
 
 
+def stages(cfg: dict) -> int:
+    """Local-memory stages of ``cfg`` (1 = single buffer with register prefetch)."""
+    return int(cfg.get("ST", 1))
+
+
 def local_bytes(cfg: dict, mode: str) -> int:
-    """Local memory of the A and B tiles (plus the emulation's lane exchange)."""
-    words = int(cfg["KWG"]) // (2 if mode == "f16" else 1) + 4
+    """Local memory of the A and B tiles, all stages (plus the emulation's lane exchange)."""
+    mwg, nwg, kwg = int(cfg["MWG"]), int(cfg["NWG"]), int(cfg["KWG"])
+    words = kwg // (2 if mode == "f16" else 1) + 4
     extra = 32 * 6 * 4 * int(cfg["WM"]) * int(cfg["WN"]) if emulated() else 0
-    return (int(cfg["MWG"]) + int(cfg["NWG"])) * words * 4 + extra
+    st = stages(cfg)
+    extra += 4 if split_k(cfg) > 1 else 0     # the in-kernel split sum's "last work-group" flag
+    if st == 1:
+        return (mwg + nwg) * words * 4 + extra
+    return st * (mwg * words * 4 + kwg * (nwg + 8) * (2 if mode == "f16" else 4)) + extra
 
 
-def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str) -> dict:
-    """Kernel defines for ``cfg`` on this shape: tunables, mode, and only the bounds checks it needs."""
+def b_vector(cfg: dict, mode: str, implicit: bool, N: int, *b_ints) -> bool:
+    """Whether B can be copied as 16-byte chunks (BVEC): a staged f16 config, an explicit B, and N
+    and every B offset and stride (``b_ints``, in elements) multiples of 8."""
+    return stages(cfg) > 1 and mode == "f16" and not implicit and all(int(v) % 8 == 0 for v in (N,) + b_ints)
+
+
+def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bvec: bool = False) -> dict:
+    """Kernel defines for ``cfg`` on this shape: tunables, mode, and only the bounds checks it needs
+    (``bvec``: B rows copied as 16-byte chunks, see :func:`b_vector`)."""
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
     d.update(MPAD=MPAD, KPAD=KPAD, LDSM=LDSM)
+    if stages(cfg) > 1:
+        d["STAGES"] = stages(cfg)
+        if bvec:
+            d["BVEC"] = True
     d.update(tile_defines(cfg, M, N, K))
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
@@ -195,14 +240,18 @@ def sizes(cfg: dict, M: int, N: int, Z: int) -> tuple:
 
 
 def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
-                 b_args: list, c_args: list, r_args: list, extra: list, partial=None) -> list:
+                 b_args: list, c_args: list, r_args: list, extra: list, partial=None, counters=None) -> list:
     """(source, kernel name, defines, args, global, local) of the launches that compute C: the GEMM,
-    and with SK > 1 the split sum (``partial``: a buffer of ``partial_bytes``). Arguments as
-    gemm_local.launch_specs'."""
+    and with SK > 1 (``partial``: a buffer of ``partial_bytes``) either the sum inside it, given
+    ``counters`` (:func:`tile_count` zeroed int32s, left zeroed by every launch), or a split-sum
+    launch. Arguments as gemm_local.launch_specs'."""
     gs, ls = sizes(cfg, M, N, Z)
     dims = i32(M, N, K, G)
     if split_k(cfg) == 1:
         return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + c_args + r_args + dims + extra, gs, ls)]
+    if counters is not None:
+        return [("gemm_mma.cl", "yc_gemm_mma", {**defines_, "SK_FIX": True},
+                 a_args + b_args + c_args + r_args + dims + extra + [partial, counters], gs, ls)]
     sum_defines = {k: v for k, v in defines_.items() if k in ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS")}
     gemm_c = [partial] + i32(0, 0, N)
     return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls),
@@ -227,10 +276,10 @@ _WARPS = [(2, 2), (4, 2), (2, 4), (4, 1), (1, 4), (2, 1), (1, 2), (1, 1)]
 
 
 def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: DeviceLimits = DeviceLimits()) -> list:
-    """Every legal config of the family for this shape (tiles x warp grids x k-slices)."""
+    """Every legal config of the family for this shape (tiles x warp grids x k-slices x stages)."""
     out = []
-    for (mwg, nwg), (wm, wn), kwg in itertools.product(_TILES, _WARPS, (16, 32, 64)):
-        c = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WM": wm, "WN": wn}
+    for (mwg, nwg), (wm, wn), kwg, st in itertools.product(_TILES, _WARPS, (16, 32, 64), STAGES):
+        c = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WM": wm, "WN": wn, **({"ST": st} if st > 1 else {})}
         frags = (mwg // wm // 16) * (nwg // wn // 8) if mwg % (16 * wm) == 0 and nwg % (8 * wn) == 0 else 0
         if frags >= 2 and why_illegal(c, M, N, K, mode, implicit, lim) is None:
             out.append(c)
@@ -254,6 +303,8 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
     if not legal:
         legal = [min(space(M, N, K, mode, implicit, lim), key=lambda c: c["WM"] * c["WN"])]
     best = next((p for p in legal if round_up(M, p["MWG"]) <= 1.3 * M), legal[-1])
+    if why_illegal({**best, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
+        best = {**best, "ST": HEURISTIC_STAGES}
     groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
     if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K: share K out
         splits = [sk for sk in SPLITS if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None]
@@ -302,7 +353,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     x, out = node.inputs[0], node.output
     launches, b_args = b_operand(ctx, node, algo)
     extra = []
-    d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode)
+    d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode,
+                b_vector(cfg, mode, algo == "implicit", N, *b_args[1:]))
     if algo == "implicit":
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
@@ -312,8 +364,15 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
         d.pop("SK", None)
     yb, yoff, ybs = ctx.view(out)
+    counters = None
+    if split_k(cfg) > 1 and split_in_kernel():
+        # Zero between launches. A kernel does not keep its buffer arguments alive (NVIDIA's driver
+        # then fails the enqueue), so the context's cache holds them, as it holds the weights.
+        n = tile_count(cfg, M, N, Z)
+        counters = ctx.cached((node.layers[0], FAMILY, "split-K counts", n), lambda: {
+            "counts": ctx.rt.upload(np.zeros(n, np.int32), f"split-K counts of layer {node.label}")})["counts"]
     specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
-                         residual_args(ctx, node), extra, ctx.workspace)
+                         residual_args(ctx, node), extra, ctx.workspace, counters)
     for i, (src, name, dd, args, gs, ls) in enumerate(specs):
         k = ctx.kernel(src, name, dd, args)
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum", dict(cfg),

@@ -1,8 +1,9 @@
-"""Launches for any graph node: convolutions through ``conv`` (the kernel families), the rest
-through ``simple``; and the scratch a node needs."""
+"""Launches for any graph node: convolutions through ``conv`` (the kernel families), sibling
+max-pools merged by the graph through ``fused``, the rest through ``simple``; and the scratch a
+node needs."""
 from __future__ import annotations
 
-from . import BindContext, conv, family, simple
+from . import BindContext, conv, family, fused, simple
 from ..graph import Node
 
 
@@ -10,6 +11,8 @@ def bind_node(ctx: BindContext, node: Node) -> list:
     """Launches for ``node`` (in order)."""
     if node.op == "conv":
         return conv.bind(ctx, node)
+    if node.op == "maxpool_nested":
+        return fused.bind_nested_pools(ctx, node)
     return simple.bind(ctx, node)
 
 

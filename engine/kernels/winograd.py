@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BindContext, Launch, epilogue_defines, i32, residual_args
+from . import BindContext, Launch, epilogue_defines, fused, i32, residual_args
 from ..graph import Node
 
 TILE_SIZES = (2, 4)
@@ -83,15 +83,12 @@ def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm) ->
     """Input transform, the GEMMs over the T2 points, output transform + epilogue: the launches
     of either GEMM family's Winograd conv. ``gemm(args)`` makes the family's GEMM launch from the
     shared argument list (A = ``wts["A"]`` in that family's layout, B = V, C = Mt, no bias)."""
-    a = node.attrs
-    x, out = node.inputs[0], node.output
+    out = node.output
     M, P, C, t2 = gemm_shape(node, m)
     tw = tile_grid(node, m)[1]
     B, ws = ctx.batch, ctx.workspace
     v_off, m_off = 0, B * t2 * C * P
-    k_in = ctx.kernel("winograd.cl", "yc_wino_input", ctx.defines(WINO_M=m),
-                      ctx.view(x) + i32(C, x.h, x.w) + [ws] + i32(v_off, tw, P, a["pad"]))
-    launches = [Launch(k_in, (P, C, B), None, node, "wino_input", {"m": m})]
+    launches = [fused.wino_input(ctx, node, m, v_off, tw, P)]   # through a folded maxpool/upsample if marked
     gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
         [ws, np.int32(0), np.int32(0)] + i32(M, P, C, t2)
     launches.append(gemm(gargs))

@@ -1,0 +1,59 @@
+"""Launches that do several layers' work (``cl/fused.cl``).
+
+- Winograd's input transform reading through a folded [maxpool], [upsample] or route copy: the graph marks
+  the pairs (``conv.attrs["read_through"]``, graph.mark_read_fusions); the conv's input
+  transform computes the folded layer's values as it reads them, so the executor drops the
+  folded layer's own launch (and its output is never written);
+- ``maxpool_nested``: sibling max-pools of one input (graph.merge_sibling_pools) in one pass.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import BindContext, Launch, i32
+from ..graph import Node
+
+
+def wino_input(ctx: BindContext, node: Node, m: int, v_off: int, tw: int, P: int) -> Launch:
+    """The input transform of Winograd conv ``node`` into the workspace at ``v_off``: the plain
+    ``yc_wino_input``, or ``yc_wino_input_fused`` where the node reads through folded layers
+    (the launch's ``config["through"]`` then names their ops)."""
+    x = node.inputs[0]
+    C = node.attrs["in_c"]
+    head = ctx.view(x) + i32(C, x.h, x.w) + [ctx.workspace] + i32(v_off, tw, P, node.attrs["pad"])
+    srcs = (node.attrs.get("read_through") or []) if ctx.fold else []
+    if not srcs:
+        k = ctx.kernel("winograd.cl", "yc_wino_input", ctx.defines(WINO_M=m), head)
+        return Launch(k, (P, C, ctx.batch), None, node, "wino_input", {"m": m})
+    if srcs[0].op == "maxpool":
+        a = srcs[0].attrs
+        d = ctx.defines(WINO_M=m, POOL=True, MP_SIZE=a["size"], MP_SX=a["stride_x"], MP_SY=a["stride_y"],
+                        MP_PAD=a["padding"] // 2)
+    else:
+        d = ctx.defines(WINO_M=m, SEG_N=len(srcs))
+        for k, src in enumerate(srcs):
+            d.update({f"SEG{k}_C0": src.output.c0 - x.c0, f"SEG{k}_C": src.output.c,
+                      f"SEG{k}_S": src.attrs["stride"] if src.op == "upsample" else 1})
+    args = list(head)
+    for k in range(2):
+        if k < len(srcs):
+            s = srcs[k].inputs[0]
+            scale = srcs[k].attrs["scale"] if srcs[k].op == "upsample" else 1.0
+            args += ctx.view(s) + i32(s.h, s.w) + [np.float32(scale)]
+        else:
+            args += [ctx.arena] + i32(0, 0, 0, 0) + [np.float32(1.0)]
+    k = ctx.kernel("fused.cl", "yc_wino_input_fused", d, args)
+    return Launch(k, (P, C, ctx.batch), None, node, "wino_input", {"m": m, "through": "+".join(s.op for s in srcs)})
+
+
+def bind_nested_pools(ctx: BindContext, node: Node) -> list:
+    """One launch computing every pool of a ``maxpool_nested`` node into its output views."""
+    x = node.inputs[0]
+    sizes, outs = node.attrs["sizes"], node.attrs["outputs"]
+    radii = [s // 2 for s in sizes] + [0] * (3 - len(sizes))
+    d = ctx.defines(MP_N=len(sizes), MP_R0=radii[0], MP_R1=radii[1], MP_R2=radii[2])
+    args = ctx.view(x) + i32(x.h, x.w)
+    for k in range(3):
+        args += ctx.view(outs[k]) if k < len(outs) else [ctx.arena, np.int32(0), np.int32(0)]
+    k = ctx.kernel("fused.cl", "yc_maxpool_nested", d, args)
+    return [Launch(k, (x.h, x.c, ctx.batch), None, node, "maxpool_nested", {"sizes": list(sizes)})]

@@ -1,0 +1,375 @@
+"""Layers folded into a conv's input read (graph.mark_read_fusions, cl/fused.cl), on PoCL.
+
+Folding is the default on GPUs only (on a CPU the redundant reads cost more than the launch);
+these tests ask for it with ``fold=True`` and check that a CPU's default plan leaves it off.
+
+A [maxpool] or [upsample] that only a Winograd conv reads runs inside that conv's input
+transform: its launch disappears, and the network's outputs must equal both the NumPy
+reference (tests/darknet_io.py, independent of yolo_cl) and the same plan with folding off,
+exactly: the folded read computes the same values the layer's own kernel would have stored.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from darknet_io import forward_numpy, write_random_weights
+from yolo_cl.cfg import parse_cfg
+from yolo_cl.executor import Executor
+from yolo_cl.graph import build_graph
+from yolo_cl.kernels import gemm_local as gl
+from yolo_cl.kernels import winograd
+from yolo_cl.layers import build_layers, parse_net
+from yolo_cl.precision import FP16, FP32
+from yolo_cl.runtime import Runtime
+from yolo_cl.weights import load_weights
+
+# Odd sizes; a 2/2 pool, a 3/2 pool with padding, a 2/1 pool (yolov3-tiny's layer 11), an
+# upsample into the first slice of a concat a conv writes the rest of, and a maxpool whose
+# output a second layer also reads (so it must not be folded).
+CFG = """[net]
+width=23
+height=19
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=12
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=3
+stride=2
+
+[convolutional]
+filters=10
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=1
+
+[convolutional]
+batch_normalize=1
+filters=6
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[upsample]
+stride=2
+
+[route]
+layers=-1,2
+
+[convolutional]
+filters=9
+size=3
+stride=1
+pad=1
+activation=linear
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+filters=5
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=-1,-2
+"""
+
+
+class FixedTuning:
+    def __init__(self, pick) -> None:
+        self.pick = pick
+
+    def conv_config(self, node, batch: int = 1) -> dict:
+        return self.pick(node)
+
+
+TINY = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
+
+
+def wino_pick(node):
+    """Winograd F(2x2) for the 3x3 convs, the implicit GEMM for the rest (local family)."""
+    M, N = node.attrs["filters"], node.output.h * node.output.w
+    if winograd.applicable(node):
+        M, N, K, _ = winograd.gemm_shape(node, 2)
+        return {"algo": "winograd", "m": 2, "family": "local", **gl.complete(TINY, M, N, K)}
+    K = node.attrs["in_c"] * node.attrs["size"] ** 2
+    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
+
+
+def implicit_pick(node):
+    M, N = node.attrs["filters"], node.output.h * node.output.w
+    K = node.attrs["in_c"] * node.attrs["size"] ** 2
+    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
+
+
+@pytest.fixture(scope="module")
+def net():
+    d = tempfile.mkdtemp()
+    cfg = os.path.join(d, "f.cfg")
+    with open(cfg, "w") as f:
+        f.write(CFG)
+    wts = write_random_weights(cfg, os.path.join(d, "f.weights"), seed=3)
+    sections = parse_cfg(cfg)
+    info = parse_net(sections[0], None)
+    layers = build_layers(sections, info)
+    graph = build_graph(info, layers, load_weights(wts, layers))
+    blob = np.random.default_rng(2).random((2, 3, 19, 23), dtype=np.float32) - 0.5
+    ref = forward_numpy(cfg, wts, blob, keep="heads")
+    return graph, blob, list(ref.values())[-1]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+def test_graph_marks_only_legal_folds(net):
+    """The three pools that only a conv reads and the upsample are marked; the last pool, read by
+    the final route too, is not."""
+    graph = net[0]
+    marked = [p for n in graph.nodes if n.op == "conv" for p in n.attrs.get("read_through") or ()]
+    assert [p.op for p in marked] == ["maxpool", "maxpool", "maxpool", "upsample"]
+    last_pool = [n for n in graph.nodes if n.op == "maxpool"][-1]
+    assert last_pool not in marked
+    # A plan that may fold keeps each folded pool's input alive until its conv; one that will not, does not.
+    from yolo_cl.planner import lifetimes
+    conv = next(n for n in graph.nodes if n.op == "conv" and n.attrs.get("read_through"))
+    src = conv.attrs["read_through"][0].inputs[0].tensor.id
+    step = graph.nodes.index(conv)
+    assert lifetimes(graph, fold=True)[src][1] == step
+    assert lifetimes(graph, fold=False)[src][1] == step - 1
+
+
+@pytest.mark.parametrize("precision", [FP32, FP16], ids=["fp32", "fp16"])
+def test_folded_network_equals_unfolded_and_numpy(rt, net, precision):
+    graph, blob, ref = net
+    on = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick), fold=True)
+    off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick), fold=False)
+    assert len(Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick)).launches) == len(off.launches)
+    kinds = [l.name for l in on.launches]
+    assert kinds.count("maxpool_rows") == 1 and kinds.count("upsample") == 0       # 3 pools + upsample folded
+    assert len(off.launches) == len(on.launches) + 4
+    assert sum(1 for l in on.launches if l.config.get("through")) == 4
+    a, b = on.run(blob)[0], off.run(blob)[0]
+    np.testing.assert_array_equal(a, b)
+    err = float(np.abs(a - ref).max() / np.abs(ref).max())
+    assert err < (5e-3 if precision.half else 2e-4)
+    np.testing.assert_array_equal(on.run(blob, eager=True)[0], a)     # re-binding folds the same way
+
+
+def test_conv_not_reading_through_keeps_the_producer(rt, net):
+    """Convs on the implicit GEMM cannot fold: every pool and the upsample keep their launch."""
+    graph, blob, ref = net
+    ex = Executor(rt, graph, batch=2, tuning=FixedTuning(implicit_pick), fold=True)
+    kinds = [l.name for l in ex.launches]
+    assert kinds.count("maxpool_rows") == 4 and kinds.count("upsample") == 1
+    out = ex.run(blob)[0]
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-4
+
+
+def test_default_plan_of_yolov3_tiny_equals_unfolded(rt):
+    """The shipped model on this device's default plan (tuning database or heuristic) at a small size."""
+    from yolo_cl import Detector
+    det = Detector("yolov3-tiny", input_size=160)
+    graph = det.executor(1).graph
+    on = Executor(det.runtime, graph, tuning=det.tuning, fold=True)
+    off = Executor(det.runtime, graph, tuning=det.tuning, fold=False)
+    blob = np.random.default_rng(0).random((1, 3, 160, 160), dtype=np.float32)
+    assert len(on.launches) < len(off.launches)
+    for a, b in zip(on.run(blob), off.run(blob)):
+        np.testing.assert_array_equal(a, b)
+
+
+SPP = """[net]
+width=17
+height=12
+channels=3
+
+[convolutional]
+filters=6
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+stride=1
+size=5
+
+[route]
+layers=-2
+
+[maxpool]
+stride=1
+size=9
+
+[route]
+layers=-4
+
+[maxpool]
+stride=1
+size=13
+
+[route]
+layers=-1,-3,-5,-6
+
+[convolutional]
+filters=4
+size=1
+stride=1
+pad=1
+activation=leaky
+"""
+
+
+def np_maxpool_same(x: np.ndarray, size: int) -> np.ndarray:
+    """Darknet's stride-1 max-pool with padding size-1: the max over the in-image part of each centred window."""
+    r = size // 2
+    pad = np.pad(x, ((0, 0), (0, 0), (r, r), (r, r)), constant_values=-np.inf)
+    h, w = x.shape[2:]
+    return np.max([pad[:, :, dy:dy + h, dx:dx + w] for dy in range(size) for dx in range(size)], axis=0)
+
+
+# The same with two pools (5 and 9): the kernel's two-window variant.
+SPP2 = SPP[:SPP.index("[route]\nlayers=-4")] + """[route]
+layers=-1,-3,-4
+
+[convolutional]
+filters=4
+size=1
+stride=1
+pad=1
+activation=leaky
+"""
+
+
+@pytest.mark.parametrize("precision,pools", [(FP32, 3), (FP16, 3), (FP32, 2)], ids=["fp32-3", "fp16-3", "fp32-2"])
+def test_spp_pools_run_as_one_launch(rt, precision, pools):
+    """SPP's pools become one maxpool_nested launch whose concat equals NumPy's pools of the
+    conv output exactly (max is exact), and the network equals the NumPy reference."""
+    d = tempfile.mkdtemp()
+    cfg = os.path.join(d, "spp.cfg")
+    with open(cfg, "w") as f:
+        f.write(SPP if pools == 3 else SPP2)
+    wts = write_random_weights(cfg, os.path.join(d, "spp.weights"), seed=4)
+    sections = parse_cfg(cfg)
+    info = parse_net(sections[0], None)
+    layers = build_layers(sections, info)
+    params = load_weights(wts, layers)
+    blob = np.random.default_rng(5).random((2, 3, 12, 17), dtype=np.float32) - 0.5
+    route, last = (6, 7) if pools == 3 else (4, 5)
+    graph = build_graph(info, layers, params, keep=(0, route, last))
+    assert [n.op for n in graph.nodes][:3] == ["conv", "maxpool_nested", "conv"]
+    ex = Executor(rt, graph, batch=2, precision=precision)
+    kinds = [l.name for l in ex.launches]
+    assert kinds.count("maxpool_nested") == 1 and "maxpool_rows" not in kinds
+    conv0, spp, out = ex.run(blob)
+    sizes = (13, 9, 5) if pools == 3 else (9, 5)
+    want = np.concatenate([np_maxpool_same(conv0, s) for s in sizes] + [conv0], 1)
+    np.testing.assert_array_equal(spp, want)
+    ref = forward_numpy(cfg, wts, blob, keep=[last])[last]
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < (5e-3 if precision.half else 2e-4)
+
+
+# yolov4-tiny's second head: a route of [upsample | a conv output another route already holds]
+# (so a copy), read by a 3x3 conv: both segments fold into its input transform.
+COPY = """[net]
+width=16
+height=14
+channels=3
+
+[convolutional]
+filters=6
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=0,1
+
+[convolutional]
+filters=4
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[upsample]
+stride=2
+
+[route]
+layers=-1,1
+
+[convolutional]
+filters=5
+size=3
+stride=1
+pad=1
+activation=linear
+"""
+
+
+@pytest.mark.parametrize("precision", [FP32, FP16], ids=["fp32", "fp16"])
+def test_route_copy_and_upsample_fold_into_one_read(rt, precision):
+    d = tempfile.mkdtemp()
+    cfg = os.path.join(d, "copy.cfg")
+    with open(cfg, "w") as f:
+        f.write(COPY)
+    wts = write_random_weights(cfg, os.path.join(d, "copy.weights"), seed=6)
+    sections = parse_cfg(cfg)
+    info = parse_net(sections[0], None)
+    layers = build_layers(sections, info)
+    params = load_weights(wts, layers)
+    graph = build_graph(info, layers, params)
+    assert [n.op for n in graph.nodes] == ["conv", "conv", "conv", "upsample", "copy", "conv"]
+    assert [p.op for p in graph.nodes[-1].attrs["read_through"]] == ["upsample", "copy"]
+    blob = np.random.default_rng(7).random((2, 3, 14, 16), dtype=np.float32) - 0.5
+    on = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick), fold=True)
+    off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick), fold=False)
+    kinds = [l.name for l in on.launches]
+    assert "copy" not in kinds and "upsample" not in kinds and len(off.launches) == len(on.launches) + 2
+    a, b = on.run(blob)[0], off.run(blob)[0]
+    np.testing.assert_array_equal(a, b)
+    ref = forward_numpy(cfg, wts, blob, keep="heads")
+    ref = list(ref.values())[-1]
+    assert float(np.abs(a - ref).max() / np.abs(ref).max()) < (5e-3 if precision.half else 2e-4)
