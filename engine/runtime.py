@@ -171,6 +171,16 @@ class Runtime:
     def device_type(self) -> str:
         return "CPU" if self.is_cpu else ("GPU" if self.device.type & self.cl.device_type.GPU else "ACCELERATOR")
 
+    @property
+    def program_cache(self) -> Path:
+        """The folder where this device's compiled programs are kept between runs: PoCL's kernel
+        cache where the driver keeps them itself, else yolo-cl's binary cache."""
+        if self.export_binaries:
+            return cache_dir() / "binaries"
+        root = os.environ.get("POCL_CACHE_DIR")
+        return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or
+                                            os.path.join(os.path.expanduser("~"), ".cache")) / "pocl" / "kcache"
+
     # -- memory ------------------------------------------------------------------------------
     def alloc(self, nbytes: int, what: str):
         """A device buffer; a failure names what it was for and how much was asked."""
