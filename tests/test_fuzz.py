@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from procmem import mapped_bytes
 from yolo_cl.cfg import MAX_CFG_BYTES, parse_cfg
 from yolo_cl.errors import CfgError, LimitError, WeightsError, YoloClError
 from yolo_cl.graph import build_graph
@@ -50,11 +51,6 @@ def fuzz_settings(default: int):
                                            HealthCheck.data_too_large])
 
 
-def _address_space() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
 @contextmanager
 def bounded(seconds: float = CASE_SECONDS, peak: int = CASE_PEAK_BYTES):
     """Fail the case if it runs past ``seconds`` or maps more than ``peak`` new bytes."""
@@ -62,7 +58,7 @@ def bounded(seconds: float = CASE_SECONDS, peak: int = CASE_PEAK_BYTES):
         raise TimeoutError(f"case ran longer than {seconds} s")
     old = signal.signal(signal.SIGALRM, alarm)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = _address_space() + peak
+    limit = mapped_bytes() + peak
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
