@@ -151,7 +151,7 @@ class Runtime:
         self._building: dict = {}     # (source, options) -> the lock its builder holds
         self.fp16 = "cl_khr_fp16" in self.device.extensions
         self.is_cpu = bool(self.device.type & cl.device_type.CPU)
-        self.builds = 0          # programs compiled from source (not from cache) in this process
+        self.builds = 0          # programs compiled from source (not from a cache) in this process
         self.on_first_build = None   # called once, before the first compile from source (a notice)
 
     # -- identity ----------------------------------------------------------------------------
@@ -234,7 +234,8 @@ class Runtime:
         digest = hashlib.sha256("\0".join([text, opts, self.device_name, self.driver, self.vendor,
                                            cl.VERSION_TEXT]).encode()).hexdigest()[:32]
         path = cache_dir() / "binaries" / f"{digest}.bin"
-        held = path.with_suffix(".held")     # no binary exported: the driver's own cache holds the build
+        # No binary exported: a marker that the driver's cache (this folder of it) holds the build.
+        held = path.with_name(hashlib.sha256(f"{digest}\0{self.program_cache}".encode()).hexdigest()[:32] + ".held")
         if self.binary_cache and path.is_file():
             try:
                 with warnings.catch_warnings():
