@@ -303,7 +303,8 @@ def test_damaged_kernel_cache_is_rebuilt_not_loaded(tmp_path, warm_cache, damage
     shutil.copytree(warm_cache[0], cache)
     ref = warm_cache[1]
     bins = sorted((cache / "binaries").glob("*.bin"))
-    assert bins
+    assert len(bins) > 2
+    bins = bins[:2]      # two damaged among sound ones: each rebuild exports again, which costs PoCL seconds
     rng = np.random.default_rng(0)
     for f in bins:
         data = bytearray(f.read_bytes())
