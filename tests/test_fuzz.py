@@ -540,13 +540,20 @@ def cli_argv(draw, d: Path, bad: list):
     return argv
 
 
-def _run_main(argv: list) -> tuple:
+def _run_main(argv: list, cwd) -> tuple:
+    """``main(argv)`` run in ``cwd``: outputs that generated arguments name relatively ("--out 0")
+    land there, not in the clone, where a folder "0" would turn a later run's camera 0 into a folder."""
     import contextlib
     import io
     from yolo_cl.cli import main
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(argv)
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    finally:
+        os.chdir(here)
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -566,7 +573,7 @@ def test_cli_argument_combinations_fail_fast_and_cleanly(cli_files, data):
     d, bad = cli_files
     argv = data.draw(cli_argv(d, bad))
     with bounded(seconds=10):
-        rc, _, err = _run_main(argv)
+        rc, _, err = _run_main(argv, d)
     assert_clean_cli(rc, err, argv)
 
 
