@@ -3,9 +3,9 @@
 Programs are ``cl/*.cl`` sources specialised with ``-D`` defines. Each (source, defines)
 pair is built once per process; built binaries are also cached on disk per device,
 driver and source hash, so a warm start skips the compiler entirely. Where the driver keeps
-an on-disk cache of its own source builds (PoCL), that cache serves the warm start and
-yolo-cl records only which programs it holds: exporting a PoCL binary generates machine code
-for every kernel of the program, which tripled the cost of a first run.
+an on-disk cache of its own source builds (PoCL), ``YOLO_CL_EXPORT_BINARIES=0`` lets that cache
+serve the warm start, yolo-cl recording only which programs it holds: exporting a PoCL binary
+generates machine code for every kernel of the program, which triples the cost of a first run.
 """
 from __future__ import annotations
 
@@ -114,9 +114,10 @@ def atomic_write(path: Union[str, Path], data: bytes) -> None:
 
 def driver_caches_builds(device) -> bool:
     """True where the driver caches source builds on disk itself, for later processes: PoCL, unless
-    ``POCL_KERNEL_CACHE=0``. There a program binary is not worth exporting: PoCL compiles every
-    kernel of the program to machine code to export it (yolov3-tiny: 19 s of CPU time on top of
-    3 s of building), while a rebuild from source in a later process is a hit in PoCL's cache."""
+    ``POCL_KERNEL_CACHE=0``. There exporting a program binary costs more than the build: PoCL
+    compiles every kernel of the program to machine code to export it (yolov3-tiny: 19 s of CPU
+    time on top of 3 s of building), while a rebuild from source in a later process is a hit in
+    PoCL's cache (which, unlike loading a binary, writes a temp file: it fails on a full disk)."""
     try:
         pocl = "portable computing language" in device.platform.name.lower()
     except Exception:       # noqa: BLE001 - a stand-in device without a platform: export as before
@@ -129,9 +130,10 @@ class Runtime:
 
     def __init__(self, device=None, profiling: bool = False, binary_cache: bool = True,
                  export_binaries: Optional[bool] = None) -> None:
-        """``export_binaries``: write built binaries to the on-disk cache; None (the default) does
-        where the driver does not cache its builds itself (see :func:`driver_caches_builds`), or
-        where ``YOLO_CL_EXPORT_BINARIES=1``."""
+        """``export_binaries``: write built binaries to the on-disk cache; None (the default) does,
+        unless ``YOLO_CL_EXPORT_BINARIES=0`` and the driver caches its builds itself (see
+        :func:`driver_caches_builds`). Exported binaries load without writing anything, so cached
+        programs still load on a full disk; PoCL's own cache writes a temp file per build."""
         cl = _cl()
         self.cl = cl
         self.device = device if device is not None and not isinstance(device, (str, int)) else select_device(device)
@@ -144,7 +146,8 @@ class Runtime:
         self.profiling = profiling
         self.binary_cache = binary_cache and os.environ.get("YOLO_CL_NO_BINARY_CACHE") != "1"
         if export_binaries is None:
-            export_binaries = os.environ.get("YOLO_CL_EXPORT_BINARIES") == "1" or not driver_caches_builds(self.device)
+            export_binaries = os.environ.get("YOLO_CL_EXPORT_BINARIES", "1").strip() != "0" \
+                or not driver_caches_builds(self.device)
         self.export_binaries = export_binaries
         self._programs: dict = {}
         self._lock = threading.Lock()

@@ -274,7 +274,7 @@ print("builds", det.runtime.builds, "sum", float(sum(h.sum() for h in heads)))
 
 def _probe(cache: Path, export: bool = True) -> tuple:
     """Run a Detector in a child process (a driver crash must not take pytest down): (builds, checksum).
-    ``export``: write program binaries even where the driver caches its builds itself (PoCL)."""
+    ``export=False``: YOLO_CL_EXPORT_BINARIES=0 (where the driver caches its builds itself, no binaries)."""
     import subprocess
     import sys
     env = dict(os.environ, YOLO_CL_CACHE=str(cache), YOLO_CL_EXPORT_BINARIES="1" if export else "0")
@@ -322,8 +322,9 @@ def test_damaged_kernel_cache_is_rebuilt_not_loaded(tmp_path, warm_cache, damage
 
 
 def test_driver_cached_builds_are_recorded_not_exported(tmp_path):
-    """Where the driver caches its own builds (PoCL), no binary is exported (exporting one compiles
-    every kernel of the program), yet a warm start counts no build and gives the same answer."""
+    """With YOLO_CL_EXPORT_BINARIES=0, where the driver caches its own builds (PoCL), no binary is
+    exported (exporting one compiles every kernel of the program), yet a warm start counts no
+    build and gives the same answer."""
     from yolo_cl.runtime import Runtime, driver_caches_builds
     cache = tmp_path / "cache"
     builds, ref = _probe(cache, export=False)
