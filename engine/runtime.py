@@ -176,8 +176,8 @@ class Runtime:
 
     @property
     def program_cache(self) -> Path:
-        """The folder where this device's compiled programs are kept between runs: PoCL's kernel
-        cache where the driver keeps them itself, else yolo-cl's binary cache."""
+        """The folder where this device's compiled programs are kept between runs: yolo-cl's binary
+        cache, or PoCL's kernel cache where no binaries are exported (``YOLO_CL_EXPORT_BINARIES=0``)."""
         if self.export_binaries:
             return cache_dir() / "binaries"
         root = os.environ.get("POCL_CACHE_DIR")
