@@ -3,9 +3,10 @@
 Programs are ``cl/*.cl`` sources specialised with ``-D`` defines. Each (source, defines)
 pair is built once per process; built binaries are also cached on disk per device,
 driver and source hash, so a warm start skips the compiler entirely. Where the driver keeps
-an on-disk cache of its own source builds (PoCL), ``YOLO_CL_EXPORT_BINARIES=0`` lets that cache
-serve the warm start, yolo-cl recording only which programs it holds: exporting a PoCL binary
-generates machine code for every kernel of the program, which triples the cost of a first run.
+an on-disk cache of its own source builds (PoCL), that cache serves the warm start and yolo-cl
+records only which programs it holds: exporting a PoCL binary generates machine code for every
+kernel of the program, which triples the cost of a first run (``YOLO_CL_EXPORT_BINARIES=1``
+exports anyway).
 """
 from __future__ import annotations
 
@@ -125,15 +126,31 @@ def driver_caches_builds(device) -> bool:
     return pocl and os.environ.get("POCL_KERNEL_CACHE", "1").strip() != "0"
 
 
+def unwritable(folder: Path, probe_bytes: int = 1 << 20) -> Optional[str]:
+    """Why ``folder`` cannot take a file of ``probe_bytes`` (the reason, e.g. "No space left on
+    device"), or None if it can. Asked only after a build failed: PoCL's cache writes each build's
+    files, so a full disk there looks like a compile error with an empty log."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as f:
+            f.write(b"\0" * probe_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 class Runtime:
     """One device, one context, one in-order queue, and the programs built for them."""
 
     def __init__(self, device=None, profiling: bool = False, binary_cache: bool = True,
                  export_binaries: Optional[bool] = None) -> None:
         """``export_binaries``: write built binaries to the on-disk cache; None (the default) does,
-        unless ``YOLO_CL_EXPORT_BINARIES=0`` and the driver caches its builds itself (see
-        :func:`driver_caches_builds`). Exported binaries load without writing anything, so cached
-        programs still load on a full disk; PoCL's own cache writes a temp file per build."""
+        unless the driver caches its builds itself (PoCL, see :func:`driver_caches_builds`) and
+        ``YOLO_CL_EXPORT_BINARIES=1`` does not ask for them anyway. Exported binaries load without
+        writing anything, so cached programs still load on a full disk; PoCL's own cache writes a
+        temp file per build, and a build that fails for want of space says so."""
         cl = _cl()
         self.cl = cl
         self.device = device if device is not None and not isinstance(device, (str, int)) else select_device(device)
@@ -146,7 +163,7 @@ class Runtime:
         self.profiling = profiling
         self.binary_cache = binary_cache and os.environ.get("YOLO_CL_NO_BINARY_CACHE") != "1"
         if export_binaries is None:
-            export_binaries = os.environ.get("YOLO_CL_EXPORT_BINARIES", "1").strip() != "0" \
+            export_binaries = os.environ.get("YOLO_CL_EXPORT_BINARIES", "0").strip() not in ("", "0") \
                 or not driver_caches_builds(self.device)
         self.export_binaries = export_binaries
         self._programs: dict = {}
@@ -177,7 +194,7 @@ class Runtime:
     @property
     def program_cache(self) -> Path:
         """The folder where this device's compiled programs are kept between runs: yolo-cl's binary
-        cache, or PoCL's kernel cache where no binaries are exported (``YOLO_CL_EXPORT_BINARIES=0``)."""
+        cache, or PoCL's kernel cache where no binaries are exported (PoCL, unless ``YOLO_CL_EXPORT_BINARIES=1``)."""
         if self.export_binaries:
             return cache_dir() / "binaries"
         root = os.environ.get("POCL_CACHE_DIR")
@@ -275,6 +292,11 @@ class Runtime:
                 warnings.simplefilter("ignore")   # compiler chatter (e.g. ABI notes) is not the user's concern
                 return cl.Program(self.context, text).build(options=opts)
         except cl.Error as e:
+            full = None if self.export_binaries else unwritable(self.program_cache)
+            if full is not None:
+                raise DeviceError(f"kernel {source} cannot be built on {self.device_name}: the driver's kernel "
+                                  f"cache {self.program_cache} cannot be written ({full}: disk full or file size "
+                                  f"limit reached)") from None
             log = str(e).strip().splitlines()
             detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
             raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}") \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a new user's first ``yolo-cl detect`` costs: cold (empty kernel caches) and warm, as
-process wall and CPU time, with program binaries exported (the default) and without
-(``YOLO_CL_EXPORT_BINARIES=0``: on PoCL, its own kernel cache only).
+process wall and CPU time, with program binaries exported (``YOLO_CL_EXPORT_BINARIES=1``) and
+without (the default on PoCL: its own kernel cache only).
 
 Each run is a fresh ``python -m yolo_cl detect IMAGE`` with its own empty ``YOLO_CL_CACHE``,
 ``POCL_CACHE_DIR`` and ``XDG_CACHE_HOME`` (cold), then the same command again on those caches
@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-MODES = {"default": {}, "no-export": {"YOLO_CL_EXPORT_BINARIES": "0"}}
+MODES = {"export": {"YOLO_CL_EXPORT_BINARIES": "1"}, "default": {}}
 
 
 def run(cmd: list, env: dict) -> tuple:
@@ -39,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("image")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--modes", default="default,no-export", help="comma-separated: " + ", ".join(MODES))
+    ap.add_argument("--modes", default="export,default", help="comma-separated: " + ", ".join(MODES))
     args = ap.parse_args()
     cmd = [sys.executable, "-m", "yolo_cl", "detect", args.image]
     for rnd in range(1, args.rounds + 1):
