@@ -86,10 +86,9 @@ class Detector:
         self.runtime = Runtime(device, profiling=profiling)
         self.progress = progress
         if progress and sys.stderr is not None and sys.stderr.isatty():   # a terminal: logs keep one line per error
-            from .runtime import cache_dir
             self.runtime.on_first_build = lambda: print(
                 f"yolo-cl: compiling OpenCL kernels for {self.runtime.device_name} (once: they are cached under "
-                f"{cache_dir() / 'binaries'})", file=sys.stderr, flush=True)
+                f"{self.runtime.program_cache})", file=sys.stderr, flush=True)
         self.mma = mma_mode(self.runtime, precision)     # tensor cores where the probe passes
         if tuning is None:
             tuning = tuning_database(self.runtime, precision, self.mma)

@@ -2,7 +2,11 @@
 
 Programs are ``cl/*.cl`` sources specialised with ``-D`` defines. Each (source, defines)
 pair is built once per process; built binaries are also cached on disk per device,
-driver and source hash, so a warm start skips the compiler entirely.
+driver and source hash, so a warm start skips the compiler entirely. Where the driver keeps
+an on-disk cache of its own source builds (PoCL), that cache serves the warm start and yolo-cl
+records only which programs it holds: exporting a PoCL binary generates machine code for every
+kernel of the program, which triples the cost of a first run (``YOLO_CL_EXPORT_BINARIES=1``
+exports anyway).
 """
 from __future__ import annotations
 
@@ -109,10 +113,44 @@ def atomic_write(path: Union[str, Path], data: bytes) -> None:
         raise
 
 
+def driver_caches_builds(device) -> bool:
+    """True where the driver caches source builds on disk itself, for later processes: PoCL, unless
+    ``POCL_KERNEL_CACHE=0``. There exporting a program binary costs more than the build: PoCL
+    compiles every kernel of the program to machine code to export it (yolov3-tiny: 19 s of CPU
+    time on top of 3 s of building), while a rebuild from source in a later process is a hit in
+    PoCL's cache (which, unlike loading a binary, writes a temp file: it fails on a full disk)."""
+    try:
+        pocl = "portable computing language" in device.platform.name.lower()
+    except Exception:       # noqa: BLE001 - a stand-in device without a platform: export as before
+        return False
+    return pocl and os.environ.get("POCL_KERNEL_CACHE", "1").strip() != "0"
+
+
+def unwritable(folder: Path, probe_bytes: int = 1 << 20) -> Optional[str]:
+    """Why ``folder`` cannot take a file of ``probe_bytes`` (the reason, e.g. "No space left on
+    device"), or None if it can. Asked only after a build failed: PoCL's cache writes each build's
+    files, so a full disk there looks like a compile error with an empty log."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as f:
+            f.write(b"\0" * probe_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 class Runtime:
     """One device, one context, one in-order queue, and the programs built for them."""
 
-    def __init__(self, device=None, profiling: bool = False, binary_cache: bool = True) -> None:
+    def __init__(self, device=None, profiling: bool = False, binary_cache: bool = True,
+                 export_binaries: Optional[bool] = None) -> None:
+        """``export_binaries``: write built binaries to the on-disk cache; None (the default) does,
+        unless the driver caches its builds itself (PoCL, see :func:`driver_caches_builds`) and
+        ``YOLO_CL_EXPORT_BINARIES=1`` does not ask for them anyway. Exported binaries load without
+        writing anything, so cached programs still load on a full disk; PoCL's own cache writes a
+        temp file per build, and a build that fails for want of space says so."""
         cl = _cl()
         self.cl = cl
         self.device = device if device is not None and not isinstance(device, (str, int)) else select_device(device)
@@ -124,12 +162,16 @@ class Runtime:
             raise DeviceError(f"cannot open OpenCL device '{self.device.name}': {e}") from None
         self.profiling = profiling
         self.binary_cache = binary_cache and os.environ.get("YOLO_CL_NO_BINARY_CACHE") != "1"
+        if export_binaries is None:
+            export_binaries = os.environ.get("YOLO_CL_EXPORT_BINARIES", "0").strip() not in ("", "0") \
+                or not driver_caches_builds(self.device)
+        self.export_binaries = export_binaries
         self._programs: dict = {}
         self._lock = threading.Lock()
         self._building: dict = {}     # (source, options) -> the lock its builder holds
         self.fp16 = "cl_khr_fp16" in self.device.extensions
         self.is_cpu = bool(self.device.type & cl.device_type.CPU)
-        self.builds = 0          # programs compiled from source (not from cache) in this process
+        self.builds = 0          # programs compiled from source (not from a cache) in this process
         self.on_first_build = None   # called once, before the first compile from source (a notice)
 
     # -- identity ----------------------------------------------------------------------------
@@ -148,6 +190,16 @@ class Runtime:
     @property
     def device_type(self) -> str:
         return "CPU" if self.is_cpu else ("GPU" if self.device.type & self.cl.device_type.GPU else "ACCELERATOR")
+
+    @property
+    def program_cache(self) -> Path:
+        """The folder where this device's compiled programs are kept between runs: yolo-cl's binary
+        cache, or PoCL's kernel cache where no binaries are exported (PoCL, unless ``YOLO_CL_EXPORT_BINARIES=1``)."""
+        if self.export_binaries:
+            return cache_dir() / "binaries"
+        root = os.environ.get("POCL_CACHE_DIR")
+        return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or
+                                            os.path.join(os.path.expanduser("~"), ".cache")) / "pocl" / "kcache"
 
     # -- memory ------------------------------------------------------------------------------
     def alloc(self, nbytes: int, what: str):
@@ -227,6 +279,8 @@ class Runtime:
         digest = hashlib.sha256("\0".join([text, opts, self.device_name, self.driver, self.vendor,
                                            cl.VERSION_TEXT]).encode()).hexdigest()[:32]
         path = cache_dir() / "binaries" / f"{digest}.bin"
+        # No binary exported: a marker that the driver's cache (this folder of it) holds the build.
+        held = path.with_name(hashlib.sha256(f"{digest}\0{self.program_cache}".encode()).hexdigest()[:32] + ".held")
         if self.binary_cache and path.is_file():
             try:
                 with warnings.catch_warnings():
@@ -236,27 +290,42 @@ class Runtime:
                         return cl.Program(self.context, [self.device], [binary]).build(options=opts)
             except (cl.Error, OSError):
                 pass   # stale or corrupt binary: rebuild from source below
+        if self.binary_cache and not self.export_binaries and held.is_file():
+            return self._compile(source, text, opts)    # a hit in the driver's cache: no build counted
         with self._lock:
             notify, self.on_first_build = self.on_first_build, None
         if notify is not None:
             notify()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")   # compiler chatter (e.g. ABI notes) is not the user's concern
-                prg = cl.Program(self.context, text).build(options=opts)
-        except cl.Error as e:
-            log = str(e).strip().splitlines()
-            detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
-            raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}") \
-                from None
+        prg = self._compile(source, text, opts)
         with self._lock:
             self.builds += 1
         if self.binary_cache:
             try:
-                atomic_write(path, seal_binary(prg.get_info(cl.program_info.BINARIES)[0]))
+                if self.export_binaries:
+                    atomic_write(path, seal_binary(prg.get_info(cl.program_info.BINARIES)[0]))
+                else:
+                    atomic_write(held, b"")
             except OSError:
                 pass   # a read-only cache is not an error
         return prg
+
+    def _compile(self, source: str, text: str, opts: str):
+        """The program built from source (one line naming the kernel and options if it fails)."""
+        cl = self.cl
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # compiler chatter (e.g. ABI notes) is not the user's concern
+                return cl.Program(self.context, text).build(options=opts)
+        except cl.Error as e:
+            full = None if self.export_binaries else unwritable(self.program_cache)
+            if full is not None:
+                raise DeviceError(f"kernel {source} cannot be built on {self.device_name}: the driver's kernel "
+                                  f"cache {self.program_cache} cannot be written ({full}: disk full or file size "
+                                  f"limit reached)") from None
+            log = str(e).strip().splitlines()
+            detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
+            raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}") \
+                from None
 
 
 BINARY_MAGIC = b"yolo-cl binary 1\n"

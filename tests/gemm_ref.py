@@ -1,4 +1,5 @@
-"""What both GEMM families' tests share: the float64 reference, the error measure, and C as a
+"""What both GEMM families' tests share: the float64 references (GEMM and direct convolution),
+the error measure, B's kernel arguments (a matrix, or a conv input gathered implicitly), and C as a
 NaN-poisoned slice of a larger tensor (as when a conv writes into a concat), read back with a
 check that nothing outside the slice was written."""
 from __future__ import annotations
@@ -31,6 +32,36 @@ def reference(A, B, bias, residual=None, act=LINEAR, act2=LINEAR):
     if residual is not None:
         C = ACTS[act2](C + residual.reshape(C.shape))
     return C
+
+
+def b_operand(defines: dict, implicit, G: int, K: int, N: int) -> tuple:
+    """B's stride arguments (after its buffer) and the trailing arguments of an implicit conv
+    (adding its defines): B is a (batch, G, K, N) matrix, or with ``implicit`` = dict(x=(batch,
+    C, H, W), KS, SX, SY, PAD, DIL, OW) the conv input whose im2col the kernel gathers."""
+    if implicit is None:
+        return [np.int32(0), np.int32(G * K * N), np.int32(K * N), np.int32(N)], []
+    _, C, H, W = implicit["x"]
+    defines.update(IMPLICIT=True, **{k: implicit[k] for k in ("KS", "SX", "SY", "PAD", "DIL")})
+    return ([np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)],
+            [np.int32(H), np.int32(W), np.int32(implicit["OW"])])
+
+
+def conv_reference(x, w, bias, stride, pad, dil, groups):
+    """Direct NCHW convolution in float64."""
+    n, C, H, W = x.shape
+    F, cg, ks, _ = w.shape
+    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out = np.zeros((n, F, OH, OW))
+    fg = F // groups
+    for g in range(groups):
+        for ky in range(ks):
+            for kx in range(ks):
+                patch = xp[:, g * cg:(g + 1) * cg, ky * dil: ky * dil + stride * (OH - 1) + 1: stride,
+                           kx * dil: kx * dil + stride * (OW - 1) + 1: stride]
+                out[:, g * fg:(g + 1) * fg] += np.einsum("fc,nchw->nfhw", w[g * fg:(g + 1) * fg, :, ky, kx], patch)
+    return out + bias.reshape(1, -1, 1, 1)
 
 
 def rel_err(x, ref):

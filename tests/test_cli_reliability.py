@@ -135,11 +135,18 @@ def video_frames(path: Path) -> int:
 
 
 # -- outputs ------------------------------------------------------------------------------------
+# The runs under a size limit load exported program binaries, which write nothing: PoCL's own
+# kernel cache (the default on PoCL) writes a file per build, so there the build would meet the
+# limit first (test_disk_full_in_the_kernel_cache_is_one_error).
+EXPORTED = _env(YOLO_CL_EXPORT_BINARIES="1")
+
+
 @pytest.fixture(scope="module")
 def clip_run(model, tmp_path_factory):
-    """One complete video run (warms every kernel cache before the runs under a size limit)."""
+    """One complete video run (exports every program binary before the runs under a size limit)."""
     out = tmp_path_factory.mktemp("full")
-    p = cli("detect", CLIP, *model, "--thresh", "0.6", "--out", out / "v.mp4", "--jsonl", out / "d.jsonl")
+    p = cli("detect", CLIP, *model, "--thresh", "0.6", "--out", out / "v.mp4", "--jsonl", out / "d.jsonl",
+            env=EXPORTED)
     return p, out
 
 
@@ -164,18 +171,31 @@ def test_disk_full_is_one_error_and_leaves_nothing(model, clip_run, tmp_path, ou
             "images": ["--out", tmp_path]}[outputs]
     limit = {"video": full_video // 3, "images": 2000}.get(outputs, full_jsonl // 3)
     source = DOG if outputs == "images" else CLIP
-    p = cli("detect", source, *model, "--thresh", "0.6", *args, fsize=limit)
+    p = cli("detect", source, *model, "--thresh", "0.6", *args, fsize=limit, env=EXPORTED)
     line = assert_one_error(p, "disk full")
     assert str(tmp_path) in line
     assert not any("wrote" in l for l in err_lines(p))
     assert list(tmp_path.iterdir()) == []
 
 
+def test_disk_full_in_the_kernel_cache_is_one_error(model, tmp_path):
+    """On PoCL (no binaries exported), a build that cannot write PoCL's kernel cache is one line
+    naming that cache and the cause, not an empty compiler log; no output file is left."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    out.mkdir()
+    env = _env(YOLO_CL_CACHE=str(cache), POCL_CACHE_DIR=str(cache / "pocl"))
+    env.pop("YOLO_CL_EXPORT_BINARIES", None)
+    p = cli("detect", DOG, *model, "--out", out, fsize=2000, env=env)
+    line = assert_one_error(p, "disk full", str(cache / "pocl"), "kernel cache")
+    assert "layer" in line
+    assert list(out.iterdir()) == []
+
+
 def test_video_without_index_is_not_renamed(model, clip_run, tmp_path):
     """A size limit above the frames but below the finished container (its index) is caught by the
     check of the finished file."""
     full_video = (clip_run[1] / "v.mp4").stat().st_size
-    p = cli("detect", CLIP, *model, "--thresh", "0.6", "--out", tmp_path / "v.mp4", fsize=full_video - 200)
+    p = cli("detect", CLIP, *model, "--thresh", "0.6", "--out", tmp_path / "v.mp4", fsize=full_video - 200, env=EXPORTED)
     assert_one_error(p, "v.mp4")
     assert list(tmp_path.iterdir()) == []
 

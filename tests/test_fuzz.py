@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from procmem import mapped_bytes
 from yolo_cl.cfg import MAX_CFG_BYTES, parse_cfg
 from yolo_cl.errors import CfgError, LimitError, WeightsError, YoloClError
 from yolo_cl.graph import build_graph
@@ -50,11 +51,6 @@ def fuzz_settings(default: int):
                                            HealthCheck.data_too_large])
 
 
-def _address_space() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
 @contextmanager
 def bounded(seconds: float = CASE_SECONDS, peak: int = CASE_PEAK_BYTES):
     """Fail the case if it runs past ``seconds`` or maps more than ``peak`` new bytes."""
@@ -62,7 +58,7 @@ def bounded(seconds: float = CASE_SECONDS, peak: int = CASE_PEAK_BYTES):
         raise TimeoutError(f"case ran longer than {seconds} s")
     old = signal.signal(signal.SIGALRM, alarm)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = _address_space() + peak
+    limit = mapped_bytes() + peak
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -544,13 +540,20 @@ def cli_argv(draw, d: Path, bad: list):
     return argv
 
 
-def _run_main(argv: list) -> tuple:
+def _run_main(argv: list, cwd) -> tuple:
+    """``main(argv)`` run in ``cwd``: outputs that generated arguments name relatively ("--out 0")
+    land there, not in the clone, where a folder "0" would turn a later run's camera 0 into a folder."""
     import contextlib
     import io
     from yolo_cl.cli import main
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(argv)
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    finally:
+        os.chdir(here)
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -570,7 +573,7 @@ def test_cli_argument_combinations_fail_fast_and_cleanly(cli_files, data):
     d, bad = cli_files
     argv = data.draw(cli_argv(d, bad))
     with bounded(seconds=10):
-        rc, _, err = _run_main(argv)
+        rc, _, err = _run_main(argv, d)
     assert_clean_cli(rc, err, argv)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, LINEAR, SlicedC, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, reference, rel_err
 from yolo_cl.kernels import gemm_local as gl
 from yolo_cl.runtime import Runtime
 
@@ -36,14 +36,7 @@ def run_gemm(rt, cfg, A, B, bias, *, residual=None, act=LINEAR, act2=LINEAR, hal
     defines = gl.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K)
     if residual is not None:
         defines.update(RESIDUAL=True, ACT2=act2)
-    extra = []
-    if implicit is None:
-        b_args = [np.int32(0), np.int32(G * K * N), np.int32(K * N), np.int32(N)]
-    else:
-        _, C, H, W = implicit["x"]
-        defines.update(IMPLICIT=True, **{k: implicit[k] for k in ("KS", "SX", "SY", "PAD", "DIL")})
-        b_args = [np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)]
-        extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
+    b_args, extra = b_operand(defines, implicit, G, K, N)
     partial = rt.upload(np.full(max(gl.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
     specs = gl.launch_specs(cfg, defines, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
                             [c.buf, np.int32(c.off), np.int32(c.bstride), np.int32(N)],
@@ -164,24 +157,6 @@ def test_heuristic_splits_k_only_when_tiles_leave_units_idle(monkeypatch):
     assert gl.split_k(gl.heuristic(256, 169, 512, 1, False, lim)) == 1     # K too short to share
     monkeypatch.setattr(gl, "HEURISTIC_SPLIT", False)
     assert gl.split_k(gl.heuristic(256, 169, 4608, 1, False, lim)) == 1
-
-
-def conv_reference(x, w, bias, stride, pad, dil, groups):
-    """Direct NCHW convolution in float64."""
-    n, C, H, W = x.shape
-    F, cg, ks, _ = w.shape
-    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
-    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    out = np.zeros((n, F, OH, OW))
-    fg = F // groups
-    for g in range(groups):
-        for ky in range(ks):
-            for kx in range(ks):
-                patch = xp[:, g * cg:(g + 1) * cg, ky * dil: ky * dil + stride * (OH - 1) + 1: stride,
-                           kx * dil: kx * dil + stride * (OW - 1) + 1: stride]
-                out[:, g * fg:(g + 1) * fg] += np.einsum("fc,nchw->nfhw", w[g * fg:(g + 1) * fg, :, ky, kx], patch)
-    return out + bias.reshape(1, -1, 1, 1)
 
 
 IMPLICIT_CONFIGS = [dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4), dict(MWG=32, NWG=32, KWG=16, MDIMC=4, NDIMC=16),

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, LINEAR, SlicedC, reference, rel_err
-from test_gemm_local import conv_reference
+from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, reference, rel_err
 from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.precision import FP16, FP32, PRECISIONS, TF32
 from yolo_cl.runtime import Runtime
@@ -54,14 +53,7 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
     assert ("BVEC" in d) == bvec
     if residual is not None:
         d.update(RESIDUAL=True, ACT2=act2)
-    extra = []
-    if implicit is None:
-        b_args = [np.int32(0), np.int32(G * K * N), np.int32(K * N), np.int32(N)]
-    else:
-        _, C, H, W = implicit["x"]
-        d.update(IMPLICIT=True, **{k: implicit[k] for k in ("KS", "SX", "SY", "PAD", "DIL")})
-        b_args = [np.int32(0), np.int32(C * H * W), np.int32((C // G) * H * W), np.int32(H * W)]
-        extra = [np.int32(H), np.int32(W), np.int32(implicit["OW"])]
+    b_args, extra = b_operand(d, implicit, G, K, N)
     partial = rt.upload(np.full(max(gm.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
     split = gm.split_k(cfg) > 1
     counters = None

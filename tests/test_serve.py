@@ -23,6 +23,8 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra (pip install 'yolo-cl[serve]') is a test dependency")
 httpx = pytest.importorskip("httpx")
 
+from procmem import rss_bytes  # noqa: E402 - after the skips for a missing extra
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 CLIP = SHARED / "videos" / "library1.mp4"
@@ -55,9 +57,7 @@ class Server:
         raise RuntimeError(f"the server did not start: {line}")
 
     def rss_mib(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-        return kb / 1024.0
+        return rss_bytes(self.proc.pid) / 2**20
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from darknet_io import write_random_weights
+from procmem import rss_bytes
 from yolo_cl import Detector
 
 FRAMES = int(os.environ.get("YOLO_CL_SOAK_FRAMES", "2000"))
@@ -136,12 +137,6 @@ def test_leak_growth_tells_a_leak_from_noise():
     assert leak_growth(flat) == 0 and leak_growth(step) == 0
     assert leak_growth(leak) >= RSS_SLACK
     assert leak_growth([100 * mib] * 4 + [120 * mib] * (ROUNDS - 3)) > RSS_SLACK   # a huge step still fails
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (from /proc/self/statm)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.fixture(scope="module")
