@@ -51,7 +51,7 @@ if has serve; then
   DEV="--device 0:0"; [ "$NGPU" -ge 2 ] && DEV="--devices all"
   timeout 200 python3 tools/bench_serve.py --size 416 --batch 8 --concurrency 128 --seconds 10 --rounds 2 \
     --skip streams --workers 1,2,4,8 --image models/images/dog.jpg $DEV --json "$OUT/serve.json" > "$OUT/serve.log" 2>&1
-  timeout 90 python3 tools/bench_serve.py --size 416 --streams 4 --skip detector,serve --clip .bench/library1.mp4 \
+  timeout 90 python3 tools/bench_serve.py --size 416 --streams 4 --skip detector,serve --clip .bench/library1.mp4 --image models/images/dog.jpg \
     $DEV --json "$OUT/streams.json" > "$OUT/streams.log" 2>&1
   tail -n 30 "$OUT/serve.log"; tail -n 12 "$OUT/streams.log"
 fi
