@@ -31,7 +31,7 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
     if (p >= P) return;
     const int ty = p / TW, tx = p - ty * TW;
     const int y0 = ty * WINO_M - PAD, x0 = tx * WINO_M - PAD;
-    float d[T2], t[T2], u[T2];
+    float d[T2];
 #ifdef POOL
     const __global dtype* Sc = S0 + s0_off + (size_t)b * s0_bstride + (size_t)c * S0H * S0W;
     #pragma unroll
@@ -85,13 +85,7 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
         }
     }
 #endif
-    #pragma unroll
-    for (int j = 0; j < WT; ++j) yc_bt(d + j, WT, t + j, WT);        /* columns: t = B^T d */
-    #pragma unroll
-    for (int i = 0; i < WT; ++i) yc_bt(t + i * WT, 1, u + i * WT, 1); /* rows: u = t B */
-    const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + p;
-    #pragma unroll
-    for (int xi = 0; xi < T2; ++xi) ST(V, base + (size_t)xi * C * P, u[xi]);
+    yc_wino_tile_store(d, V, (size_t)v_off + ((size_t)b * T2 * C + c) * P + p, C, P);
 }
 
 #ifdef MP_N

@@ -62,6 +62,20 @@ inline void yc_at(const float* in, const int s, float* out, const int so)
 #endif
 }
 
+/* The tail of every input transform: u = B^T d B for the WT x WT input tile d, stored as T2
+ * planes of C x P (element xi of the tile at base + xi * C * P). */
+inline void yc_wino_tile_store(const float* d, __global dtype* restrict V, const size_t base, const int C,
+                               const int P)
+{
+    float t[T2], u[T2];
+    #pragma unroll
+    for (int j = 0; j < WT; ++j) yc_bt(d + j, WT, t + j, WT);        /* columns: t = B^T d */
+    #pragma unroll
+    for (int i = 0; i < WT; ++i) yc_bt(t + i * WT, 1, u + i * WT, 1); /* rows: u = t B */
+    #pragma unroll
+    for (int xi = 0; xi < T2; ++xi) ST(V, base + (size_t)xi * C * P, u[xi]);
+}
+
 /* Global size (P, C, batch): one work-item per (tile, channel, image). */
 __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, const int x_bstride,
                             const int C, const int H, const int W,
@@ -72,7 +86,7 @@ __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, c
     const int ty = p / TW, tx = p - ty * TW;
     const int y0 = ty * WINO_M - PAD, x0 = tx * WINO_M - PAD;
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
-    float d[T2], t[T2], u[T2];
+    float d[T2];
     #pragma unroll
     for (int i = 0; i < WT; ++i) {
         const int y = y0 + i;
@@ -82,13 +96,7 @@ __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, c
             d[i * WT + j] = (y >= 0 && y < H && x >= 0 && x < W) ? LD(Xc, y * W + x) : 0.0f;
         }
     }
-    #pragma unroll
-    for (int j = 0; j < WT; ++j) yc_bt(d + j, WT, t + j, WT);        /* columns: t = B^T d */
-    #pragma unroll
-    for (int i = 0; i < WT; ++i) yc_bt(t + i * WT, 1, u + i * WT, 1); /* rows: u = t B */
-    const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + p;
-    #pragma unroll
-    for (int xi = 0; xi < T2; ++xi) ST(V, base + (size_t)xi * C * P, u[xi]);
+    yc_wino_tile_store(d, V, (size_t)v_off + ((size_t)b * T2 * C + c) * P + p, C, P);
 }
 
 /* Global size (P, F, batch): one work-item per (tile, filter, image). */
