@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def programs(count: int) -> list:
     """(source, defines) of ``count`` distinct GEMM programs from one conv's candidates."""
-    from bench_gpu import _programs_of
+    from bench_gpu import programs_of
     from tune_eval import graph_of
     from yolo_cl.kernels import BindContext, gemm_local
     from yolo_cl.precision import FP32
@@ -35,7 +35,7 @@ def programs(count: int) -> list:
     ctx = BindContext(rt, None, None, 1, FP32)
     out = []
     for c in gemm_local.KERNEL_FAMILY.candidates(node, rt, 1, FP32, ""):
-        for source, d in _programs_of(ctx, node, c):
+        for source, d in programs_of(ctx, node, c):
             item = (source, d)
             if item not in out:
                 out.append(item)

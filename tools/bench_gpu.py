@@ -515,10 +515,10 @@ def phase_tune(rt, res: Results, args, model: str, size: int, batch: int, pool: 
         node = proxy(nodes[0])
         cands = tune_candidates(node, rt, batch, pool, half, args.fast)[: args.max_cands]
         plan[key] = (node, cands)
-        items.extend(_programs_of(ex.ctx, node, table.conv_config(node, batch)))
-        items.extend(_programs_of(ex.ctx, node, direct_config(node, batch, table.lim)))
+        items.extend(programs_of(ex.ctx, node, table.conv_config(node, batch)))
+        items.extend(programs_of(ex.ctx, node, direct_config(node, batch, table.lim)))
         for c in cands:
-            items.extend(_programs_of(ex.ctx, node, c))
+            items.extend(programs_of(ex.ctx, node, c))
     tb = prebuild(rt, items)
     log(f"  {len({program_key(s_, d) for s_, d in items})} programs compiled in {tb:.1f}s")
     results = {}
@@ -589,11 +589,12 @@ def _programs_of_node(rt, node, batch, half, table) -> list:
     cfg = table.conv_config(node, batch)
     if convk.is_depthwise(node) or cfg.get("family") != gl.FAMILY and cfg["algo"] != "winograd":
         return []
-    return _programs_of(ctx, node, cfg)
+    return programs_of(ctx, node, cfg)
 
 
-def _programs_of(ctx, node, cfg) -> list:
-    """(source, defines) pairs that binding ``cfg`` for ``node`` will build (for parallel prebuild)."""
+def programs_of(ctx, node, cfg) -> list:
+    """(source, defines) pairs that binding ``cfg`` for ``node`` will build: the public helper that
+    tools/bench_build.py times builds with, and this tool prebuilds in parallel before binding."""
     a = node.attrs
     M, N, K = node_shape(node)
     ep = gl.epilogue_defines(ctx, node)
