@@ -51,3 +51,14 @@ __kernel void yc_store_input(__global const float* restrict X, __global dtype* r
     const int i = get_global_id(0);
     ST(Y, y_off + i, X[i]);
 }
+
+/* The reverse, for the outputs: a network output in dtype (half under HALF_STORAGE), images
+ * y_bstride elements apart in the arena -> dense float32 (batch, n), so the host reads float32
+ * in one copy instead of converting half itself. Global size: (n, batch). */
+__kernel void yc_load_output(__global const dtype* restrict Y, const int y_off, const int y_bstride,
+                             __global float* restrict X, const int n)
+{
+    const int i = get_global_id(0), b = get_global_id(1);
+    if (i >= n) return;
+    X[(size_t)b * n + i] = LD(Y, y_off + b * y_bstride + i);
+}

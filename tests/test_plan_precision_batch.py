@@ -133,3 +133,42 @@ def test_crop_agrees_with_letterbox_on_landscape_images():
             compared += sum(d.confidence >= 0.5 for d in a)
     assert crop.net_size_for(768, 320) == (416, 224)
     assert compared > 10
+
+
+def test_half_outputs_are_converted_on_the_device():
+    """yc_load_output: half values at an offset, images a stride apart -> dense float32, exactly
+    NumPy's float16 -> float32 (the conversion a half executor's outputs get on the device)."""
+    from yolo_cl.runtime import Runtime
+    rt = Runtime()
+    cl = rt.cl
+    rng = np.random.default_rng(3)
+    off, stride, n, batch = 5, 23, 17, 3
+    arena = rng.normal(0, 40, off + stride * batch).astype(np.float16)
+    src = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=arena)
+    dst = rt.alloc(batch * n * 4, "test output")
+    k = cl.Kernel(rt.program("preprocess.cl", {"HALF_STORAGE": True}), "yc_load_output")
+    k.set_args(src, np.int32(off), np.int32(stride), dst, np.int32(n))
+    cl.enqueue_nd_range_kernel(rt.queue, k, (n, batch), None)
+    got = np.empty((batch, n), np.float32)
+    cl.enqueue_copy(rt.queue, got, dst)
+    want = np.stack([arena[off + b * stride: off + b * stride + n] for b in range(batch)]).astype(np.float32)
+    assert np.array_equal(got, want)
+
+
+def test_half_executor_outputs_equal_the_arena():
+    """A half executor's float32 outputs (converted on the device, batch 2 with distinct images)
+    hold exactly the half values the network wrote: the same as reading the arena and converting."""
+    from yolo_cl.executor import Executor
+    from yolo_cl.model import load_model
+    from yolo_cl.precision import FP16
+    from yolo_cl.runtime import Runtime
+    ex = Executor(Runtime(), load_model("yolov3-tiny", size=96).graph, batch=2, precision=FP16)
+    blob = np.random.default_rng(0).random((2, 3, 96, 96), dtype=np.float32)
+    outs = ex.run(blob)
+    cl = ex.rt.cl
+    for out, host, off, bs in zip(outs, ex._host_out, ex._out_offsets, ex._out_bstride):
+        flat = host.reshape(2, -1)
+        for b in range(2):
+            cl.enqueue_copy(ex.rt.queue, flat[b], ex.arena, src_offset=off + b * bs)
+        assert out.dtype == np.float32 and np.array_equal(out, host.astype(np.float32))
+    assert not np.array_equal(outs[0][0], outs[0][1])
