@@ -54,7 +54,7 @@ __kernel void yc_store_input(__global const float* restrict X, __global dtype* r
 
 /* The reverse, for the outputs: a network output in dtype (half under HALF_STORAGE), images
  * y_bstride elements apart in the arena -> dense float32 (batch, n), so the host reads float32
- * in one copy instead of converting half itself. Global size: (n, batch). */
+ * in one copy instead of converting half itself or reading image by image. Global size: (n, batch). */
 __kernel void yc_load_output(__global const dtype* restrict Y, const int y_off, const int y_bstride,
                              __global float* restrict X, const int n)
 {

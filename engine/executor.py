@@ -90,7 +90,9 @@ class Executor:
         self.events: list = []
         self._slots: dict = {}         # submit/collect: pinned input and outputs per slot
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
-        self._f32_outputs = self._output_conversions() if self.half else None
+        # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
+        # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
+        self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
         self.command_buffer = self._record(command_buffer)
 
     @property
@@ -168,13 +170,13 @@ class Executor:
         cl.enqueue_nd_range_kernel(q, k, gsize, None)
 
     def _output_conversions(self) -> list:
-        """Half executors: per output, a float32 device buffer, the kernel that fills it from the
-        arena (dense, batch-strided reads done on the device) and a pinned float32 host array the
-        buffer is read into. Host-side half -> float32 conversion of a 608x608 batch of 8 heads
-        (15.5 M values) costs tens of ms; the kernel costs microseconds."""
+        """Per output, a float32 device buffer, the kernel that fills it from the arena (converting
+        half, packing batch-strided heads) and a pinned float32 host array the buffer is read into.
+        Host-side half -> float32 conversion of a 608x608 batch of 8 heads (15.5 M values) costs
+        tens of ms, and so do pageable reads of them on a GPU; the kernel costs microseconds."""
         from .kernels.preprocess import pinned
         cl, item = self.rt.cl, self.precision.itemsize
-        prg = self.rt.program("preprocess.cl", {"HALF_STORAGE": True})
+        prg = self.rt.program("preprocess.cl", {"HALF_STORAGE": self.half})
         conversions = []
         for host, off, bs in zip(self._host_out, self._out_offsets, self._out_bstride):
             n = host[0].size

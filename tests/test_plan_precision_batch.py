@@ -135,18 +135,19 @@ def test_crop_agrees_with_letterbox_on_landscape_images():
     assert compared > 10
 
 
-def test_half_outputs_are_converted_on_the_device():
-    """yc_load_output: half values at an offset, images a stride apart -> dense float32, exactly
-    NumPy's float16 -> float32 (the conversion a half executor's outputs get on the device)."""
+@pytest.mark.parametrize("half", [True, False])
+def test_outputs_are_packed_on_the_device(half):
+    """yc_load_output: values at an offset, images a stride apart -> dense float32, exactly NumPy's
+    float16 -> float32 for half storage (what a half or GPU executor's outputs get on the device)."""
     from yolo_cl.runtime import Runtime
     rt = Runtime()
     cl = rt.cl
     rng = np.random.default_rng(3)
     off, stride, n, batch = 5, 23, 17, 3
-    arena = rng.normal(0, 40, off + stride * batch).astype(np.float16)
+    arena = rng.normal(0, 40, off + stride * batch).astype(np.float16 if half else np.float32)
     src = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=arena)
     dst = rt.alloc(batch * n * 4, "test output")
-    k = cl.Kernel(rt.program("preprocess.cl", {"HALF_STORAGE": True}), "yc_load_output")
+    k = cl.Kernel(rt.program("preprocess.cl", {"HALF_STORAGE": half}), "yc_load_output")
     k.set_args(src, np.int32(off), np.int32(stride), dst, np.int32(n))
     cl.enqueue_nd_range_kernel(rt.queue, k, (n, batch), None)
     got = np.empty((batch, n), np.float32)
