@@ -78,9 +78,17 @@ def test_interleaved_submit_and_result(det, frames, alone):
     assert got == alone
 
 
-def test_batch_of_mixed_sizes(det, frames, alone):
-    assert [key(d) for d in det.detect_batch(frames, thresh=0.1)] == alone
-    assert [key(d) for d in det.result(det.submit(frames, thresh=0.1))] == alone
+def same_as_alone(batches: list, frames: list, det) -> bool:
+    """Batched detections equal one-at-a-time ones within 1e-3 (confidence, pixels): a batch runs
+    its own executor, whose tuned kernels may sum in another order on a GPU (an H100 gave 0.33476
+    alone and 0.33475 in a batch of 4); on PoCL they are the same kernels and agree exactly."""
+    return len(batches) == len(frames) and all(
+        same_detections(got, det.detect(im, thresh=0.1)) for got, im in zip(batches, frames))
+
+
+def test_batch_of_mixed_sizes(det, frames):
+    assert same_as_alone(det.detect_batch(frames, thresh=0.1), frames, det)
+    assert same_as_alone(det.result(det.submit(frames, thresh=0.1)), frames, det)
 
 
 def test_host_path_submit_equals_device_path(det, frames):
@@ -163,4 +171,4 @@ def test_an_executor_dropped_from_the_cache_takes_its_device_state_along(det, fr
     del det._executors[key4], ex
     gc.collect()
     assert gone() is None              # neither its decoder nor its preprocessing state kept it alive
-    assert key(det.detect_batch(frames[:1] * 4, thresh=0.1)[3]) == key(det.detect(frames[0], thresh=0.1))
+    assert same_as_alone(det.detect_batch(frames[:1] * 4, thresh=0.1)[3:], frames[:1], det)
