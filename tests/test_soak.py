@@ -108,12 +108,14 @@ def leak_growth(samples: list) -> float:
     """Bytes the RSS grew over ``samples`` (one per round, after warm-up) that look like a leak.
 
     A leak raises the RSS a little in every round; allocator noise (an arena mapped once, a
-    cache filled once) is a step in one or two rounds. The estimate is the growth from the
-    first to the last sample counted only when more than half of the rounds grew; a single
-    step larger than four times the slack counts anyway."""
+    cache filled once: 3.2 MiB on one CI run, 13.7 MiB for a new thread's malloc arena on
+    another) is a step in one or two rounds and then stays. The estimate is the growth from the
+    first to the last sample, counted when more than half of the rounds grew or when the second
+    half of the rounds still grew by more than the slack (a step that keeps growing)."""
     steps = np.diff(np.asarray(samples, np.float64))
     total = float(samples[-1] - samples[0])
-    if (steps > 0).sum() > len(steps) / 2 or total > 4 * RSS_SLACK:
+    late = float(samples[-1] - samples[len(samples) // 2])
+    if (steps > 0).sum() > len(steps) / 2 or late > RSS_SLACK:
         return total
     return 0.0
 
@@ -136,7 +138,9 @@ def test_leak_growth_tells_a_leak_from_noise():
     leak = [100 * mib + k * mib // 2 for k in range(ROUNDS + 1)]           # 0.5 MiB a round
     assert leak_growth(flat) == 0 and leak_growth(step) == 0
     assert leak_growth(leak) >= RSS_SLACK
-    assert leak_growth([100 * mib] * 4 + [120 * mib] * (ROUNDS - 3)) > RSS_SLACK   # a huge step still fails
+    assert leak_growth([100 * mib] * 4 + [int(113.7 * mib)] * (ROUNDS - 3)) == 0   # a new arena, then flat
+    burst = [100 * mib] * 3 + [110 * mib] * 3 + [120 * mib] * (ROUNDS - 5)          # grows in bursts
+    assert leak_growth(burst) > RSS_SLACK
 
 
 @pytest.fixture(scope="module")
