@@ -208,7 +208,6 @@ class Executor:
         """``run`` for an input already written into the arena (by the preprocessing kernel)."""
         cl, q = self.rt.cl, self.rt.queue
         events = self.enqueue(profile, eager)
-        outs = []
         # Keep the read events alive until finish(): pyopencl waits for a dropped host-copy
         # event *holding the GIL*, which would stall every other Python thread for the
         # whole forward pass (and serialise the video pipeline).
@@ -217,24 +216,22 @@ class Executor:
             for k, gsize, buf, host in self._f32_outputs:
                 cl.enqueue_nd_range_kernel(q, k, gsize, None)
                 reads.append(cl.enqueue_copy(q, host, buf, is_blocking=False))
-            q.finish()
-            del reads
-            self.events = events
-            return [host.copy() for _, _, _, host in self._f32_outputs]
-        for host, off, bs, v in zip(self._host_out, self._out_offsets, self._out_bstride, self.graph.outputs):
-            n = v.c * v.h * v.w
-            if bs == n * host.itemsize or self.batch == 1:
-                reads.append(cl.enqueue_copy(q, host, self.arena, src_offset=off, is_blocking=False))
-            else:
-                flat = host.reshape(self.batch, -1)
-                for b in range(self.batch):
-                    reads.append(cl.enqueue_copy(q, flat[b], self.arena, src_offset=off + b * bs, is_blocking=False))
+            hosts = [host for *_, host in self._f32_outputs]
+        else:
+            for host, off, bs, v in zip(self._host_out, self._out_offsets, self._out_bstride, self.graph.outputs):
+                n = v.c * v.h * v.w
+                if bs == n * host.itemsize or self.batch == 1:
+                    reads.append(cl.enqueue_copy(q, host, self.arena, src_offset=off, is_blocking=False))
+                else:
+                    flat = host.reshape(self.batch, -1)
+                    for b in range(self.batch):
+                        reads.append(cl.enqueue_copy(q, flat[b], self.arena, src_offset=off + b * bs,
+                                                     is_blocking=False))
+            hosts = self._host_out
         q.finish()
         del reads
-        for host in self._host_out:
-            outs.append(host.astype(np.float32, copy=True))
         self.events = events
-        return outs
+        return [host.astype(np.float32, copy=True) for host in hosts]
 
     def submit(self, blob: np.ndarray, slot: int = 0):
         """Start a forward pass of ``blob`` without waiting: the blob goes through pinned memory
