@@ -51,10 +51,15 @@ def frames():
 
 
 @pytest.fixture(scope="module")
-def alone(det, frames):
-    out = [key(det.detect(im, thresh=0.1)) for im in frames]
+def alone_dets(det, frames):
+    out = [det.detect(im, thresh=0.1) for im in frames]
     assert sum(map(len, out)) > 0
     return out
+
+
+@pytest.fixture(scope="module")
+def alone(alone_dets):
+    return [key(d) for d in alone_dets]
 
 
 def test_more_submissions_than_slots_collected_out_of_order(det, frames, alone):
@@ -78,17 +83,16 @@ def test_interleaved_submit_and_result(det, frames, alone):
     assert got == alone
 
 
-def same_as_alone(batches: list, frames: list, det) -> bool:
+def same_as_alone(batches: list, singles: list) -> bool:
     """Batched detections equal one-at-a-time ones within 1e-3 (confidence, pixels): a batch runs
     its own executor, whose tuned kernels may sum in another order on a GPU (an H100 gave 0.33476
     alone and 0.33475 in a batch of 4); on PoCL they are the same kernels and agree exactly."""
-    return len(batches) == len(frames) and all(
-        same_detections(got, det.detect(im, thresh=0.1)) for got, im in zip(batches, frames))
+    return len(batches) == len(singles) and all(same_detections(got, one) for got, one in zip(batches, singles))
 
 
-def test_batch_of_mixed_sizes(det, frames):
-    assert same_as_alone(det.detect_batch(frames, thresh=0.1), frames, det)
-    assert same_as_alone(det.result(det.submit(frames, thresh=0.1)), frames, det)
+def test_batch_of_mixed_sizes(det, frames, alone_dets):
+    assert same_as_alone(det.detect_batch(frames, thresh=0.1), alone_dets)
+    assert same_as_alone(det.result(det.submit(frames, thresh=0.1)), alone_dets)
 
 
 def test_host_path_submit_equals_device_path(det, frames):
@@ -157,7 +161,7 @@ def test_forward_iter_equals_forward_one_at_a_time(det):
         assert len(g) == len(r) and all(np.array_equal(x, y) for x, y in zip(g, r))
 
 
-def test_an_executor_dropped_from_the_cache_takes_its_device_state_along(det, frames):
+def test_an_executor_dropped_from_the_cache_takes_its_device_state_along(det, frames, alone_dets):
     """Device-path state is held weakly per executor: a cache that evicts an executor frees it,
     and a new executor never meets state bound to the old one's arena."""
     import gc
@@ -171,4 +175,4 @@ def test_an_executor_dropped_from_the_cache_takes_its_device_state_along(det, fr
     del det._executors[key4], ex
     gc.collect()
     assert gone() is None              # neither its decoder nor its preprocessing state kept it alive
-    assert same_as_alone(det.detect_batch(frames[:1] * 4, thresh=0.1)[3:], frames[:1], det)
+    assert same_as_alone(det.detect_batch(frames[:1] * 4, thresh=0.1)[3:], alone_dets[:1])
