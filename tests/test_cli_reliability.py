@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from darknet_io import write_random_weights
+from interrupt import interrupt_when
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -279,20 +280,12 @@ def test_sigint_ends_every_source_with_130_and_finished_outputs(model, long_clip
     proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(long_clip), str(CLIP), *model,
                              "--thresh", "0.6", "--out", str(out)],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            parts = list(out.glob(".long.mp4.*")) if out.is_dir() else []
-            if parts and parts[0].stat().st_size > 20000:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    lines = err.decode().splitlines()
+
+    def started() -> bool:
+        parts = list(out.glob(".long.mp4.*")) if out.is_dir() else []
+        return bool(parts) and parts[0].stat().st_size > 20000
+
+    lines = interrupt_when(proc, started).decode().splitlines()
     assert proc.returncode == 130, lines
     assert not any("Traceback" in l or "error" in l for l in lines), lines
     assert sorted(q.name for q in out.iterdir()) == ["long.mp4"]     # the second source never started

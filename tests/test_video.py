@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +18,8 @@ import pytest
 import yolo_cl
 from yolo_cl import video, video_cli
 from yolo_cl.errors import ImageError, YoloClError
+
+from interrupt import interrupt_when
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIP = ROOT.parent / "shared" / "videos" / "library1.mp4"
@@ -249,19 +250,12 @@ def test_sigint_leaves_a_playable_video(tmp_path):
                                                         os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", SIGINT_SCRIPT.format(size=SIZE), str(CLIP), str(out), str(jl)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            parts = list(tmp_path.glob(".dets.jsonl.*"))
-            if parts and parts[0].read_text().count("\n") >= 5:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    def started() -> bool:
+        parts = list(tmp_path.glob(".dets.jsonl.*"))
+        return bool(parts) and parts[0].read_text().count("\n") >= 5
+
+    err = interrupt_when(proc, started)
     assert proc.returncode == 130, err
     lines = jl.read_text().splitlines()
     frames = read_video(out)
