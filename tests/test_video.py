@@ -151,10 +151,12 @@ def test_live_source_faster_than_inference_drops_stale_frames(det, clip_frames, 
 
     def spying_forward(blob):
         lag.append(newest[0])          # the newest frame the camera has made when inference starts
+        time.sleep(0.02)               # inference slower than the camera on any machine: the premise
         return forward(blob)
 
     def spying_submit(*a, **k):        # the device path submits frames instead of forwarding blobs
         lag.append(newest[0])
+        time.sleep(0.02)
         return submit(*a, **k)
 
     submit = det.submit
