@@ -590,7 +590,7 @@ def _names(node, graph) -> str:
 
 def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
     """Totals of a fused graph: GFLOPs, fusions, and memory (pool peak vs naive, workspace, weights) in bytes."""
-    from .kernels.nodes import workspace_elems
+    from .kernels.nodes import largest_workspace_elems
     from .planner import plan_memory
     plan = plan_memory(graph, batch)
     concat_inputs = sum(len(l.inputs) for l in graph.layers if l.kind == "route" and len(l.inputs) >= 2)
@@ -607,7 +607,7 @@ def graph_report(graph, batch: int = 1, itemsize: int = 4) -> dict:
         "concat_copies": copies,
         "pool_peak": plan.arena_elems * itemsize,
         "naive_total": plan.naive_elems * itemsize,
-        "workspace": max((workspace_elems(n, batch) for n in graph.nodes), default=0) * itemsize,
+        "workspace": max((largest_workspace_elems(n, batch) for n in graph.nodes), default=0) * itemsize,
         "weights": weights * itemsize,
     }
 
@@ -644,7 +644,7 @@ def cmd_info(args) -> int:
           f"({r['concat_copies']} remain)")
     saved = 100.0 * (1 - r["pool_peak"] / r["naive_total"]) if r["naive_total"] else 0.0
     print(f"memory ({args.precision}, batch {args.batch}): activation pool peak {r['pool_peak'] / MIB:.2f} MiB "
-          f"vs naive {r['naive_total'] / MIB:.2f} MiB ({saved:.0f}% saved); im2col workspace "
+          f"vs naive {r['naive_total'] / MIB:.2f} MiB ({saved:.0f}% saved); workspace up to "
           f"{r['workspace'] / MIB:.2f} MiB; weights {r['weights'] / MIB:.2f} MiB")
     return 0
 

@@ -20,7 +20,7 @@ from . import cmdbuf
 from .errors import DeviceError, YoloClError
 from .graph import Graph, folding_default
 from .kernels import BindContext
-from .kernels.nodes import bind_node, workspace_elems
+from .kernels.nodes import bind_node, workspace_bytes
 from .measure import event_ms
 from .limits import check_executor
 from .planner import plan_memory
@@ -67,20 +67,24 @@ class Executor:
             fold = not getattr(rt, "is_cpu", False) if fold is None else fold
         self.plan = plan_memory(graph, batch, fold)
         item = precision.itemsize
-        check_executor(graph, self.plan.arena_elems, max((workspace_elems(n, batch) for n in graph.nodes), default=0),
-                       batch, item, getattr(rt, "device", None))   # refuse before allocating anything
-        self.arena = rt.alloc(self.plan.arena_elems * item, f"activation pool ({len(graph.tensors)} tensors)")
-        ws = max((workspace_elems(n, batch) for n in graph.nodes), default=0)
-        self.ctx = BindContext(rt, self.arena, self.plan, batch, precision, tuning=tuning, mma=mma,
+        self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold)
-        self.ctx.workspace = rt.alloc(ws * item, "im2col workspace") if ws else self.arena
-        self.workspace_bytes = ws * item if ws else 0
+        # One workspace, as large as the configs about to be bound need (not the worst config of any family)
+        ws = max((workspace_bytes(self.ctx, n) for n in graph.nodes), default=0)
+        check_executor(graph, self.plan.arena_elems, -(-ws // item), batch, item,
+                       getattr(rt, "device", None))   # refuse before allocating anything
+        self.arena = self.ctx.arena = rt.alloc(self.plan.arena_elems * item,
+                                               f"activation pool ({len(graph.tensors)} tensors)")
+        self.ctx.workspace = rt.alloc(ws, "workspace (im2col, Winograd, split-K)") if ws else None
+        self.workspace_bytes = ws
         # > 0: flush the queue after every this many launches, so that a GPU starts computing while
         # the rest of the plan is still being enqueued (tools/bench_host.py --flush measures it)
         self.flush_every = 0
         from tqdm import tqdm
-        self.launches = self._bind(tqdm(graph.nodes, desc="compiling kernels", unit="layer", delay=1.0, leave=False,
-                                        disable=None if progress else True, file=sys.stderr))
+        bar = tqdm(total=len(graph.nodes), desc="compiling kernels", unit="layer", delay=1.0, leave=False,
+                   disable=None if progress else True, file=sys.stderr)
+        with bar:
+            self.launches = self._bind(graph.nodes, rt.build_threads, bar.update)
         dtype = precision.dtype
         self._host_in = np.empty((batch,) + (graph.input.c, graph.input.h, graph.input.w), dtype)
         self._host_out = [np.empty((batch,) + v.shape, dtype) for v in graph.outputs]
@@ -100,15 +104,25 @@ class Executor:
         """Activations stored as half."""
         return self.precision.half
 
-    def _bind(self, nodes) -> list:
+    def _bind(self, nodes: list, threads: int = 1, done=None) -> list:
         """The launches of ``nodes`` in order, less those of producers a conv read through (its
-        input transform computed them: its launch's ``config["through"]`` says so)."""
-        bound = []
-        for node in nodes:
+        input transform computed them: its launch's ``config["through"]`` says so). ``threads`` > 1
+        binds layers on that many threads, so their programs compile at once where the driver
+        can; ``done(1)`` is called per layer bound."""
+        def one(node):
             try:
-                bound.append((node, bind_node(self.ctx, node)))
+                launches = bind_node(self.ctx, node)
             except YoloClError as e:
                 raise type(e)(f"layer {node.label} ({node.describe()}): {e}") from None
+            if done is not None:
+                done(1)
+            return node, launches
+        if threads > 1 and len(nodes) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(threads, thread_name_prefix="yolo-cl-bind") as pool:
+                bound = list(pool.map(one, nodes))    # in order; the first failing layer's error
+        else:
+            bound = [one(n) for n in nodes]
         folded = {id(p) for n, ls in bound if any(l.config.get("through") for l in ls)
                   for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]

@@ -113,17 +113,21 @@ def atomic_write(path: Union[str, Path], data: bytes) -> None:
         raise
 
 
+def is_pocl(device) -> bool:
+    """A PoCL device (False for a stand-in device without a platform)."""
+    try:
+        return "portable computing language" in device.platform.name.lower()
+    except Exception:       # noqa: BLE001 - a stand-in device without a platform
+        return False
+
+
 def driver_caches_builds(device) -> bool:
     """True where the driver caches source builds on disk itself, for later processes: PoCL, unless
     ``POCL_KERNEL_CACHE=0``. There exporting a program binary costs more than the build: PoCL
     compiles every kernel of the program to machine code to export it (yolov3-tiny: 19 s of CPU
     time on top of 3 s of building), while a rebuild from source in a later process is a hit in
     PoCL's cache (which, unlike loading a binary, writes a temp file: it fails on a full disk)."""
-    try:
-        pocl = "portable computing language" in device.platform.name.lower()
-    except Exception:       # noqa: BLE001 - a stand-in device without a platform: export as before
-        return False
-    return pocl and os.environ.get("POCL_KERNEL_CACHE", "1").strip() != "0"
+    return is_pocl(device) and os.environ.get("POCL_KERNEL_CACHE", "1").strip() != "0"
 
 
 def unwritable(folder: Path, probe_bytes: int = 1 << 20) -> Optional[str]:
@@ -250,6 +254,17 @@ class Runtime:
                               f"{self.device_name} ({e})") from None
 
     # -- programs ----------------------------------------------------------------------------
+    @property
+    def build_threads(self) -> int:
+        """Threads an executor binds its layers on, so that their programs compile at once:
+        ``YOLO_CL_BUILD_THREADS`` if set, else 1 where the driver compiles one program at a time
+        (PoCL 3 runs all its LLVM work under one process-wide lock) and up to 8 elsewhere (NVIDIA's
+        compiler: 1.8x with 16 threads, BENCHMARKS.md)."""
+        v = os.environ.get("YOLO_CL_BUILD_THREADS", "").strip()
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+        return 1 if is_pocl(self.device) else max(1, min(8, os.cpu_count() or 1))
+
     def program(self, source: str, defines: Optional[dict] = None):
         """Build (or fetch from cache) ``cl/<source>`` specialised with ``defines``.
 

@@ -137,9 +137,11 @@ class ConvBench:
         item = precision.itemsize
         self.dtype = precision.dtype
         self.arena = rt.alloc(total * item, "tuner arena")
-        ws = family.workspace_elems(self.node, batch)
         self.ctx = BindContext(rt, self.arena, _Plan(offsets), batch, precision, mma=mma)
-        self.ctx.workspace = rt.alloc(ws * item, "tuner workspace") if ws else self.arena
+        configs = family.candidates(self.node, rt, batch, precision, mma) + \
+            [family.heuristic(self.node, rt, batch, precision, mma)]
+        ws = max(family.workspace_bytes(self.node, c, batch, precision) for c in configs)  # any it may bind
+        self.ctx.workspace = rt.alloc(ws, "tuner workspace") if ws else None
         self.offsets, self.tensors, self.total = offsets, tensors, total
         x = rng.standard_normal((batch, x0.c, x0.h, x0.w)).astype(np.float32)
         r = rng.standard_normal((batch, o0.c, o0.h, o0.w)).astype(np.float32) if res is not None else None

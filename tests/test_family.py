@@ -2,14 +2,17 @@
 their heuristics and candidates), the one Precision value and the one load_model."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from test_tuner import convs, fake_rt
+from test_tuner import NET, convs, fake_rt
 from yolo_cl.bench import random_params
 from yolo_cl.errors import YoloClError
-from yolo_cl.kernels import family, gemm_cpu, gemm_local, gemm_mma
+from yolo_cl.executor import Executor
+from yolo_cl.kernels import conv, family, gemm_cpu, gemm_local, gemm_mma
 from yolo_cl.model import load_model
 from yolo_cl.precision import FP16, FP32, TF32, precision_named
+from yolo_cl.runtime import Runtime
 
 
 def test_family_of_names_the_family_or_refuses():
@@ -67,3 +70,37 @@ def test_load_model(tmp_path):
         load_model(str(cfg))
     made = load_model(str(cfg), params="optional", make_params=random_params)
     assert list(made.params) == [0] and made.graph.nodes[0].attrs["weights"].shape == (2, 3, 1, 1)
+
+
+class LayerTable:
+    """A tuning table that hands out the configs it is given by layer index (None: no entry)."""
+
+    def __init__(self, by_layer: dict) -> None:
+        self.by_layer = by_layer
+
+    def conv_config(self, node, batch: int = 1):
+        return self.by_layer.get(node.layers[0])
+
+
+def test_workspace_is_what_the_bound_configs_need(tmp_path):
+    """The executor's one workspace is as large as the configs it binds need, no more (not the worst
+    config of any family); the results do not change; a config bound beyond it is refused."""
+    (tmp_path / "ws.cfg").write_text(NET.format(w=24, h=20))
+    graph = load_model(str(tmp_path / "ws.cfg"), params="optional", make_params=random_params).graph
+    s1, s2 = [n for n in graph.nodes if n.op == "conv" and n.attrs["size"] == 3]   # 3->8 stride 1, 12->6 stride 2
+    rt = Runtime()
+    x = np.random.default_rng(1).standard_normal((1, 3, 20, 24)).astype(np.float32)
+    base = {"family": "cpu", "kernel": "nv", "TM": 4, "VW": 8, "NV": 1, "KU": 1, "WG": 0}
+    heads = Executor(rt, graph, 1, FP32).run(x)
+
+    implicit = Executor(rt, graph, 1, FP32, LayerTable({s1.layers[0]: {**base, "algo": "implicit"},
+                                                         s2.layers[0]: {**base, "algo": "im2col"}}))
+    assert implicit.workspace_bytes == 4 * (12 * 9) * (10 * 12)     # only s2's im2col matrix: K x N floats
+    wino = Executor(rt, graph, 1, FP32, LayerTable({s1.layers[0]: {**base, "algo": "winograd", "m": 2},
+                                                     s2.layers[0]: {**base, "algo": "im2col"}}))
+    assert wino.workspace_bytes == 4 * 16 * (10 * 12) * (3 + 8)     # F(2x2): 16 points x 120 tiles x (C + M)
+    for ex in (implicit, wino):
+        for got, want in zip(ex.run(x), heads):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(YoloClError, match="workspace holds"):
+        conv.bind(implicit.ctx, s1, {**base, "algo": "winograd", "m": 2})

@@ -29,7 +29,7 @@ from procmem import mapped_bytes
 from yolo_cl.cfg import MAX_CFG_BYTES, parse_cfg
 from yolo_cl.errors import CfgError, LimitError, WeightsError, YoloClError
 from yolo_cl.graph import build_graph
-from yolo_cl.kernels.nodes import workspace_elems
+from yolo_cl.kernels.nodes import largest_workspace_elems
 from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.limits import check_executor
 from yolo_cl.planner import plan_memory
@@ -85,7 +85,7 @@ def build_model(path, input_size=None):
     layers = build_layers(sections, net)
     graph = build_graph(net, layers, None)
     plan = plan_memory(graph, 1)
-    ws = max((workspace_elems(n, 1) for n in graph.nodes), default=0)
+    ws = max((largest_workspace_elems(n, 1) for n in graph.nodes), default=0)
     check_executor(graph, plan.arena_elems, ws, 1, 4, None)
     return graph, plan
 

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..errors import YoloClError
 from ..graph import Node, View
 from ..layers import ACTIVATIONS
 from ..precision import FP32, Precision
@@ -79,6 +80,14 @@ class BindContext:
             if key not in self.weight_cache:
                 self.weight_cache[key] = make()
             return self.weight_cache[key]
+
+    def scratch(self, nbytes: int):
+        """The workspace, checked to hold ``nbytes``: the executor sizes it for the configs it binds,
+        and a kernel given too small a buffer would write past its end."""
+        ws = self.workspace
+        if ws is None or ws.size < nbytes:
+            raise YoloClError(f"the workspace holds {0 if ws is None else ws.size} bytes, {nbytes} are needed")
+        return ws
 
     def kernel(self, source: str, name: str, defines: dict, args: list):
         """Build (cached) and return a kernel with ``args`` bound."""

@@ -18,7 +18,7 @@ from ..precision import FP32, Precision
 log = logging.getLogger("yolo_cl.kernels")
 _WARNED: set = set()   # (device, layer, config) already reported as falling back
 
-__all__ = ["bind", "heuristic_config", "is_depthwise"]
+__all__ = ["bind", "choose", "heuristic_config", "is_depthwise", "workspace_bytes"]
 
 
 def heuristic_config(node: Node, rt, batch: int = 1, precision: Precision = FP32, mma: str = "") -> dict:
@@ -33,6 +33,32 @@ def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
     return family.bind(ctx, node, config)
 
 
+def choose(ctx: BindContext, node: Node) -> tuple:
+    """(config, fallback): the tuning table's entry for ``node`` where it has one worth using (not
+    yet checked for legality: binding does that and falls back), else the heuristic's; and the
+    heuristic's."""
+    fallback = heuristic_config(node, ctx.rt, ctx.batch, ctx.precision, ctx.mma)
+    config = None
+    if ctx.tuning is not None:
+        try:
+            config = ctx.tuning.conv_config(node, ctx.batch)
+        except (KeyError, TypeError, ValueError):
+            config = None
+    if config is None or not family.competes(config, ctx.mma):
+        return fallback, fallback   # no entry; or an FMA config, which does not compete with tensor cores
+    return config, fallback
+
+
+def workspace_bytes(ctx: BindContext, node: Node) -> int:
+    """Scratch ``node`` needs under the config it will bind, and under the fallback it may bind
+    instead (a config that cannot run needs none: it will not be bound)."""
+    need = 0
+    for c in choose(ctx, node):
+        if family.why_illegal(node, c, ctx.rt) is None:
+            need = max(need, family.workspace_bytes(node, c, ctx.batch, ctx.precision))
+    return need
+
+
 def _bind_chosen(ctx: BindContext, node: Node) -> list:
     """Bind the tuning table's choice; if it has none, or it cannot be built or bound, the heuristic
     (with one warning for a config that failed).
@@ -40,21 +66,15 @@ def _bind_chosen(ctx: BindContext, node: Node) -> list:
     A tuned config comes from a file written on some other day, driver or device: one that
     no longer compiles (or is malformed) must cost speed, never the model.
     """
-    fallback = heuristic_config(node, ctx.rt, ctx.batch, ctx.precision, ctx.mma)
-    if ctx.tuning is None:
+    config, fallback = choose(ctx, node)
+    if config == fallback:
         return bind(ctx, node, fallback)
-    config = None
     try:
-        config = ctx.tuning.conv_config(node, ctx.batch)
-        if config is None or not family.competes(config, ctx.mma):
-            config = fallback       # no entry; or an FMA config, which does not compete with tensor cores
         problem = family.why_illegal(node, config, ctx.rt)
         if problem is not None:
             raise ValueError(problem)
         return bind(ctx, node, config)
     except (YoloClError, KeyError, TypeError, ValueError, ctx.rt.cl.Error) as e:
-        if config == fallback:
-            raise
         key = (ctx.rt.device_name, node.label, repr(config))
         if key not in _WARNED:
             _WARNED.add(key)

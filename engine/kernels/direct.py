@@ -66,9 +66,8 @@ class Direct:
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
         return 0.0
 
-    def workspace_elems(self, node: Node, batch: int) -> int:
-        """im2col scratch (every conv may run it), or Winograd's, whichever is larger."""
-        return winograd.scratch_elems(node, batch)
+    def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
+        return winograd.scratch_elems(node, batch, cfg) * precision.itemsize
 
     def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
         reason = self.why_illegal(node, cfg, ctx.rt)
@@ -118,11 +117,12 @@ def _bind_gemm(ctx: BindContext, node: Node, cfg: dict, wts: dict) -> list:
         b_args = [xb, xoff, xbs, np.int32(s["K"] * x.h * x.w), np.int32(x.h * x.w)]
     else:
         KN = s["K"] * s["N"]
-        im2col_args = ctx.view(x) + i32(a["in_c"] // a["groups"], x.h, x.w) + [ctx.workspace] + \
+        ws = ctx.scratch(winograd.im2col_elems(node, ctx.batch) * ctx.itemsize)
+        im2col_args = ctx.view(x) + i32(a["in_c"] // a["groups"], x.h, x.w) + [ws] + \
             i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], a["groups"])
         k = ctx.kernel("conv.cl", "yc_im2col", ctx.defines(), im2col_args)
         launches.append(Launch(k, (s["N"], s["K"], s["B"] * s["G"]), None, node, "im2col"))
-        b_args = [ctx.workspace, np.int32(0), np.int32(s["G"] * KN), np.int32(KN), np.int32(s["N"])]
+        b_args = [ws, np.int32(0), np.int32(s["G"] * KN), np.int32(KN), np.int32(s["N"])]
     yb, yoff, ybs = ctx.view(out)
     args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(s["N"])] + residual_args(ctx, node) + \
         i32(s["M"], s["N"], s["K"], s["G"])

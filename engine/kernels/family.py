@@ -44,8 +44,8 @@ class KernelFamily(Protocol):
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
         """Relative time estimate of ``cfg`` (lower first), to order the tuner's search."""
 
-    def workspace_elems(self, node: Node, batch: int) -> int:
-        """Scratch elements the worst of its configs needs for ``node``."""
+    def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision: Precision) -> int:
+        """Scratch bytes ``cfg`` needs for ``node`` (im2col, Winograd, split-K partial sums)."""
 
     def bind(self, ctx, node: Node, cfg: dict) -> list:
         """The launches that compute ``node`` under ``cfg``."""
@@ -116,9 +116,9 @@ def cost(node: Node, cfg: dict, batch: int, rt) -> float:
     return family_of(cfg).cost(node, cfg, batch, rt)
 
 
-def workspace_elems(node: Node, batch: int) -> int:
-    """Scratch for the worst config of any family (the tuner or a table may pick any)."""
-    return max(f.workspace_elems(node, batch) for f in FAMILIES)
+def workspace_bytes(node: Node, cfg: dict, batch: int, precision: Precision) -> int:
+    """Scratch bytes ``cfg`` needs for ``node``: the executor sizes one workspace for the configs it binds."""
+    return family_of(cfg).workspace_bytes(node, cfg, batch, precision)
 
 
 def space_keys() -> SpaceKeys:

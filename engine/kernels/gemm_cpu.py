@@ -363,12 +363,6 @@ def packed_weights(ctx: BindContext, node: Node, rows: int) -> dict:
                          lambda: pack_weights(a["weights"].reshape(a["filters"], -1), a["groups"], rows, ctx.dtype))
 
 
-def workspace_elems(node: Node, batch: int) -> int:
-    """Scratch for the largest algorithm: im2col's K x N matrix per image and group, or Winograd's
-    transformed input and products; 0 for a pointwise conv."""
-    return 0 if is_pointwise(node) else winograd.scratch_elems(node, batch)
-
-
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Launches for a conv under a CPU-family config: [im2col,] GEMM, or Winograd's three."""
     a = node.attrs
@@ -391,11 +385,12 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
             extra = i32(x.h, x.w, out.w)
     else:
         KN = K * N
-        im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ctx.workspace] + \
+        ws = ctx.scratch(winograd.im2col_elems(node, ctx.batch) * ctx.itemsize)
+        im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ws] + \
             i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], G)
         k = ctx.kernel("gemm.cl", "yc_im2col_rows", ctx.defines(), im2col_args)
         launches.append(Launch(k, (out.h, K, ctx.batch * G), None, node, "im2col"))
-        b_args = [ctx.workspace, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
+        b_args = [ws, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
     yb, yoff, ybs = ctx.view(out)
     args = [wts["A"], wts["bias"]] + b_args + [yb, yoff, ybs, np.int32(N)] + residual_args(ctx, node) + \
         i32(M, N, K, G) + extra
@@ -456,8 +451,8 @@ class CpuGemm:
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
         return conv_cost(node, cfg, batch)
 
-    def workspace_elems(self, node: Node, batch: int) -> int:
-        return workspace_elems(node, batch)
+    def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision: Precision) -> int:
+        return winograd.scratch_elems(node, batch, cfg) * precision.itemsize
 
     def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
         return bind(ctx, node, cfg)

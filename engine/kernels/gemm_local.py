@@ -178,6 +178,15 @@ def partial_bytes(cfg: dict, M: int, N: int, Z: int) -> int:
     return 4 * sk * Z * M * N if sk > 1 else 0
 
 
+def scratch_bytes(node: Node, cfg: dict, batch: int, precision) -> int:
+    """Scratch of a GPU GEMM family's config: im2col's or Winograd's (which keep no split-K: the
+    workspace is theirs), or the float32 split-K partial sums of a gemm1x1 / implicit GEMM."""
+    if cfg.get("algo") in ("im2col", "winograd"):
+        return winograd.scratch_elems(node, batch, cfg) * precision.itemsize
+    M, N, K, G = conv_gemm_shape(node)
+    return partial_bytes(cfg, M, N, batch * G)
+
+
 def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
                  b_args: list, c_args: list, r_args: list, extra: list, partial=None) -> list:
     """(kernel name, defines, args, global, local, label) of the launches that compute C under ``cfg``:
@@ -328,11 +337,12 @@ def b_operand(ctx: BindContext, node: Node, algo: str) -> tuple:
     if algo != "im2col":
         return [], [xb, xoff, xbs, np.int32((a["in_c"] // G) * x.h * x.w), np.int32(x.h * x.w)]
     KN = K * N
-    im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ctx.workspace] + \
+    ws = ctx.scratch(winograd.im2col_elems(node, ctx.batch) * ctx.itemsize)
+    im2col_args = [xb, xoff, xbs] + i32(a["in_c"] // G, x.h, x.w) + [ws] + \
         i32(out.h, out.w, a["size"], a["stride_x"], a["stride_y"], a["pad"], a["dilation"], G)
     k = ctx.kernel("conv.cl", "yc_im2col", ctx.defines(), im2col_args)
     return [Launch(k, (N, K, ctx.batch * G), None, node, "im2col")], \
-        [ctx.workspace, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
+        [ws, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
@@ -471,9 +481,8 @@ class LocalGemm:
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
         return conv_cost(node, cfg, batch, rt)
 
-    def workspace_elems(self, node: Node, batch: int) -> int:
-        """im2col's or Winograd's scratch (split-K partial sums use it only where it is large enough)."""
-        return winograd.scratch_elems(node, batch)
+    def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
+        return scratch_bytes(node, cfg, batch, precision)
 
     def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
         return bind(ctx, node, cfg)

@@ -38,7 +38,7 @@ import numpy as np
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
                packed_upload, residual_args)
 from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
-                         round_up, split_k, tile_defines)
+                         round_up, scratch_bytes, split_k, tile_defines)
 from ..errors import YoloClError
 from ..graph import Node
 
@@ -404,9 +404,8 @@ class MmaGemm:
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
         return conv_cost(node, cfg, batch, rt)       # the same tile economics, warps for work-items
 
-    def workspace_elems(self, node: Node, batch: int) -> int:
-        M, N, K, G = conv_gemm_shape(node)
-        return 0 if is_pointwise(node) else batch * G * K * N
+    def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
+        return scratch_bytes(node, cfg, batch, precision)
 
     def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
         return bind(ctx, node, cfg)

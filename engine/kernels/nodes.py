@@ -3,7 +3,7 @@ max-pools merged by the graph through ``fused``, the rest through ``simple``; an
 node needs."""
 from __future__ import annotations
 
-from . import BindContext, conv, family, fused, simple
+from . import BindContext, conv, fused, simple, winograd
 from ..graph import Node
 
 
@@ -16,6 +16,12 @@ def bind_node(ctx: BindContext, node: Node) -> list:
     return simple.bind(ctx, node)
 
 
-def workspace_elems(node: Node, batch: int) -> int:
-    """Scratch elements a node needs (im2col, Winograd, split-K partials); 0 if none."""
-    return family.workspace_elems(node, batch) if node.op == "conv" else 0
+def workspace_bytes(ctx: BindContext, node: Node) -> int:
+    """Scratch bytes ``node`` needs under the config it binds (im2col, Winograd, split-K partials); 0 if none."""
+    return conv.workspace_bytes(ctx, node) if node.op == "conv" else 0
+
+
+def largest_workspace_elems(node: Node, batch: int) -> int:
+    """Scratch elements of ``node``'s largest algorithm, whatever config a device would pick: for
+    reports made without a device."""
+    return winograd.scratch_elems(node, batch) if node.op == "conv" else 0

@@ -14,6 +14,8 @@ tuner keeps F(4x4) only where it is faster.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from . import BindContext, Launch, epilogue_defines, fused, i32, residual_args
@@ -54,14 +56,26 @@ def workspace_elems(node: Node, batch: int, m: int = 2) -> int:
     return batch * t2 * P * (C + M)
 
 
-def scratch_elems(node: Node, batch: int) -> int:
-    """A conv's largest scratch of the GEMM families: im2col's K x N matrix per image and group,
-    or Winograd's transformed input and products (any tile size) where it applies."""
+def im2col_elems(node: Node, batch: int) -> int:
+    """im2col's K x N matrix per image and group."""
     a = node.attrs
     g = a["groups"]
-    im2col = batch * g * (a["in_c"] // g) * a["size"] ** 2 * node.output.h * node.output.w
+    return batch * g * (a["in_c"] // g) * a["size"] ** 2 * node.output.h * node.output.w
+
+
+def scratch_elems(node: Node, batch: int, cfg: Optional[dict] = None) -> int:
+    """A conv's scratch under ``cfg``'s algorithm: im2col's matrix, Winograd's transformed input and
+    products for its tile size, 0 for algorithms that read the input in place (gemm1x1, implicit,
+    depthwise). ``cfg`` None: the largest of any algorithm and tile size (a device-free report)."""
+    algo = None if cfg is None else cfg.get("algo")
+    if algo == "im2col":
+        return im2col_elems(node, batch)
+    if algo == "winograd":
+        return workspace_elems(node, batch, int(cfg.get("m", 2)))
+    if cfg is not None:
+        return 0
     wino = max(workspace_elems(node, batch, m) for m in TILE_SIZES) if applicable(node) else 0
-    return max(im2col, wino)
+    return max(im2col_elems(node, batch), wino)
 
 
 def filter_transform(w: np.ndarray, m: int) -> np.ndarray:
@@ -86,7 +100,7 @@ def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm) ->
     out = node.output
     M, P, C, t2 = gemm_shape(node, m)
     tw = tile_grid(node, m)[1]
-    B, ws = ctx.batch, ctx.workspace
+    B, ws = ctx.batch, ctx.scratch(workspace_elems(node, ctx.batch, m) * ctx.itemsize)
     v_off, m_off = 0, B * t2 * C * P
     launches = [fused.wino_input(ctx, node, m, v_off, tw, P)]   # through a folded maxpool/upsample if marked
     gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
