@@ -110,26 +110,28 @@ def device_peak(rt, refresh: bool = False) -> tuple:
 # -- random weights -------------------------------------------------------------------------
 def random_params(layers: list, seed: int = 0) -> dict:
     """Parameters of every weighted layer for a speed run ({layer index: ConvParams}, as
-    ``load_weights`` returns and ``weights.save_weights`` writes): He-scaled random conv weights
-    with unit batch-norm statistics, so activations stay O(1) through the network (no overflow,
-    no denormals); small positive constants for the other weighted layers."""
+    ``load_weights`` returns and ``weights.save_weights`` writes): random conv weights scaled a
+    little below He's gain (1.2 / sqrt(fan-in) before rectifiers, 0.8 before linear), batch-norm
+    statistics near identity, small biases, so activations stay finite through yolov4's residual
+    stacks (with He's sqrt(2) they overflow to inf there, in OpenCV as here); small positive
+    constants for the other weighted layers."""
     rng = np.random.default_rng(seed)
     out = {}
+    f = np.float32
     for l in layers:
         if l.kind != "convolutional":
             if param_count(l):
                 out[l.index] = read_layer(l, _filler, False)
             continue
         p = l.p
-        cin = p["in_c"] // p["groups"]
+        n, cin = p["filters"], p["in_c"] // p["groups"]
         fan_in = cin * p["size"] ** 2
-        w = (rng.standard_normal((p["filters"], cin, p["size"], p["size"])) * math.sqrt(2.0 / fan_in))
-        n = p["filters"]
-        f = np.float32
-        if p["bn"]:
-            out[l.index] = ConvParams(np.zeros(n, f), w.astype(f), np.ones(n, f), np.zeros(n, f), np.ones(n, f))
-        else:
-            out[l.index] = ConvParams((0.1 * rng.standard_normal(n)).astype(f), w.astype(f))
+        gain = 1.2 if p["activation"] in ("leaky", "relu", "mish", "swish") else 0.8
+        bias = (rng.standard_normal(n) * 0.05).astype(f)
+        bn = (rng.uniform(0.8, 1.2, n).astype(f), (rng.standard_normal(n) * 0.05).astype(f),
+              rng.uniform(0.8, 1.2, n).astype(f)) if p["bn"] else (None, None, None)
+        w = (rng.standard_normal((n, cin, p["size"], p["size"])) * gain / math.sqrt(fan_in)).astype(f)
+        out[l.index] = ConvParams(bias, w, *bn)
     return out
 
 

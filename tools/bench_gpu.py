@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo_cl.bench import random_params
 from yolo_cl.cfg import parse_cfg
 from yolo_cl.executor import Executor
 from yolo_cl.kernels import conv as convk
@@ -43,6 +44,7 @@ from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.model import load_model
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime, atomic_write
+from yolo_cl.weights import save_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,25 +124,11 @@ def time_launches(rt, launches: list, reps: int = 5, warm: int = 2) -> float:
 
 # -- random weights, written as a Darknet file both engines read -----------------------------
 def write_weights(cfg: Path, path: Path, seed: int = 0) -> None:
-    """Random He-like weights, BN as identity-ish: finite activations through deep nets."""
+    """The engine's random speed-run parameters (``yolo_cl.bench.random_params``: activations stay
+    O(1), heads finite) written by its Darknet writer (``yolo_cl.weights.save_weights``)."""
     sections = parse_cfg(cfg)
-    net = parse_net(sections[0], None)
-    layers = build_layers(sections, net)
-    rng = np.random.default_rng(seed)
-    parts = [np.array([0, 2, 0], "<i4").tobytes(), np.array([0], "<u8").tobytes()]
-    for l in layers:
-        if l.kind != "convolutional":
-            continue
-        p = l.p
-        f, k = p["filters"], (p["in_c"] // p["groups"]) * p["size"] ** 2
-        parts.append((rng.standard_normal(f) * 0.05).astype("<f4").tobytes())
-        if p["bn"]:
-            parts.append(rng.uniform(0.8, 1.2, f).astype("<f4").tobytes())
-            parts.append((rng.standard_normal(f) * 0.05).astype("<f4").tobytes())
-            parts.append(rng.uniform(0.8, 1.2, f).astype("<f4").tobytes())
-        gain = 1.2 if p["activation"] in ("leaky", "relu", "mish", "swish") else 0.8
-        parts.append((rng.standard_normal(f * k) * gain / np.sqrt(k)).astype("<f4").tobytes())
-    path.write_bytes(b"".join(parts))
+    layers = build_layers(sections, parse_net(sections[0], None))
+    save_weights(path, layers, random_params(layers, seed))
 
 
 def model_files(name: str, size: int, tmp: Path) -> tuple:
