@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gemm_ref import LEAKY, LINEAR, LOGISTIC, MISH, RELU, SlicedC, reference, rel_err
+from tiny_cfgs import conv, net_header, shortcut
 from yolo_cl.kernels import gemm_cpu as gc
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
@@ -240,31 +241,10 @@ def test_im2col_rows(rt, shape):
     np.testing.assert_array_equal(out.reshape(ref.shape), ref)
 
 
-CONV_NET = """[net]
-width=24
-height=10
-channels={c}
-
-[convolutional]
-filters=10
-size={k}
-stride=1
-pad=1
-dilation={d}
-groups={g}
-activation=leaky
-
-[convolutional]
-filters=10
-size=1
-stride=1
-pad=0
-activation=linear
-
-[shortcut]
-from=-2
-activation=leaky
-"""
+def conv_net(c: int, k: int, d: int, g: int, width: int = 24, height: int = 10) -> str:
+    """A ``k`` x ``k`` conv (dilation ``d``, ``g`` groups) over ``c`` channels, a 1x1 conv, and a shortcut."""
+    return (net_header(width, height, c) + conv(10, k, bn=0, dilation=d, groups=g)
+            + conv(10, 1, pad=0, bn=0, act="linear") + shortcut(-2, act="leaky"))
 
 
 @pytest.mark.parametrize("c,k,d,g", [(3, 3, 1, 1), (4, 5, 2, 2), (1, 3, 1, 1)], ids=["3x3", "5x5-dil2-groups", "1ch"])
@@ -276,7 +256,7 @@ def test_conv_algorithms(rt, tmp_path, c, k, d, g):
     from yolo_cl.layers import build_layers, parse_net
     from yolo_cl.tuner import ConvBench
     path = tmp_path / "net.cfg"
-    path.write_text(CONV_NET.format(c=c, k=k, d=d, g=g))
+    path.write_text(conv_net(c, k, d, g))
     sections = parse_cfg(path)
     net = parse_net(sections[0], None)
     nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
@@ -309,7 +289,7 @@ def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
     from yolo_cl.layers import build_layers, parse_net
     from yolo_cl.tuner import ConvBench
     path = tmp_path / "net.cfg"
-    path.write_text(CONV_NET.format(c=c, k=k, d=d, g=g))
+    path.write_text(conv_net(c, k, d, g))
     sections = parse_cfg(path)
     net = parse_net(sections[0], None)
     nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
@@ -337,7 +317,7 @@ def test_heuristic_large_maps(rt, tmp_path):
     from yolo_cl.tuner import ConvBench
     for (w, h), large in (((256, 128), True), ((24, 10), False)):
         path = tmp_path / "net.cfg"
-        path.write_text(CONV_NET.format(c=32, k=3, d=1, g=1).replace("width=24\nheight=10", f"width={w}\nheight={h}"))
+        path.write_text(conv_net(32, 3, 1, 1, w, h))
         sections = parse_cfg(path)
         net = parse_net(sections[0], None)
         conv3, conv1 = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]

@@ -20,50 +20,18 @@ from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
 
-NET = """[net]
-width={w}
-height={h}
-channels=3
+from tiny_cfgs import conv, net_header, shortcut
 
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-stride=1
-pad=1
-activation=leaky
 
-[convolutional]
-filters=12
-size=1
-stride=1
-pad=0
-activation=linear
-
-[convolutional]
-batch_normalize=1
-filters=6
-size=3
-stride=2
-pad=1
-activation=mish
-
-[convolutional]
-filters=6
-size=1
-stride=1
-pad=0
-activation=leaky
-
-[shortcut]
-from=-2
-activation=linear
-"""
+def net_cfg(w: int, h: int) -> str:
+    """Four convs (3x3 leaky, 1x1 linear, 3x3/2 mish, 1x1 leaky) and a shortcut, at ``w`` x ``h``."""
+    return (net_header(w, h) + conv(8) + conv(12, 1, pad=0, bn=0, act="linear") + conv(6, stride=2, act="mish")
+            + conv(6, 1, pad=0, bn=0) + shortcut(-2))
 
 
 def convs(tmp_path, w=24, h=20):
     path = tmp_path / f"net{w}x{h}.cfg"
-    path.write_text(NET.format(w=w, h=h))
+    path.write_text(net_cfg(w, h))
     sections = parse_cfg(path)
     net = parse_net(sections[0], None)
     graph = build_graph(net, build_layers(sections, net), None)
@@ -361,7 +329,7 @@ def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(gemm_cpu, "_MV_BLOCKS", [(4, 8, 1), (3, 4, 2)])
     monkeypatch.setattr(gemm_cpu, "KUS", (1,))
     cfg = tmp_path / "net.cfg"
-    cfg.write_text(NET.format(w=16, h=16))
+    cfg.write_text(net_cfg(16, 16))
     db = tmp_path / "cache" / "tuning.yaml"
     assert main(["tune", str(cfg), "--db", str(db), "--budget", "600"]) == 0
     out, err = capsys.readouterr()
