@@ -13,14 +13,12 @@ import yaml
 from yolo_cl import search
 from yolo_cl import tuner as tmod
 from yolo_cl import tuning_db as dbm
-from yolo_cl.cfg import parse_cfg
-from yolo_cl.graph import build_graph
 from yolo_cl.kernels import family, gemm_cpu, gemm_local
-from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
 
 from tiny_cfgs import conv, net_header, shortcut
+from tiny_graphs import conv_nodes
 
 
 def net_cfg(w: int, h: int) -> str:
@@ -30,12 +28,7 @@ def net_cfg(w: int, h: int) -> str:
 
 
 def convs(tmp_path, w=24, h=20):
-    path = tmp_path / f"net{w}x{h}.cfg"
-    path.write_text(net_cfg(w, h))
-    sections = parse_cfg(path)
-    net = parse_net(sections[0], None)
-    graph = build_graph(net, build_layers(sections, net), None)
-    return [n for n in graph.nodes if n.op == "conv"]
+    return conv_nodes(tmp_path / f"net{w}x{h}.cfg", net_cfg(w, h))
 
 
 def fake_rt(device="Dev X", driver="1.0", vendor="Acme", kind="CPU"):
@@ -270,12 +263,7 @@ def test_gpu_cost_model_counts_winograd_batch(tmp_path):
     implicit GEMM with the same tile and keeps 132 compute units as busy, so it must rank first.
     (Counting one GEMM's 6 tiles instead of 6 x 36, the model ranked it 4557th of 4862 on an H100,
     where it was the fastest.)"""
-    path = tmp_path / "w.cfg"
-    path.write_text("[net]\nwidth=52\nheight=52\nchannels=64\n\n[convolutional]\nfilters=128\nsize=3\n"
-                    "stride=1\npad=1\nactivation=leaky\n")
-    sections = parse_cfg(path)
-    net = parse_net(sections[0], None)
-    node = next(n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv")
+    node, = conv_nodes(tmp_path / "w.cfg", net_header(52, 52, 64) + conv(128, bn=0))
     rt = types.SimpleNamespace(device=types.SimpleNamespace(max_compute_units=132), is_cpu=False)
     tile = {"family": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 32, "SA": 1, "SB": 1, "PF": 1}
     wino = gemm_local.conv_cost(node, dict(tile, algo="winograd", m=4), 1, rt)

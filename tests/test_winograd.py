@@ -7,107 +7,30 @@ NumPy forward pass (float64 accumulations, independent of yolo_cl).
 """
 from __future__ import annotations
 
-import os
 import tempfile
 
 import numpy as np
 import pytest
 
-from darknet_io import forward_numpy, write_random_weights
-from yolo_cl.cfg import parse_cfg
+from darknet_io import forward_numpy
+from tiny_cfgs import conv, net_header, route, shortcut
+from tiny_graphs import FixedTuning, graph_of, write_model
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.executor import Executor
-from yolo_cl.graph import build_graph
 from yolo_cl.kernels import gemm_local as gl
 from yolo_cl.kernels import winograd
-from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.runtime import Runtime
-from yolo_cl.weights import load_weights
 
-CFG = """[net]
-width=22
-height=18
-channels=3
-
-[convolutional]
-batch_normalize=1
-filters=13
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=13
-size=3
-stride=1
-pad=1
-activation=mish
-
-[shortcut]
-from=-2
-activation=leaky
-
-[convolutional]
-filters=20
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=9
-size=1
-stride=1
-pad=1
-activation=leaky
-
-[route]
-layers=-2
-
-[convolutional]
-batch_normalize=1
-filters=7
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[route]
-layers=-1,-3
-
-[convolutional]
-filters=11
-size=3
-stride=1
-pad=1
-activation=linear
-"""
-
-
-class FixedTuning:
-    """A tuning table that answers every conv with ``pick(node)``."""
-
-    def __init__(self, pick) -> None:
-        self.pick = pick
-
-    def conv_config(self, node, batch: int = 1) -> dict:
-        return self.pick(node)
+CFG = (net_header(22, 18)
+       + conv(13) + conv(13, act="mish") + shortcut(-2, act="leaky")
+       + conv(20, stride=2, bn=0) + conv(9, 1) + route(-2) + conv(7) + route(-1, -3)
+       + conv(11, bn=0, act="linear"))
 
 
 @pytest.fixture(scope="module")
 def net():
-    d = tempfile.mkdtemp()
-    cfg = os.path.join(d, "w.cfg")
-    with open(cfg, "w") as f:
-        f.write(CFG)
-    wts = write_random_weights(cfg, os.path.join(d, "w.weights"), seed=5)
-    sections = parse_cfg(cfg)
-    info = parse_net(sections[0], None)
-    layers = build_layers(sections, info)
-    graph = build_graph(info, layers, load_weights(wts, layers))
+    cfg, wts = write_model(tempfile.mkdtemp(), "w", CFG, seed=5)
+    graph = graph_of(cfg, wts)
     rng = np.random.default_rng(11)
     blob = rng.random((2, 3, 18, 22), dtype=np.float32)
     ref = forward_numpy(cfg, wts, blob, keep="heads")
