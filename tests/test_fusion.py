@@ -17,10 +17,8 @@ import pytest
 
 from darknet_io import forward_numpy
 from tiny_cfgs import conv, maxpool, net_header, route, upsample
-from tiny_graphs import FixedTuning, graph_of, write_model
+from tiny_graphs import TINY_TILE, FixedTuning, graph_of, local_pick, write_model
 from yolo_cl.executor import Executor
-from yolo_cl.kernels import gemm_local as gl
-from yolo_cl.kernels import winograd
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
 
@@ -36,23 +34,8 @@ CFG = (net_header(23, 19)
        + conv(5, bn=0) + route(-1, -2))
 
 
-TINY = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
-
-
-def wino_pick(node):
-    """Winograd F(2x2) for the 3x3 convs, the implicit GEMM for the rest (local family)."""
-    M, N = node.attrs["filters"], node.output.h * node.output.w
-    if winograd.applicable(node):
-        M, N, K, _ = winograd.gemm_shape(node, 2)
-        return {"algo": "winograd", "m": 2, "family": "local", **gl.complete(TINY, M, N, K)}
-    K = node.attrs["in_c"] * node.attrs["size"] ** 2
-    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
-
-
-def implicit_pick(node):
-    M, N = node.attrs["filters"], node.output.h * node.output.w
-    K = node.attrs["in_c"] * node.attrs["size"] ** 2
-    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
+wino_pick = local_pick(TINY_TILE, m=2)        # Winograd F(2x2) for the 3x3 convs, the implicit GEMM for the rest
+implicit_pick = local_pick(TINY_TILE)
 
 
 @pytest.fixture(scope="module")

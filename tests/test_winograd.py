@@ -14,7 +14,7 @@ import pytest
 
 from darknet_io import forward_numpy
 from tiny_cfgs import conv, net_header, route, shortcut
-from tiny_graphs import FixedTuning, graph_of, write_model
+from tiny_graphs import TINY_TILE, FixedTuning, graph_of, local_pick, write_model
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.executor import Executor
 from yolo_cl.kernels import gemm_local as gl
@@ -52,19 +52,6 @@ def rel(x, ref):
     return float(np.abs(x - ref).max() / np.abs(ref).max())
 
 
-def wino_pick(m, gemm):
-    def pick(node):
-        if winograd.applicable(node):
-            M, N, K, t2 = winograd.gemm_shape(node, m)
-            return {"algo": "winograd", "m": m, "family": "local", **gl.complete(gemm, M, N, K)}
-        M, N, K = node.attrs["filters"], node.output.h * node.output.w, node.attrs["in_c"] * node.attrs["size"] ** 2
-        return {"algo": "implicit", "family": "local", **gl.complete(gemm, M, N, K, implicit=True)}
-    return pick
-
-
-TINY = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
-
-
 @pytest.fixture(scope="module")
 def direct(rt, net):
     """The same network with every conv on the implicit GEMM (no Winograd), fp32."""
@@ -83,7 +70,7 @@ def implicit_pick(node):
 @pytest.mark.parametrize("m", [2, 4])
 def test_winograd_matches_direct(rt, net, direct, m):
     graph, blob, ref = net
-    ex, out = run(rt, graph, blob, wino_pick(m, TINY))
+    ex, out = run(rt, graph, blob, local_pick(TINY_TILE, m))
     assert sum(l.name == "wino_gemm" for l in ex.launches) == 4
     assert rel(out, ref) < 2e-4
     err = rel(out, direct)
@@ -95,7 +82,7 @@ def test_winograd_half_storage(rt, net, direct):
     """F(2x2) with half storage stays near direct fp16; F(4x4)'s larger constants cost ~10x more."""
     graph, blob, ref = net
     d16 = rel(run(rt, graph, blob, implicit_pick, half=True)[1], direct)
-    w2, w4 = (rel(run(rt, graph, blob, wino_pick(m, TINY), half=True)[1], direct) for m in (2, 4))
+    w2, w4 = (rel(run(rt, graph, blob, local_pick(TINY_TILE, m), half=True)[1], direct) for m in (2, 4))
     print(f"fp16 storage, error vs direct fp32: direct {d16:.2e}, F(2x2) {w2:.2e}, F(4x4) {w4:.2e}")
     assert d16 < 5e-3 and w2 < 5e-3
     assert w4 < 5e-2
@@ -166,6 +153,6 @@ def test_small_device_limits_fall_back_to_a_legal_tile(rt, net, direct, monkeypa
     small = gl.DeviceLimits(max_wg=64, local_mem=4096, compute_units=4)
     monkeypatch.setattr(gl, "device_limits", lambda rt: small)
     big = dict(MWG=64, NWG=64, KWG=16, MDIMC=16, NDIMC=16)
-    ex, out = run(rt, graph, blob, wino_pick(2, big))
+    ex, out = run(rt, graph, blob, local_pick(big, 2))
     assert all(l.lsize is None or l.lsize[0] * l.lsize[1] <= 64 for l in ex.launches)
     assert rel(out, direct) < 5e-6

@@ -6,11 +6,13 @@ Those tests (no Detector) write a cfg built with tiny_cfgs, give it random weigh
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from darknet_io import write_random_weights
 from yolo_cl.cfg import parse_cfg
 from yolo_cl.graph import Graph, build_graph
+from yolo_cl.kernels import gemm_local as gl
+from yolo_cl.kernels import winograd
 from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.weights import load_weights
 
@@ -36,6 +38,22 @@ def conv_nodes(path, text: str) -> list:
     with open(path, "w") as f:
         f.write(text)
     return [n for n in graph_of(str(path)).nodes if n.op == "conv"]
+
+
+# A small local-GEMM tile, so the tiny maps still give several work-groups and ragged edges.
+TINY_TILE = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
+
+
+def local_pick(gemm: dict, m: Optional[int] = None) -> Callable:
+    """A ``pick(node)`` for :class:`FixedTuning` on the local family with tile ``gemm``: Winograd
+    F(m x m) for the convs it applies to (when ``m`` is given), the implicit GEMM for the rest."""
+    def pick(node) -> dict:
+        if m is not None and winograd.applicable(node):
+            M, N, K, _ = winograd.gemm_shape(node, m)
+            return {"algo": "winograd", "m": m, "family": "local", **gl.complete(gemm, M, N, K)}
+        M, N, K = node.attrs["filters"], node.output.h * node.output.w, node.attrs["in_c"] * node.attrs["size"] ** 2
+        return {"algo": "implicit", "family": "local", **gl.complete(gemm, M, N, K, implicit=True)}
+    return pick
 
 
 class FixedTuning:
