@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 import pytest
 
+from clips import read_frames
 from darknet_io import write_random_weights
 from interrupt import interrupt_when
 from tiny_cfgs import conv, maxpool, net_header, yolo
@@ -225,14 +226,7 @@ def test_tune_db_is_checked_before_tuning(tmp_path, readonly_dir):
 @pytest.fixture(scope="module")
 def long_clip(tmp_path_factory) -> Path:
     """The clip six times over (414 frames), so a fast device is still in the first source at Ctrl-C."""
-    cap = cv2.VideoCapture(str(CLIP))
-    frames = []
-    while True:
-        ok, f = cap.read()
-        if not ok:
-            break
-        frames.append(f)
-    cap.release()
+    frames = read_frames(CLIP)
     path = tmp_path_factory.mktemp("long") / "long.mp4"
     h, w = frames[0].shape[:2]
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 30.0, (w, h))
