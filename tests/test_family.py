@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from test_tuner import convs, fake_rt
+from tiny_cfgs import conv, net_header
 from yolo_cl.bench import random_params
 from yolo_cl.errors import YoloClError
 from yolo_cl.kernels import family, gemm_cpu, gemm_local, gemm_mma
@@ -62,7 +63,7 @@ def test_load_model(tmp_path):
     assert shapes.params is None and shapes.net.width == 96 and shapes.graph.nodes
     assert load_model("yolov3-tiny", None, 96).weights_path is not None          # the zoo's weights
     cfg = tmp_path / "w.cfg"
-    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[convolutional]\nfilters=2\nsize=1\nactivation=linear\n")
+    cfg.write_text(net_header(8, 8) + conv(2, 1, pad=0, bn=0, act="linear"))
     with pytest.raises(YoloClError, match="no weights"):
         load_model(str(cfg))
     made = load_model(str(cfg), params="optional", make_params=random_params)
