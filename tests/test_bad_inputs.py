@@ -16,6 +16,8 @@ import pytest
 from yolo_cl import Detector
 from yolo_cl.errors import ImageError, YoloClError
 
+from clips import read_frames
+
 ROOT = Path(__file__).resolve().parents[1]
 DOG = ROOT / "models" / "images" / "dog.jpg"
 VIDEO = ROOT.parent / "shared" / "videos" / "library1.mp4"
@@ -175,14 +177,7 @@ def test_cli_all_good_exits_zero(image_files, capsys):
 # -- video and camera --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_frames():
-    cap = cv2.VideoCapture(str(VIDEO))
-    frames = []
-    while True:
-        ok, f = cap.read()
-        if not ok:
-            break
-        frames.append(cv2.resize(f, (90, 160)))
-    cap.release()
+    frames = [cv2.resize(f, (90, 160)) for f in read_frames(VIDEO)]
     assert len(frames) == 69
     return frames
 

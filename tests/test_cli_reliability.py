@@ -22,8 +22,10 @@ import cv2
 import numpy as np
 import pytest
 
+from clips import read_frames
 from darknet_io import write_random_weights
 from interrupt import interrupt_when
+from tiny_cfgs import conv, maxpool, net_header, yolo
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -33,52 +35,19 @@ if not DOG.is_file():
     DOG = ROOT / "models" / "images" / "dog.jpg"
 CLIP_FRAMES = 69
 
-TINY = """\
-[net]
-width=64
-height=64
-channels={channels}
-
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-batch_normalize=1
-filters=16
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[convolutional]
-size=1
-stride=1
-pad=1
-filters=21
-activation=linear
-
-[yolo]
-mask=0,1,2
-anchors={anchors}
-classes=2
-num=3
-"""
 ANCHORS = "10,14, 23,27, 37,58"
+
+
+def tiny_cfg(channels: int, anchors: str) -> str:
+    """Two stride-2 convs and a maxpool to one 2-class head of three ``anchors``, 64x64 input."""
+    return (net_header(64, 64, channels) + conv(8, stride=2) + maxpool() + conv(16, stride=2)
+            + conv(21, 1, bn=0, act="linear") + yolo((0, 1, 2), classes=2, num=3, anchors=anchors))
 
 
 def make_model(d: Path, name: str, channels: int = 3, anchors: str = ANCHORS) -> list:
     """--cfg/--weights/--names arguments for a tiny random-weights model written into ``d``."""
     cfg = d / f"{name}.cfg"
-    cfg.write_text(TINY.format(channels=channels, anchors=anchors))
+    cfg.write_text(tiny_cfg(channels, anchors))
     weights = write_random_weights(str(cfg), str(d / f"{name}.weights"), seed=5, calib_size=64)
     names = d / "two.names"
     names.write_text("a\nb\n")
@@ -257,14 +226,7 @@ def test_tune_db_is_checked_before_tuning(tmp_path, readonly_dir):
 @pytest.fixture(scope="module")
 def long_clip(tmp_path_factory) -> Path:
     """The clip six times over (414 frames), so a fast device is still in the first source at Ctrl-C."""
-    cap = cv2.VideoCapture(str(CLIP))
-    frames = []
-    while True:
-        ok, f = cap.read()
-        if not ok:
-            break
-        frames.append(f)
-    cap.release()
+    frames = read_frames(CLIP)
     path = tmp_path_factory.mktemp("long") / "long.mp4"
     h, w = frames[0].shape[:2]
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 30.0, (w, h))

@@ -22,6 +22,7 @@ from yolo_cl.preprocess import FITS, to_blob
 
 from boxes import same_detections
 from darknet_io import write_random_weights
+from tiny_cfgs import conv, maxpool, net_header, route, yolo
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -91,53 +92,18 @@ def test_blob_second_image_of_a_batch_and_a_larger_frame(tiny):
         assert np.abs(device_blob(tiny, img, place, index=1, batch=2) - ref).max() <= 2 / 255
 
 
-HEADS_CFG = """[net]
-width=32
-height=32
-channels=3
-
-[convolutional]
-filters=21
-size=1
-stride=1
-activation=linear
-
-[yolo]
-mask=0,1,2
-anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
-classes=2
-num=6
-scale_x_y={scale}
-new_coords={nc}
-
-[route]
-layers=-2
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-filters=21
-size=1
-stride=1
-activation=linear
-
-[yolo]
-mask=3,4,5
-anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
-classes=2
-num=6
-scale_x_y={scale}
-new_coords={nc}
-"""
+def heads_cfg(scale: float, new_coords: int) -> str:
+    """Two 2-class heads, the second behind a 2x2 maxpool, with ``scale_x_y`` and ``new_coords``."""
+    head = conv(21, 1, pad=0, bn=0, act="linear")
+    return (net_header(32, 32) + head + yolo((0, 1, 2), classes=2, scale_x_y=scale, new_coords=new_coords)
+            + route(-2) + maxpool() + head + yolo((3, 4, 5), classes=2, scale_x_y=scale, new_coords=new_coords))
 
 
 @pytest.mark.parametrize("new_coords,scale", [(0, 1.0), (0, 1.05), (1, 2.0)])
 @pytest.mark.parametrize("half", [False, True])
 def test_decode_matches_host_on_synthetic_heads(tmp_path, new_coords, scale, half):
     cfg = tmp_path / "heads.cfg"
-    cfg.write_text(HEADS_CFG.format(scale=scale, nc=new_coords))
+    cfg.write_text(heads_cfg(scale, new_coords))
     weights = write_random_weights(str(cfg), str(tmp_path / "heads.weights"), calib_size=32)
     det = Detector(cfg, weights, precision="fp16" if half else "fp32", device_preprocess=True, device_decode=True)
     ex = det.executor(2)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import yolo_cl.executor as exmod
-from test_tuner import NET
+from test_tuner import net_cfg
 from yolo_cl.bench import random_params
 from yolo_cl.errors import YoloClError
 from yolo_cl.executor import Executor
@@ -21,7 +21,7 @@ from yolo_cl.runtime import Runtime, is_pocl
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
     path = tmp_path_factory.mktemp("bind") / "net.cfg"
-    path.write_text(NET.format(w=24, h=20))
+    path.write_text(net_cfg(24, 20))
     return load_model(str(path), params="optional", make_params=random_params).graph
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_tuner import NET, convs, fake_rt
+from test_tuner import convs, fake_rt, net_cfg
+from tiny_cfgs import conv, net_header
 from yolo_cl.bench import random_params
 from yolo_cl.errors import YoloClError
 from yolo_cl.executor import Executor
-from yolo_cl.kernels import conv, family, gemm_cpu, gemm_local, gemm_mma
+from yolo_cl.kernels import conv as convk
+from yolo_cl.kernels import family, gemm_cpu, gemm_local, gemm_mma
 from yolo_cl.model import load_model
 from yolo_cl.precision import FP16, FP32, TF32, precision_named
 from yolo_cl.runtime import Runtime
@@ -65,7 +67,7 @@ def test_load_model(tmp_path):
     assert shapes.params is None and shapes.net.width == 96 and shapes.graph.nodes
     assert load_model("yolov3-tiny", None, 96).weights_path is not None          # the zoo's weights
     cfg = tmp_path / "w.cfg"
-    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[convolutional]\nfilters=2\nsize=1\nactivation=linear\n")
+    cfg.write_text(net_header(8, 8) + conv(2, 1, pad=0, bn=0, act="linear"))
     with pytest.raises(YoloClError, match="no weights"):
         load_model(str(cfg))
     made = load_model(str(cfg), params="optional", make_params=random_params)
@@ -85,7 +87,7 @@ class LayerTable:
 def test_workspace_is_what_the_bound_configs_need(tmp_path):
     """The executor's one workspace is as large as the configs it binds need, no more (not the worst
     config of any family); the results do not change; a config bound beyond it is refused."""
-    (tmp_path / "ws.cfg").write_text(NET.format(w=24, h=20))
+    (tmp_path / "ws.cfg").write_text(net_cfg(24, 20))
     graph = load_model(str(tmp_path / "ws.cfg"), params="optional", make_params=random_params).graph
     s1, s2 = [n for n in graph.nodes if n.op == "conv" and n.attrs["size"] == 3]   # 3->8 stride 1, 12->6 stride 2
     rt = Runtime()
@@ -103,4 +105,4 @@ def test_workspace_is_what_the_bound_configs_need(tmp_path):
         for got, want in zip(ex.run(x), heads):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(YoloClError, match="workspace holds"):
-        conv.bind(implicit.ctx, s1, {**base, "algo": "winograd", "m": 2})
+        convk.bind(implicit.ctx, s1, {**base, "algo": "winograd", "m": 2})

@@ -20,6 +20,8 @@ import yolo_cl
 from yolo_cl.darknet_json import json_frame
 from yolo_cl.fleet import Fleet, QueueFull, device_specs
 
+from clips import read_frames
+
 ROOT = Path(__file__).resolve().parents[1]
 CLIP = ROOT.parent / "shared" / "videos" / "library1.mp4"
 IMAGES = ROOT.parent / "shared" / "images"
@@ -35,14 +37,9 @@ def dets():
 
 @pytest.fixture(scope="module")
 def frames():
-    cap = cv2.VideoCapture(str(CLIP))
-    out = []
-    while len(out) < FRAMES:
-        ok, f = cap.read()
-        assert ok, f"cannot read {CLIP}"
-        out.append(cv2.resize(f, (180, 320)))
-    cap.release()
-    return out
+    frames = read_frames(CLIP, FRAMES)
+    assert len(frames) == FRAMES, f"cannot read {CLIP}"
+    return [cv2.resize(f, (180, 320)) for f in frames]
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +56,6 @@ def clips(tmp_path_factory, frames):
         w.release()
         paths.append(p)
     return paths
-
-
-def read_clip(path: Path) -> list:
-    cap = cv2.VideoCapture(str(path))
-    out = []
-    while True:
-        ok, f = cap.read()
-        if not ok:
-            break
-        out.append(f)
-    cap.release()
-    return out
 
 
 def test_device_specs():
@@ -95,7 +80,7 @@ def test_streams_spread_over_devices_and_keep_every_frame(dets, clips, tmp_path)
         lines = (tmp_path / f"{clip.stem}.jsonl").read_text().splitlines()
         assert [json.loads(x)["frame_id"] for x in lines] == list(range(FRAMES))
         # the stream's detections are the single-image detector's, frame by frame
-        decoded = read_clip(clip)
+        decoded = read_frames(clip)
         for line, img in zip(lines, decoded):
             want = [d.to_dict() for d in dets[0].detect(img)]
             assert json.loads(line)["objects"] == want
@@ -165,7 +150,7 @@ def cli_two_contexts(clips, out_dir: Path, *extra: str) -> tuple:
     for clip in clips:
         texts.append((out_dir / "jsonl" / f"{clip.stem}.jsonl").read_text())
         assert len(texts[-1].splitlines()) == FRAMES
-        assert len(read_clip(out_dir / "vid" / f"{clip.stem}.avi")) == FRAMES
+        assert len(read_frames(out_dir / "vid" / f"{clip.stem}.avi")) == FRAMES
     assert "on device 0" in r.stderr and "on device 1" in r.stderr
     assert f"total: {3 * FRAMES} frames from 3 sources on 2 device(s)" in r.stderr
     return r, texts

@@ -19,7 +19,8 @@ from yolo_cl.weights import load_weights
 
 sys.path.insert(0, os.path.dirname(__file__))
 import np_darknet  # noqa: E402
-from test_layers import assert_close, conv, fused_residuals, sec, write_net  # noqa: E402
+from test_layers import assert_close, fused_residuals, write_net  # noqa: E402
+from tiny_cfgs import conv, sec  # noqa: E402
 
 SIZE = (15, 11)
 BODY = (conv(4, 3, 1) +                                          # 0

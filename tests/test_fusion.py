@@ -10,141 +10,38 @@ exactly: the folded read computes the same values the layer's own kernel would h
 """
 from __future__ import annotations
 
-import os
 import tempfile
 
 import numpy as np
 import pytest
 
-from darknet_io import forward_numpy, write_random_weights
-from yolo_cl.cfg import parse_cfg
+from darknet_io import forward_numpy
+from tiny_cfgs import conv, maxpool, net_header, route, upsample
+from tiny_graphs import TINY_TILE, FixedTuning, graph_of, local_pick, write_model
 from yolo_cl.executor import Executor
-from yolo_cl.graph import build_graph
-from yolo_cl.kernels import gemm_local as gl
-from yolo_cl.kernels import winograd
-from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
-from yolo_cl.weights import load_weights
 
 # Odd sizes; a 2/2 pool, a 3/2 pool with padding, a 2/1 pool (yolov3-tiny's layer 11), an
 # upsample into the first slice of a concat a conv writes the rest of, and a maxpool whose
 # output a second layer also reads (so it must not be folded).
-CFG = """[net]
-width=23
-height=19
-channels=3
-
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-batch_normalize=1
-filters=12
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-size=3
-stride=2
-
-[convolutional]
-filters=10
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-size=2
-stride=1
-
-[convolutional]
-batch_normalize=1
-filters=6
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[upsample]
-stride=2
-
-[route]
-layers=-1,2
-
-[convolutional]
-filters=9
-size=3
-stride=1
-pad=1
-activation=linear
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-filters=5
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[route]
-layers=-1,-2
-"""
+CFG = (net_header(23, 19)
+       + conv(8) + maxpool(2, 2)
+       + conv(12) + maxpool(3, 2)
+       + conv(10, bn=0) + maxpool(2, 1)
+       + conv(6) + upsample(2) + route(-1, 2)
+       + conv(9, bn=0, act="linear") + maxpool(2, 2)
+       + conv(5, bn=0) + route(-1, -2))
 
 
-class FixedTuning:
-    def __init__(self, pick) -> None:
-        self.pick = pick
-
-    def conv_config(self, node, batch: int = 1) -> dict:
-        return self.pick(node)
-
-
-TINY = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
-
-
-def wino_pick(node):
-    """Winograd F(2x2) for the 3x3 convs, the implicit GEMM for the rest (local family)."""
-    M, N = node.attrs["filters"], node.output.h * node.output.w
-    if winograd.applicable(node):
-        M, N, K, _ = winograd.gemm_shape(node, 2)
-        return {"algo": "winograd", "m": 2, "family": "local", **gl.complete(TINY, M, N, K)}
-    K = node.attrs["in_c"] * node.attrs["size"] ** 2
-    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
-
-
-def implicit_pick(node):
-    M, N = node.attrs["filters"], node.output.h * node.output.w
-    K = node.attrs["in_c"] * node.attrs["size"] ** 2
-    return {"algo": "implicit", "family": "local", **gl.complete(TINY, M, N, K, implicit=True)}
+wino_pick = local_pick(TINY_TILE, m=2)        # Winograd F(2x2) for the 3x3 convs, the implicit GEMM for the rest
+implicit_pick = local_pick(TINY_TILE)
 
 
 @pytest.fixture(scope="module")
 def net():
-    d = tempfile.mkdtemp()
-    cfg = os.path.join(d, "f.cfg")
-    with open(cfg, "w") as f:
-        f.write(CFG)
-    wts = write_random_weights(cfg, os.path.join(d, "f.weights"), seed=3)
-    sections = parse_cfg(cfg)
-    info = parse_net(sections[0], None)
-    layers = build_layers(sections, info)
-    graph = build_graph(info, layers, load_weights(wts, layers))
+    cfg, wts = write_model(tempfile.mkdtemp(), "f", CFG, seed=3)
+    graph = graph_of(cfg, wts)
     blob = np.random.default_rng(2).random((2, 3, 19, 23), dtype=np.float32) - 0.5
     ref = forward_numpy(cfg, wts, blob, keep="heads")
     return graph, blob, list(ref.values())[-1]
@@ -212,46 +109,9 @@ def test_default_plan_of_yolov3_tiny_equals_unfolded(rt):
         np.testing.assert_array_equal(a, b)
 
 
-SPP = """[net]
-width=17
-height=12
-channels=3
-
-[convolutional]
-filters=6
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-stride=1
-size=5
-
-[route]
-layers=-2
-
-[maxpool]
-stride=1
-size=9
-
-[route]
-layers=-4
-
-[maxpool]
-stride=1
-size=13
-
-[route]
-layers=-1,-3,-5,-6
-
-[convolutional]
-filters=4
-size=1
-stride=1
-pad=1
-activation=leaky
-"""
+SPP_CONV = net_header(17, 12) + conv(6, bn=0)
+SPP = (SPP_CONV + maxpool(5, 1) + route(-2) + maxpool(9, 1) + route(-4)
+       + maxpool(13, 1) + route(-1, -3, -5, -6) + conv(4, 1, bn=0))
 
 
 def np_maxpool_same(x: np.ndarray, size: int) -> np.ndarray:
@@ -263,34 +123,18 @@ def np_maxpool_same(x: np.ndarray, size: int) -> np.ndarray:
 
 
 # The same with two pools (5 and 9): the kernel's two-window variant.
-SPP2 = SPP[:SPP.index("[route]\nlayers=-4")] + """[route]
-layers=-1,-3,-4
-
-[convolutional]
-filters=4
-size=1
-stride=1
-pad=1
-activation=leaky
-"""
+SPP2 = (SPP_CONV + maxpool(5, 1) + route(-2) + maxpool(9, 1)
+        + route(-1, -3, -4) + conv(4, 1, bn=0))
 
 
 @pytest.mark.parametrize("precision,pools", [(FP32, 3), (FP16, 3), (FP32, 2)], ids=["fp32-3", "fp16-3", "fp32-2"])
 def test_spp_pools_run_as_one_launch(rt, precision, pools):
     """SPP's pools become one maxpool_nested launch whose concat equals NumPy's pools of the
     conv output exactly (max is exact), and the network equals the NumPy reference."""
-    d = tempfile.mkdtemp()
-    cfg = os.path.join(d, "spp.cfg")
-    with open(cfg, "w") as f:
-        f.write(SPP if pools == 3 else SPP2)
-    wts = write_random_weights(cfg, os.path.join(d, "spp.weights"), seed=4)
-    sections = parse_cfg(cfg)
-    info = parse_net(sections[0], None)
-    layers = build_layers(sections, info)
-    params = load_weights(wts, layers)
+    cfg, wts = write_model(tempfile.mkdtemp(), "spp", SPP if pools == 3 else SPP2, seed=4)
     blob = np.random.default_rng(5).random((2, 3, 12, 17), dtype=np.float32) - 0.5
     route, last = (6, 7) if pools == 3 else (4, 5)
-    graph = build_graph(info, layers, params, keep=(0, route, last))
+    graph = graph_of(cfg, wts, keep=(0, route, last))
     assert [n.op for n in graph.nodes][:3] == ["conv", "maxpool_nested", "conv"]
     ex = Executor(rt, graph, batch=2, precision=precision)
     kinds = [l.name for l in ex.launches]
@@ -305,62 +149,14 @@ def test_spp_pools_run_as_one_launch(rt, precision, pools):
 
 # yolov4-tiny's second head: a route of [upsample | a conv output another route already holds]
 # (so a copy), read by a 3x3 conv: both segments fold into its input transform.
-COPY = """[net]
-width=16
-height=14
-channels=3
-
-[convolutional]
-filters=6
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-filters=8
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[route]
-layers=0,1
-
-[convolutional]
-filters=4
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[upsample]
-stride=2
-
-[route]
-layers=-1,1
-
-[convolutional]
-filters=5
-size=3
-stride=1
-pad=1
-activation=linear
-"""
+COPY = (net_header(16, 14) + conv(6, bn=0) + conv(8, bn=0) + route(0, 1) + conv(4, stride=2, bn=0) + upsample(2)
+        + route(-1, 1) + conv(5, bn=0, act="linear"))
 
 
 @pytest.mark.parametrize("precision", [FP32, FP16], ids=["fp32", "fp16"])
 def test_route_copy_and_upsample_fold_into_one_read(rt, precision):
-    d = tempfile.mkdtemp()
-    cfg = os.path.join(d, "copy.cfg")
-    with open(cfg, "w") as f:
-        f.write(COPY)
-    wts = write_random_weights(cfg, os.path.join(d, "copy.weights"), seed=6)
-    sections = parse_cfg(cfg)
-    info = parse_net(sections[0], None)
-    layers = build_layers(sections, info)
-    params = load_weights(wts, layers)
-    graph = build_graph(info, layers, params)
+    cfg, wts = write_model(tempfile.mkdtemp(), "copy", COPY, seed=6)
+    graph = graph_of(cfg, wts)
     assert [n.op for n in graph.nodes] == ["conv", "conv", "conv", "upsample", "copy", "conv"]
     assert [p.op for p in graph.nodes[-1].attrs["read_through"]] == ["upsample", "copy"]
     blob = np.random.default_rng(7).random((2, 3, 14, 16), dtype=np.float32) - 0.5

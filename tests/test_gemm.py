@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from gemm_ref import LEAKY, LINEAR, LOGISTIC, MISH, RELU, SlicedC, reference, rel_err
+from tiny_cfgs import conv, net_header, shortcut
+from tiny_graphs import conv_nodes
 from yolo_cl.kernels import gemm_cpu as gc
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
@@ -240,46 +242,18 @@ def test_im2col_rows(rt, shape):
     np.testing.assert_array_equal(out.reshape(ref.shape), ref)
 
 
-CONV_NET = """[net]
-width=24
-height=10
-channels={c}
-
-[convolutional]
-filters=10
-size={k}
-stride=1
-pad=1
-dilation={d}
-groups={g}
-activation=leaky
-
-[convolutional]
-filters=10
-size=1
-stride=1
-pad=0
-activation=linear
-
-[shortcut]
-from=-2
-activation=leaky
-"""
+def conv_net(c: int, k: int, d: int, g: int, width: int = 24, height: int = 10) -> str:
+    """A ``k`` x ``k`` conv (dilation ``d``, ``g`` groups) over ``c`` channels, a 1x1 conv, and a shortcut."""
+    return (net_header(width, height, c) + conv(10, k, bn=0, dilation=d, groups=g)
+            + conv(10, 1, pad=0, bn=0, act="linear") + shortcut(-2, act="leaky"))
 
 
 @pytest.mark.parametrize("c,k,d,g", [(3, 3, 1, 1), (4, 5, 2, 2), (1, 3, 1, 1)], ids=["3x3", "5x5-dil2-groups", "1ch"])
 def test_conv_algorithms(rt, tmp_path, c, k, d, g):
     """Whole convs through each algorithm of the family (im2col, implicit, Winograd F(2x2)/F(4x4),
     gemm1x1 with a fused residual) against the tuner's NumPy reference, at batch 2."""
-    from yolo_cl.cfg import parse_cfg
-    from yolo_cl.graph import build_graph
-    from yolo_cl.layers import build_layers, parse_net
     from yolo_cl.tuner import ConvBench
-    path = tmp_path / "net.cfg"
-    path.write_text(CONV_NET.format(c=c, k=k, d=d, g=g))
-    sections = parse_cfg(path)
-    net = parse_net(sections[0], None)
-    nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
+    nodes = conv_nodes(tmp_path / "net.cfg", conv_net(c, k, d, g))
     nv = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 1, "KU": 2, "WG": 0}
     mv = {"kernel": "mv", "TN": 3, "VW": 4, "NV": 2, "KU": 1, "WG": 1, "ORD": 1}
     cases = [(nodes[0], {"algo": "im2col", **mv}), (nodes[0], {"algo": "implicit", **nv}),
@@ -304,15 +278,8 @@ def test_conv_algorithms(rt, tmp_path, c, k, d, g):
 def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
     """The untuned pick, at either precision, is a legal config of the family that computes the
     conv (checked against NumPy); F(4x4) Winograd only with fp32 storage."""
-    from yolo_cl.cfg import parse_cfg
-    from yolo_cl.graph import build_graph
-    from yolo_cl.layers import build_layers, parse_net
     from yolo_cl.tuner import ConvBench
-    path = tmp_path / "net.cfg"
-    path.write_text(CONV_NET.format(c=c, k=k, d=d, g=g))
-    sections = parse_cfg(path)
-    net = parse_net(sections[0], None)
-    nodes = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
+    nodes = conv_nodes(tmp_path / "net.cfg", conv_net(c, k, d, g))
     for node in nodes:
         for precision in (FP32, FP16):
             half = precision.half
@@ -331,16 +298,9 @@ def test_heuristic_large_maps(rt, tmp_path):
     least POINTWISE_MIN_N pixels gets POINTWISE_BLOCK (here with ragged rows: 10 filters in 4-row
     blocks), a 3x3 over 32 channels and IMPLICIT_LARGE_N pixels the implicit GEMM; on smaller
     maps neither rule applies."""
-    from yolo_cl.cfg import parse_cfg
-    from yolo_cl.graph import build_graph
-    from yolo_cl.layers import build_layers, parse_net
     from yolo_cl.tuner import ConvBench
     for (w, h), large in (((256, 128), True), ((24, 10), False)):
-        path = tmp_path / "net.cfg"
-        path.write_text(CONV_NET.format(c=32, k=3, d=1, g=1).replace("width=24\nheight=10", f"width={w}\nheight={h}"))
-        sections = parse_cfg(path)
-        net = parse_net(sections[0], None)
-        conv3, conv1 = [n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv"]
+        conv3, conv1 = conv_nodes(tmp_path / "net.cfg", conv_net(32, 3, 1, 1, w, h))
         assert (w * h >= gc.IMPLICIT_LARGE_N) == large and (w * h >= gc.POINTWISE_MIN_N) == large
         c3, c1 = gc.heuristic_config(conv3), gc.heuristic_config(conv1)
         assert (c3["algo"] == "implicit") == large, c3

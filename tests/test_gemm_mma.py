@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, reference, rel_err
+from tiny_cfgs import conv, net_header, route, shortcut
 from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.precision import FP16, FP32, PRECISIONS, TF32
 from yolo_cl.runtime import Runtime
@@ -217,57 +218,8 @@ def test_probe_passes_on_tensor_cores_or_emulated_and_says_no_otherwise(rt, monk
     assert gm.available(rt, "f16") == hw and (gm.mode_for(rt, TF32) == "tf32") == hw
 
 
-NET = """[net]
-width=24
-height=24
-channels=3
-
-[convolutional]
-batch_normalize=1
-filters=16
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=32
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=16
-size=1
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=32
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[shortcut]
-from=-3
-activation=linear
-
-[route]
-layers=-1,-4
-
-[convolutional]
-filters=18
-size=1
-stride=1
-pad=1
-activation=linear
-"""
+NET = (net_header(24, 24) + conv(16) + conv(32, stride=2) + conv(16, 1) + conv(32) + shortcut(-3) + route(-1, -4)
+       + conv(18, 1, bn=0, act="linear"))
 
 
 def net_and_reference(tmp_path, text: str, size: int, seed: int) -> tuple:
@@ -343,25 +295,7 @@ def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
     assert FP32.tolerance < err < tuner.tol
 
 
-SPLIT_NET = """[net]
-width=16
-height=16
-channels=3
-
-[convolutional]
-filters=64
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[convolutional]
-filters=32
-size=3
-stride=1
-pad=1
-activation=leaky
-"""
+SPLIT_NET = net_header(16, 16) + conv(64, stride=2, bn=0) + conv(32, bn=0)
 
 
 def test_in_kernel_split_sum_through_the_detector(rt, tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from yolo_cl import Detector
 from yolo_cl.inflight import SLOTS
 
 from boxes import same_detections
+from clips import read_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -104,13 +105,8 @@ def test_host_path_submit_equals_device_path(det, frames):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_stream_equals_one_at_a_time(det, batch):
-    cap = cv2.VideoCapture(str(VIDEO))
-    video = []
-    while len(video) < 8:
-        ok, f = cap.read()
-        assert ok
-        video.append(f)
-    cap.release()
+    video = read_frames(VIDEO, 8)
+    assert len(video) == 8
     ref = [key(det.detect(f, thresh=0.1)) for f in video]
     got = [(i, key(d)) for i, _, d in det.stream(iter(video), thresh=0.1, batch=batch)]
     assert got == list(enumerate(ref))

@@ -22,25 +22,13 @@ from yolo_cl.weights import load_weights
 sys.path.insert(0, os.path.dirname(__file__))
 import darknet_io  # noqa: E402
 import np_darknet  # noqa: E402
+from tiny_cfgs import conv, net_header, sec  # noqa: E402
 
 ACTIVATIONS = ("linear", "leaky", "relu", "relu6", "logistic", "tanh", "mish", "swish", "hard_mish")
 RTOL = 1e-4
 
 
 # -- cfg and weights writers ---------------------------------------------------------------------------
-
-def sec(kind: str, **opts) -> str:
-    """One cfg section; option values are written as given (lists as comma-separated)."""
-    lines = [f"[{kind}]"]
-    for k, v in opts.items():
-        lines.append(f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}")
-    return "\n".join(lines) + "\n\n"
-
-
-def conv(filters: int, size: int = 3, stride: int = 1, pad: int = 1, bn: int = 1, act: str = "leaky", **opts) -> str:
-    return sec("convolutional", batch_normalize=bn, filters=filters, size=size, stride=stride, pad=pad,
-               activation=act, **opts)
-
 
 def write_weights(cfg: Path, out: Path, seed: int, gain: float = 1.5) -> None:
     """A Darknet .weights file (format 0.2, 64-bit ``seen``) with random, O(1)-scaled parameters.
@@ -68,7 +56,7 @@ def write_weights(cfg: Path, out: Path, seed: int, gain: float = 1.5) -> None:
 def write_net(tmp_path: Path, body: str, size: tuple, channels: int, seed: int = 0, name: str = "net") -> tuple:
     """cfg + weights files. The cfg says 416x416: the Detector runs it at ``size`` through ``input_size``."""
     cfg = tmp_path / f"{name}.cfg"
-    cfg.write_text(f"[net]\nwidth=416\nheight=416\nchannels={channels}\n\n{body}")
+    cfg.write_text(net_header(416, 416, channels) + body)
     weights = tmp_path / f"{name}.weights"
     write_weights(cfg, weights, seed)
     return cfg, weights
@@ -281,7 +269,7 @@ def test_conv_activation(tmp_path, act):
 def test_activation_large_inputs(tmp_path, act):
     """Pre-activations from -1000 to 1000 through a 1x1 identity conv: softplus/exp thresholds, no overflow."""
     cfg = tmp_path / "act.cfg"
-    cfg.write_text("[net]\nwidth=40\nheight=8\nchannels=1\n\n" + conv(1, 1, 1, bn=0, act=act))
+    cfg.write_text(net_header(40, 8, 1) + conv(1, 1, 1, bn=0, act=act))
     weights = tmp_path / "act.weights"
     weights.write_bytes(np.array([0, 2, 0], "<i4").tobytes() + np.array([0], "<u8").tobytes() +
                         np.array([0.0, 1.0], "<f4").tobytes())    # bias 0, weight 1

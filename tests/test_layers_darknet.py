@@ -29,19 +29,9 @@ from yolo_cl.weights import read_layer
 
 sys.path.insert(0, os.path.dirname(__file__))
 import np_darknet  # noqa: E402
+from tiny_cfgs import conv, net_header, sec  # noqa: E402
 
 RTOL = 1e-4
-
-
-def sec(kind: str, **opts) -> str:
-    lines = [f"[{kind}]"] + [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
-                             for k, v in opts.items()]
-    return "\n".join(lines) + "\n\n"
-
-
-def conv(filters: int, size: int = 3, stride: int = 1, bn: int = 1, act: str = "leaky", **opts) -> str:
-    return sec("convolutional", batch_normalize=bn, filters=filters, size=size, stride=stride, pad=1,
-               activation=act, **opts)
 
 
 def _blocks(layer, rng) -> list:
@@ -77,7 +67,7 @@ def _blocks(layer, rng) -> list:
 def write_net(tmp_path: Path, body: str, size: tuple, channels: int = 3, seed: int = 0) -> tuple:
     """cfg and weights files (format 0.2) plus the parameters written, per layer, for the reference."""
     cfg = tmp_path / "net.cfg"
-    cfg.write_text(f"[net]\nwidth={size[0]}\nheight={size[1]}\nchannels={channels}\n\n{body}")
+    cfg.write_text(net_header(size[0], size[1], channels) + body)
     sections = parse_cfg(cfg)
     layers = build_layers(sections, parse_net(sections[0]))
     rng = np.random.default_rng(seed)
@@ -181,7 +171,7 @@ def test_normalize_channels_conv_is_not_fused_with_a_shortcut(tmp_path):
 
 def test_channel_activation_outside_conv_is_refused(tmp_path):
     cfg = tmp_path / "bad.cfg"
-    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[activation]\nactivation=normalize_channels\n")
+    cfg.write_text(net_header(8, 8) + "[activation]\nactivation=normalize_channels\n")
     with pytest.raises(CfgError, match=r"bad.cfg:7: \[activation\]: .*only applied by \[convolutional\]"):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
 
@@ -281,7 +271,7 @@ def test_local(tmp_path, size, stride, pad):
 
 def test_local_whose_sizes_disagree_is_refused(tmp_path):
     cfg = tmp_path / "bad.cfg"
-    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[local]\nfilters=2\nsize=3\npad=2\n")
+    cfg.write_text(net_header(8, 8) + "[local]\nfilters=2\nsize=3\npad=2\n")
     with pytest.raises(CfgError, match=r"bad.cfg:9: \[local\]: size=3 with pad=2"):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
 
@@ -354,7 +344,7 @@ def test_layers_fp16_and_batch(tmp_path):
 
 def test_crop_that_does_not_fit_is_refused(tmp_path):
     cfg = tmp_path / "bad.cfg"
-    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[crop]\ncrop_height=9\ncrop_width=4\n")
+    cfg.write_text(net_header(8, 8) + "[crop]\ncrop_height=9\ncrop_width=4\n")
     with pytest.raises(CfgError, match=r"bad.cfg:7: \[crop\]: a 4x9 crop does not fit"):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
 
@@ -362,7 +352,7 @@ def test_crop_that_does_not_fit_is_refused(tmp_path):
 @pytest.mark.parametrize("section", ["softmax", "region"])
 def test_softmax_tree_is_refused(tmp_path, section):
     cfg = tmp_path / "bad.cfg"
-    cfg.write_text(f"[net]\nwidth=8\nheight=8\nchannels=3\n\n[convolutional]\nfilters=6\n\n[{section}]\n"
+    cfg.write_text(net_header(8, 8) + f"[convolutional]\nfilters=6\n\n[{section}]\n"
                    "classes=1\ntree=data/9k.tree\n")
     with pytest.raises(CfgError, match=rf"bad.cfg:11: \[{section}\]: a hierarchical softmax"):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
@@ -371,7 +361,7 @@ def test_softmax_tree_is_refused(tmp_path, section):
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "crnn", "conv_lstm"])
 def test_recurrent_layers_are_refused_by_name(tmp_path, kind):
     cfg = tmp_path / "rnn.cfg"
-    cfg.write_text(f"[net]\nwidth=8\nheight=8\nchannels=3\n\n[{kind}]\noutput=4\n")
+    cfg.write_text(net_header(8, 8) + f"[{kind}]\noutput=4\n")
     r = subprocess.run([sys.executable, "-m", "yolo_cl", "info", str(cfg)], capture_output=True, text=True)
     assert r.returncode != 0
     assert f"rnn.cfg:6: section [{kind}] is not supported" in r.stderr
@@ -482,7 +472,7 @@ def test_detection_decode(tmp_path, use_softmax, use_sqrt):
 
 def test_detection_without_coords_4_is_refused(tmp_path):
     cfg = tmp_path / "bad.cfg"
-    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
+    cfg.write_text(net_header(8, 8) + "[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
                    "classes=3\n")
     with pytest.raises(CfgError, match=r"bad.cfg:9: \[detection\]: coords=1: only coords=4"):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
@@ -490,7 +480,7 @@ def test_detection_without_coords_4_is_refused(tmp_path):
 
 def test_detection_size_mismatch_is_refused(tmp_path):
     cfg = tmp_path / "bad.cfg"
-    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
+    cfg.write_text(net_header(8, 8) + "[connected]\noutput=50\n\n[detection]\nside=2\nnum=2\n"
                    "classes=3\ncoords=4\n")
     with pytest.raises(CfgError, match=r"bad.cfg:\d+: .*side=2, num=2, classes=3 need 52"):
         yolo_cl.Detector(cfg, tmp_path / "none.weights")
@@ -541,7 +531,7 @@ def test_hostile_values_give_clean_errors(tmp_path, section):
     cfg = tmp_path / "h.cfg"
     for key in NEW_SECTIONS[section]:
         for value in HOSTILE:
-            cfg.write_text(f"[net]\nwidth=16\nheight=16\nchannels=3\n\n[convolutional]\nfilters=18\nsize=1\n\n"
+            cfg.write_text(net_header(16, 16) + f"[convolutional]\nfilters=18\nsize=1\n\n"
                            f"[{section}]\n{key}={value}\n")
             try:
                 sections = parse_cfg(cfg)

@@ -27,7 +27,8 @@ import yolo_cl
 from yolo_cl.weights import param_count
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_layers_darknet import conv, sec, write_net  # noqa: E402
+from test_layers_darknet import write_net  # noqa: E402
+from tiny_cfgs import conv, sec  # noqa: E402
 
 OPENCV_BN_EPS = 1e-6
 

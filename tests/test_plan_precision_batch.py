@@ -7,6 +7,7 @@ import pytest
 
 import yolo_cl
 from boxes import iou
+from clips import read_frames
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 IMAGES = sorted((SHARED / "images").glob("*.jpg"))
@@ -88,20 +89,8 @@ def test_plan_replay_equals_eager(fp32):
     assert ex.launches == launches and ex.arena is arena
 
 
-def _frames_of(video, n):
-    cap = cv2.VideoCapture(str(video))
-    frames = []
-    while len(frames) < n:
-        ok, f = cap.read()
-        if not ok:
-            break
-        frames.append(f)
-    cap.release()
-    return frames
-
-
 def test_crop_agrees_with_letterbox_on_portrait_video():
-    frames = _frames_of(SHARED / "videos" / "library1.mp4", 40)
+    frames = read_frames(SHARED / "videos" / "library1.mp4", 40)
     assert frames and frames[0].shape[:2] == (1280, 720)
     lb = yolo_cl.Detector("yolov3-tiny", fit="letterbox")
     crop = yolo_cl.Detector("yolov3-tiny", fit="crop")

@@ -16,6 +16,7 @@ import cv2  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 import darknet_io  # noqa: E402
 import opencv_ref  # noqa: E402
+from tiny_cfgs import conv, maxpool, net_header, yolo  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
@@ -120,44 +121,8 @@ def test_expected_shapes():
 # opencv_ref: naming, fusion, NumPy agreement
 # --------------------------------------------------------------------------
 
-TINY_NET_CFG = """[net]
-width=32
-height=32
-channels=3
-
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-batch_normalize=1
-filters=6
-size=3
-stride=1
-pad=1
-activation=mish
-
-[convolutional]
-size=1
-stride=1
-pad=1
-filters=18
-activation=linear
-
-[yolo]
-mask = 0,1,2
-anchors = 10,14,  23,27,  37,58,  81,82,  135,169,  344,319
-classes=1
-num=6
-"""
+TINY_NET_CFG = (net_header(32, 32) + conv(8) + maxpool() + conv(6, act="mish") + conv(18, 1, bn=0, act="linear")
+                + yolo((0, 1, 2), classes=1))
 
 
 def _manual_conv(x, w, b, k, bn=None, act="linear"):

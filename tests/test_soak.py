@@ -20,6 +20,7 @@ import pytest
 
 from darknet_io import write_random_weights
 from procmem import rss_bytes
+from tiny_cfgs import conv, maxpool, net_header, route, shortcut, upsample, yolo
 from yolo_cl import Detector
 
 FRAMES = int(os.environ.get("YOLO_CL_SOAK_FRAMES", "2000"))
@@ -27,83 +28,12 @@ THRESH = 0.6          # random weights are confident everywhere: keep NMS to a f
 RSS_SLACK = 3 << 20   # growth allowed over a whole soak after warm-up; a 2 KiB-per-frame leak exceeds it
 ROUNDS = 8            # RSS samples after warm-up: a leak grows in most rounds, allocator noise in one or two
 
-TINY_CFG = """\
-[net]
-width=64
-height=64
-channels=3
-
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-batch_normalize=1
-filters=16
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-batch_normalize=1
-filters=16
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[shortcut]
-from=-2
-activation=linear
-
-[convolutional]
-size=1
-stride=1
-pad=1
-filters=21
-activation=linear
-
-[yolo]
-mask=3,4,5
-anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
-classes=2
-num=6
-
-[route]
-layers=-3
-
-[upsample]
-stride=2
-
-[route]
-layers=-1,2
-
-[convolutional]
-size=1
-stride=1
-pad=1
-filters=21
-activation=linear
-
-[yolo]
-mask=0,1,2
-anchors=10,14, 23,27, 37,58, 81,82, 135,169, 344,319
-classes=2
-num=6
-"""
+HEAD = dict(size=1, bn=0, act="linear")   # 21 = 3 anchors x (2 classes + 5)
+TINY_CFG = (net_header(64, 64)
+            + conv(8) + maxpool() + conv(16) + maxpool() + conv(16) + shortcut(-2)
+            + conv(21, **HEAD) + yolo((3, 4, 5), classes=2)
+            + route(-3) + upsample() + route(-1, 2)
+            + conv(21, **HEAD) + yolo((0, 1, 2), classes=2))
 
 
 def leak_growth(samples: list) -> float:

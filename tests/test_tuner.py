@@ -13,61 +13,22 @@ import yaml
 from yolo_cl import search
 from yolo_cl import tuner as tmod
 from yolo_cl import tuning_db as dbm
-from yolo_cl.cfg import parse_cfg
-from yolo_cl.graph import build_graph
 from yolo_cl.kernels import family, gemm_cpu, gemm_local
-from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.runtime import Runtime
 
-NET = """[net]
-width={w}
-height={h}
-channels=3
+from tiny_cfgs import conv, net_header, shortcut
+from tiny_graphs import conv_nodes
 
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-stride=1
-pad=1
-activation=leaky
 
-[convolutional]
-filters=12
-size=1
-stride=1
-pad=0
-activation=linear
-
-[convolutional]
-batch_normalize=1
-filters=6
-size=3
-stride=2
-pad=1
-activation=mish
-
-[convolutional]
-filters=6
-size=1
-stride=1
-pad=0
-activation=leaky
-
-[shortcut]
-from=-2
-activation=linear
-"""
+def net_cfg(w: int, h: int) -> str:
+    """Four convs (3x3 leaky, 1x1 linear, 3x3/2 mish, 1x1 leaky) and a shortcut, at ``w`` x ``h``."""
+    return (net_header(w, h) + conv(8) + conv(12, 1, pad=0, bn=0, act="linear") + conv(6, stride=2, act="mish")
+            + conv(6, 1, pad=0, bn=0) + shortcut(-2))
 
 
 def convs(tmp_path, w=24, h=20):
-    path = tmp_path / f"net{w}x{h}.cfg"
-    path.write_text(NET.format(w=w, h=h))
-    sections = parse_cfg(path)
-    net = parse_net(sections[0], None)
-    graph = build_graph(net, build_layers(sections, net), None)
-    return [n for n in graph.nodes if n.op == "conv"]
+    return conv_nodes(tmp_path / f"net{w}x{h}.cfg", net_cfg(w, h))
 
 
 def fake_rt(device="Dev X", driver="1.0", vendor="Acme", kind="CPU"):
@@ -302,12 +263,7 @@ def test_gpu_cost_model_counts_winograd_batch(tmp_path):
     implicit GEMM with the same tile and keeps 132 compute units as busy, so it must rank first.
     (Counting one GEMM's 6 tiles instead of 6 x 36, the model ranked it 4557th of 4862 on an H100,
     where it was the fastest.)"""
-    path = tmp_path / "w.cfg"
-    path.write_text("[net]\nwidth=52\nheight=52\nchannels=64\n\n[convolutional]\nfilters=128\nsize=3\n"
-                    "stride=1\npad=1\nactivation=leaky\n")
-    sections = parse_cfg(path)
-    net = parse_net(sections[0], None)
-    node = next(n for n in build_graph(net, build_layers(sections, net), None).nodes if n.op == "conv")
+    node, = conv_nodes(tmp_path / "w.cfg", net_header(52, 52, 64) + conv(128, bn=0))
     rt = types.SimpleNamespace(device=types.SimpleNamespace(max_compute_units=132), is_cpu=False)
     tile = {"family": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 32, "SA": 1, "SB": 1, "PF": 1}
     wino = gemm_local.conv_cost(node, dict(tile, algo="winograd", m=4), 1, rt)
@@ -361,7 +317,7 @@ def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(gemm_cpu, "_MV_BLOCKS", [(4, 8, 1), (3, 4, 2)])
     monkeypatch.setattr(gemm_cpu, "KUS", (1,))
     cfg = tmp_path / "net.cfg"
-    cfg.write_text(NET.format(w=16, h=16))
+    cfg.write_text(net_cfg(16, 16))
     db = tmp_path / "cache" / "tuning.yaml"
     assert main(["tune", str(cfg), "--db", str(db), "--budget", "600"]) == 0
     out, err = capsys.readouterr()

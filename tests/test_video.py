@@ -19,6 +19,7 @@ import yolo_cl
 from yolo_cl import video, video_cli
 from yolo_cl.errors import ImageError, YoloClError
 
+from clips import read_frames
 from interrupt import interrupt_when
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,14 +35,7 @@ def det():
 @pytest.fixture(scope="module")
 def clip_frames():
     """The first 12 frames of the clip (or synthetic frames where the clip is missing)."""
-    cap = cv2.VideoCapture(str(CLIP))
-    frames = []
-    while cap.isOpened() and len(frames) < 12:
-        ok, f = cap.read()
-        if not ok:
-            break
-        frames.append(f)
-    cap.release()
+    frames = read_frames(CLIP, 12) if CLIP.is_file() else []
     if not frames:
         rng = np.random.default_rng(0)
         frames = [rng.integers(0, 255, (240, 320, 3), np.uint8) for _ in range(12)]
@@ -53,19 +47,6 @@ def args(**kw):
                 quiet=True)
     base.update(kw)
     return types.SimpleNamespace(**base)
-
-
-def read_video(path: Path) -> list:
-    cap = cv2.VideoCapture(str(path))
-    assert cap.isOpened(), f"OpenCV cannot open {path}"
-    frames = []
-    while True:
-        ok, f = cap.read()
-        if not ok:
-            break
-        frames.append(f)
-    cap.release()
-    return frames
 
 
 def dicts(dets) -> list:
@@ -82,7 +63,7 @@ def test_clip_to_video_and_jsonl(det, tmp_path):
     out, jl = tmp_path / "out.mp4", tmp_path / "dets.jsonl"
     assert video_cli.run_detect_stream(det, str(CLIP), args(out=str(out), jsonl=str(jl), batch=2)) == 0
 
-    frames = read_video(out)
+    frames = read_frames(out)
     assert len(frames) == count == 69
     assert all(f.shape == (h, w, 3) for f in frames)
     records = [json.loads(line) for line in jl.read_text().splitlines()]
@@ -260,7 +241,7 @@ def test_sigint_leaves_a_playable_video(tmp_path):
     err = interrupt_when(proc, started)
     assert proc.returncode == 130, err
     lines = jl.read_text().splitlines()
-    frames = read_video(out)
+    frames = read_frames(out)
     assert 5 <= len(frames) < 69
     assert len(lines) == len(frames)
     assert [json.loads(x)["frame_id"] for x in lines] == list(range(len(frames)))

@@ -18,7 +18,8 @@ from yolo_cl.weights import load_weights
 
 sys.path.insert(0, os.path.dirname(__file__))
 import np_darknet  # noqa: E402
-from test_layers import assert_close, conv, fused_residuals, sec  # noqa: E402
+from test_layers import assert_close, fused_residuals  # noqa: E402
+from tiny_cfgs import conv, net_header, sec  # noqa: E402
 
 SIZE = (7, 5)
 
@@ -84,7 +85,7 @@ def test_weighted_shortcut(tmp_path, case):
     body = "".join(conv(c, 1, 1, bn=0, act="linear") for _ in range(5))
     body += sec("shortcut", **{"from": frm}, weights_type=wtype, weights_normalization=norm, activation=act)
     cfg = tmp_path / "w.cfg"
-    cfg.write_text(f"[net]\nwidth={SIZE[0]}\nheight={SIZE[1]}\nchannels=3\n\n{body}")
+    cfg.write_text(net_header(*SIZE) + body)
     n = len(frm.split(","))
     nweights = (n + 1) * (c if wtype == "per_channel" else 1)
     rng = np.random.default_rng(4)
@@ -104,7 +105,7 @@ def test_weighted_shortcut(tmp_path, case):
 
 
 def test_weighted_shortcut_errors(tmp_path):
-    base = "[net]\nwidth=7\nheight=5\nchannels=3\n\n" + conv(2, 1, 1, bn=0) * 2
+    base = net_header(7, 5) + conv(2, 1, 1, bn=0) * 2
     cfg = tmp_path / "e.cfg"
     cfg.write_text(base + sec("shortcut", **{"from": -2}, weights_type="per_pixel"))
     with pytest.raises(CfgError, match="option 'weights_type=per_pixel' is not one of"):

@@ -17,9 +17,10 @@ from yolo_cl.weights import load_weights, needs_weights, read_header, save_weigh
 
 sys.path.insert(0, os.path.dirname(__file__))
 import np_darknet  # noqa: E402
-from test_layers import conv, sec, write_weights  # noqa: E402
+from test_layers import write_weights  # noqa: E402
+from tiny_cfgs import conv, net_header, sec  # noqa: E402
 
-NET = "[net]\nwidth=12\nheight=10\nchannels=3\n\n"
+NET = net_header(12, 10)
 PARAMETERLESS = (sec("maxpool", size=2, stride=1) + sec("upsample", stride=2) + sec("maxpool", size=2, stride=2) +
                  sec("route", layers=[-1, -3]) + sec("shortcut", **{"from": -4}, activation="leaky") +
                  sec("maxpool", size=3, stride=2))

@@ -7,107 +7,30 @@ NumPy forward pass (float64 accumulations, independent of yolo_cl).
 """
 from __future__ import annotations
 
-import os
 import tempfile
 
 import numpy as np
 import pytest
 
-from darknet_io import forward_numpy, write_random_weights
-from yolo_cl.cfg import parse_cfg
+from darknet_io import forward_numpy
+from tiny_cfgs import conv, net_header, route, shortcut
+from tiny_graphs import TINY_TILE, FixedTuning, graph_of, local_pick, write_model
 from yolo_cl.precision import FP16, FP32
 from yolo_cl.executor import Executor
-from yolo_cl.graph import build_graph
 from yolo_cl.kernels import gemm_local as gl
 from yolo_cl.kernels import winograd
-from yolo_cl.layers import build_layers, parse_net
 from yolo_cl.runtime import Runtime
-from yolo_cl.weights import load_weights
 
-CFG = """[net]
-width=22
-height=18
-channels=3
-
-[convolutional]
-batch_normalize=1
-filters=13
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=13
-size=3
-stride=1
-pad=1
-activation=mish
-
-[shortcut]
-from=-2
-activation=leaky
-
-[convolutional]
-filters=20
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=9
-size=1
-stride=1
-pad=1
-activation=leaky
-
-[route]
-layers=-2
-
-[convolutional]
-batch_normalize=1
-filters=7
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[route]
-layers=-1,-3
-
-[convolutional]
-filters=11
-size=3
-stride=1
-pad=1
-activation=linear
-"""
-
-
-class FixedTuning:
-    """A tuning table that answers every conv with ``pick(node)``."""
-
-    def __init__(self, pick) -> None:
-        self.pick = pick
-
-    def conv_config(self, node, batch: int = 1) -> dict:
-        return self.pick(node)
+CFG = (net_header(22, 18)
+       + conv(13) + conv(13, act="mish") + shortcut(-2, act="leaky")
+       + conv(20, stride=2, bn=0) + conv(9, 1) + route(-2) + conv(7) + route(-1, -3)
+       + conv(11, bn=0, act="linear"))
 
 
 @pytest.fixture(scope="module")
 def net():
-    d = tempfile.mkdtemp()
-    cfg = os.path.join(d, "w.cfg")
-    with open(cfg, "w") as f:
-        f.write(CFG)
-    wts = write_random_weights(cfg, os.path.join(d, "w.weights"), seed=5)
-    sections = parse_cfg(cfg)
-    info = parse_net(sections[0], None)
-    layers = build_layers(sections, info)
-    graph = build_graph(info, layers, load_weights(wts, layers))
+    cfg, wts = write_model(tempfile.mkdtemp(), "w", CFG, seed=5)
+    graph = graph_of(cfg, wts)
     rng = np.random.default_rng(11)
     blob = rng.random((2, 3, 18, 22), dtype=np.float32)
     ref = forward_numpy(cfg, wts, blob, keep="heads")
@@ -129,19 +52,6 @@ def rel(x, ref):
     return float(np.abs(x - ref).max() / np.abs(ref).max())
 
 
-def wino_pick(m, gemm):
-    def pick(node):
-        if winograd.applicable(node):
-            M, N, K, t2 = winograd.gemm_shape(node, m)
-            return {"algo": "winograd", "m": m, "family": "local", **gl.complete(gemm, M, N, K)}
-        M, N, K = node.attrs["filters"], node.output.h * node.output.w, node.attrs["in_c"] * node.attrs["size"] ** 2
-        return {"algo": "implicit", "family": "local", **gl.complete(gemm, M, N, K, implicit=True)}
-    return pick
-
-
-TINY = dict(MWG=16, NWG=16, KWG=8, MDIMC=4, NDIMC=4)
-
-
 @pytest.fixture(scope="module")
 def direct(rt, net):
     """The same network with every conv on the implicit GEMM (no Winograd), fp32."""
@@ -160,7 +70,7 @@ def implicit_pick(node):
 @pytest.mark.parametrize("m", [2, 4])
 def test_winograd_matches_direct(rt, net, direct, m):
     graph, blob, ref = net
-    ex, out = run(rt, graph, blob, wino_pick(m, TINY))
+    ex, out = run(rt, graph, blob, local_pick(TINY_TILE, m))
     assert sum(l.name == "wino_gemm" for l in ex.launches) == 4
     assert rel(out, ref) < 2e-4
     err = rel(out, direct)
@@ -172,7 +82,7 @@ def test_winograd_half_storage(rt, net, direct):
     """F(2x2) with half storage stays near direct fp16; F(4x4)'s larger constants cost ~10x more."""
     graph, blob, ref = net
     d16 = rel(run(rt, graph, blob, implicit_pick, half=True)[1], direct)
-    w2, w4 = (rel(run(rt, graph, blob, wino_pick(m, TINY), half=True)[1], direct) for m in (2, 4))
+    w2, w4 = (rel(run(rt, graph, blob, local_pick(TINY_TILE, m), half=True)[1], direct) for m in (2, 4))
     print(f"fp16 storage, error vs direct fp32: direct {d16:.2e}, F(2x2) {w2:.2e}, F(4x4) {w4:.2e}")
     assert d16 < 5e-3 and w2 < 5e-3
     assert w4 < 5e-2
@@ -243,6 +153,6 @@ def test_small_device_limits_fall_back_to_a_legal_tile(rt, net, direct, monkeypa
     small = gl.DeviceLimits(max_wg=64, local_mem=4096, compute_units=4)
     monkeypatch.setattr(gl, "device_limits", lambda rt: small)
     big = dict(MWG=64, NWG=64, KWG=16, MDIMC=16, NDIMC=16)
-    ex, out = run(rt, graph, blob, wino_pick(2, big))
+    ex, out = run(rt, graph, blob, local_pick(big, 2))
     assert all(l.lsize is None or l.lsize[0] * l.lsize[1] <= 64 for l in ex.launches)
     assert rel(out, direct) < 5e-6
