@@ -11,13 +11,15 @@
 #           yolov4:fp16 yolov3:fp32")
 #   torch   the PyTorch + cuDNN peer (.bench/torch_darknet.py) on yolov3 and yolov4, same call
 # SPLIT_SUM=kernel runs the phases with the in-kernel split-K sum (YOLO_CL_MMA_SPLIT_SUM=kernel),
-# unless its tests fail first. The user tuning database the tune phases write ($YOLO_CL_CACHE/tuning.yaml) is copied to $OUT.
+# unless its tests fail first. The user tuning database the tune phases write ($YOLO_CL_CACHE/tuning.yaml) is copied to $OUT;
+# RESUME=FILE (a carried earlier one, e.g. .bench/tuning-h100.yaml) starts from it: its shapes are kept, the rest tuned.
 set -u
 PHASES=",${1:-test,gemm},"
 TUNE_S=${TUNE_S:-120}         # tune budget in seconds (TUNE32_S for tf32, default the same)
 . tools/gpu-setup.sh > /tmp/setup.log 2>&1 || { cat /tmp/setup.log; exit 1; }
 export YOLO_CL_CACHE=/tmp/yc
 mkdir -p /tmp/w "$YOLO_CL_CACHE"
+[ -n "${RESUME:-}" ] && [ -f "$RESUME" ] && cp "$RESUME" "$YOLO_CL_CACHE/tuning.yaml"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 has() { [[ "$PHASES" == *",$1,"* ]]; }
 if has test; then
