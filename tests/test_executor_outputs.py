@@ -1,0 +1,139 @@
+"""Issue 14: ``Executor.run``/``submit``/``collect`` lend the arrays the heads were read into.
+
+The reference is an executor whose pool holds no set (``hostsets.CAP = 0``): it reads every frame
+into its spare set and returns copies, the path every frame took before the pool.
+"""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from yolo_cl import Detector, hostsets
+from yolo_cl.errors import YoloClError
+
+SIZE = 96
+BATCHES = (1, 2, 4)
+
+
+@pytest.fixture(scope="module", params=["fp32", "fp16"])
+def pair(request):
+    """(lending Detector, copying Detector) of one precision."""
+    lend = Detector("yolov3-tiny", input_size=SIZE, precision=request.param)
+    copy = Detector("yolov3-tiny", input_size=SIZE, precision=request.param)
+    return lend, copy
+
+
+def copying(det: Detector, batch: int, monkeypatch):
+    """``det``'s executor for ``batch``, its pool made empty on its first run (so: copies)."""
+    ex = det.executor(batch, (SIZE, SIZE))
+    with monkeypatch.context() as m:
+        m.setattr(hostsets, "CAP", 0)
+        ex.run(np.zeros((batch, 3, SIZE, SIZE), np.float32))
+    return ex
+
+
+def frames(batch: int, n: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [rng.random((batch, 3, SIZE, SIZE), dtype=np.float32) for _ in range(n)]
+
+
+def reference(pair, batch, blobs, monkeypatch) -> list:
+    ref = copying(pair[1], batch, monkeypatch)
+    return [ref.run(b) for b in blobs]
+
+
+def same(got: list, want: list) -> bool:
+    return len(got) == len(want) and all(g.dtype == np.float32 and np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_lent_outputs_equal_copies_over_frames(pair, batch, monkeypatch):
+    blobs = frames(batch, 6, batch)
+    want = reference(pair, batch, blobs, monkeypatch)
+    ex = pair[0].executor(batch, (SIZE, SIZE))
+    for b, w in zip(blobs + blobs[::-1], want + want[::-1]):
+        assert same(ex.run(b), w)
+    assert same(pair[0].forward(blobs[2]), want[2])
+
+
+@pytest.mark.parametrize("batch", (1, 2))
+def test_a_kept_result_or_view_never_changes(pair, batch, monkeypatch):
+    blobs = frames(batch, 2 * hostsets.CAP + 2, 10 + batch)
+    want = reference(pair, batch, blobs, monkeypatch)
+    ex = pair[0].executor(batch, (SIZE, SIZE))
+    kept = ex.run(blobs[0])
+    view = ex.run(blobs[1])[-1][0, 3:]             # only a view of one head of the second result is kept
+    later = [ex.run(b) for b in blobs[2:]]         # more results kept than the pool has sets
+    assert same(kept, want[0])
+    assert np.array_equal(view, want[1][-1][0, 3:])
+    for got, w in zip(later, want[2:]):
+        assert same(got, w)
+    buffers = [o.ctypes.data for r in [kept] + later for o in r]
+    assert len(set(buffers)) == len(buffers)       # no two kept results share memory
+
+
+@pytest.mark.parametrize("batch", (1, 4))
+def test_dropped_results_reuse_the_same_memory(pair, batch):
+    ex = pair[0].executor(batch, (SIZE, SIZE))
+    blobs = frames(batch, 3, 20 + batch)
+    outs = None
+    for b in blobs:                                # warm-up: the two sets the loop below needs exist
+        outs = ex.run(b)
+    head_bytes = sum(o.nbytes for o in outs)
+    pointers = set()
+    tracemalloc.start()
+    try:
+        for i in range(12):
+            outs = ex.run(blobs[i % 3])            # the previous result is still held during the call
+            pointers.add(tuple(o.ctypes.data for o in outs))
+        for i in range(6):
+            pointers.add(tuple(o.ctypes.data for o in ex.run(blobs[i % 3])))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(pointers) <= 2
+    assert peak < head_bytes / 4                   # a copy of the heads would be head_bytes
+
+
+def test_all_sets_held_returns_copies_then_reuses_again(pair, monkeypatch):
+    blobs = frames(1, hostsets.CAP + 2, 30)
+    want = reference(pair, 1, blobs, monkeypatch)
+    ex = pair[0].executor(1, (SIZE, SIZE))
+    held = [ex.run(b) for b in blobs[:hostsets.CAP]]
+    lent = {o.ctypes.data for r in held for o in r}
+    extra = ex.run(blobs[-1])
+    assert same(extra, want[-1]) and not lent & {o.ctypes.data for o in extra}
+    assert all(same(h, w) for h, w in zip(held, want))
+    del held[0]
+    again = ex.run(blobs[-2])
+    assert same(again, want[-2]) and {o.ctypes.data for o in again} <= lent
+
+
+@pytest.mark.parametrize("batch", (1, 2))
+def test_submit_collect_overlapping_slots_equal_one_at_a_time(pair, batch, monkeypatch):
+    blobs = frames(batch, 7, 40 + batch)
+    want = reference(pair, batch, blobs, monkeypatch)
+    ex = pair[0].executor(batch, (SIZE, SIZE))
+    got, first = [], None
+    ex.submit(blobs[0], 0)
+    for i in range(1, len(blobs)):
+        ex.submit(blobs[i], i % 2)                 # two passes in flight
+        outs = ex.collect((i - 1) % 2)
+        if first is None:
+            first = outs                           # kept while the slots go round
+        got.append([o.copy() for o in outs])
+    got.append(ex.collect((len(blobs) - 1) % 2))
+    for g, w in zip(got, want):
+        assert same(g, w)
+    assert same(first, want[0])
+    ex.submit(blobs[3], 0)
+    ex.submit(blobs[4], 0)                         # resubmitting a slot drops its uncollected result
+    assert same(ex.collect(0), want[4])
+
+
+def test_collect_without_submit_is_a_clear_error(pair):
+    ex = pair[0].executor(1, (SIZE, SIZE))
+    with pytest.raises(YoloClError, match="nothing was submitted"):
+        ex.collect(7)
