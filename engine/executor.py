@@ -269,16 +269,51 @@ class Executor:
 
     def run_staged(self, profile: bool = False, eager: bool = False) -> list:
         """``run`` for an input already written into the arena (by the preprocessing kernel)."""
-        q = self.rt.queue
         events = self.enqueue(profile, eager)
-        hosts, lent = self._take_set(self._spare)
-        if not lent:
-            self._spare = hosts
-        reads = self._enqueue_reads(hosts)
-        q.finish()
+        hosts, lent, reads = self._read_heads()
+        self.rt.queue.finish()
         del reads
         self.events = events
         return self._hand_out(hosts, lent)
+
+    def _read_heads(self) -> tuple:
+        """(set, lent, read events): ``run``'s reads enqueued into a lent set or the spare one."""
+        hosts, lent = self._take_set(self._spare)
+        if not lent:
+            self._spare = hosts
+        return hosts, lent, self._enqueue_reads(hosts)
+
+    def run_steps(self, blob: np.ndarray) -> tuple:
+        """``run`` with the queue waited on after each step, for a breakdown of where its wall time
+        goes: (outputs, {step: ms}) for ``upload`` (blob into the arena), ``enqueue`` (host time
+        to enqueue the plan), ``device`` (the wait for the plan once enqueued), ``read`` (heads
+        into host memory) and ``return`` (handing the set out, or copies of it). ``run`` overlaps
+        the upload and the device with the enqueue, so its wall is at most the sum."""
+        if blob.shape != self._host_in.shape:
+            raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {self._host_in.shape}")
+        q, ms = self.rt.queue, {}
+        t0 = time.perf_counter()
+
+        def lap(step: str) -> None:
+            nonlocal t0
+            t1 = time.perf_counter()
+            ms[step], t0 = (t1 - t0) * 1e3, t1
+
+        uploaded = self._upload(blob)
+        q.finish()
+        del uploaded
+        lap("upload")
+        self.enqueue()
+        lap("enqueue")
+        q.finish()
+        lap("device")
+        hosts, lent, reads = self._read_heads()
+        q.finish()
+        del reads
+        lap("read")
+        outs = self._hand_out(hosts, lent)
+        lap("return")
+        return outs, ms
 
     def submit(self, blob: np.ndarray, slot: int = 0):
         """Start a forward pass of ``blob`` without waiting: the blob goes through pinned memory

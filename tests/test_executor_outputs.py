@@ -137,3 +137,13 @@ def test_collect_without_submit_is_a_clear_error(pair):
     ex = pair[0].executor(1, (SIZE, SIZE))
     with pytest.raises(YoloClError, match="nothing was submitted"):
         ex.collect(7)
+
+
+def test_run_steps_returns_what_run_does_and_every_step(pair, monkeypatch):
+    blobs = frames(2, 2, 50)
+    want = reference(pair, 2, blobs, monkeypatch)
+    ex = pair[0].executor(2, (SIZE, SIZE))
+    for b, w in zip(blobs, want):
+        outs, ms = ex.run_steps(b)
+        assert same(outs, w)
+        assert list(ms) == ["upload", "enqueue", "device", "read", "return"] and all(v >= 0 for v in ms.values())

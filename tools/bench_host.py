@@ -4,6 +4,9 @@
 For each MODEL:SIZE:BATCH (``--models``):
   device      sum of kernel times from OpenCL profiling events (a separate profiled runtime)
   run         ``Executor.run`` wall on the default queue (no profiling, no per-launch events)
+  run steps   one ``run`` taken apart (``Executor.run_steps``: the queue waited on after each step):
+              upload, enqueue, device (the wait once enqueued), read, return; and copy, what
+              copying the heads would add (``run`` lends the arrays it read them into instead)
   forward     ``Detector.forward(blob)`` wall
   enqueue     microseconds per launch to enqueue the plan (queue not waited on)
   detect      ``detect_batch`` wall on BATCH 1280x720 BGR frames, device and host pre/post-processing
@@ -101,6 +104,27 @@ def enqueue_us(det: Detector, ex, reps: int) -> float:
     return float(np.median(ts))
 
 
+def run_steps(ex, blob: np.ndarray, reps: int) -> dict:
+    """Median ms of each step of ``Executor.run_steps``, their sum, and ``copy``: the time a copy
+    of the returned heads takes (the per-frame cost of returning copies)."""
+    steps: dict = {}
+    copies = []
+    for i in range(reps + 2):
+        outs, ms = ex.run_steps(blob)
+        t0 = time.perf_counter()
+        copied = [o.copy() for o in outs]
+        t1 = time.perf_counter()
+        del outs, copied
+        if i >= 2:
+            for k, v in ms.items():
+                steps.setdefault(k, []).append(v)
+            copies.append((t1 - t0) * 1e3)
+    out = {k: float(np.median(v)) for k, v in steps.items()}
+    out["sum"] = sum(out.values())
+    out["copy"] = float(np.median(copies))
+    return out
+
+
 def frame_launches(det: Detector, ex) -> dict:
     """Commands per frame: the network's launches, and the whole frame on the host path (upload,
     network, one read per head) and on the device path (per image upload + preprocess, network,
@@ -143,6 +167,10 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
     ex = det.executor(batch)
     row["device"] = det.runtime.device_name
     row["run_ms"] = median_ms(lambda: ex.run(blob), reps)
+    row["run_steps_ms"] = st = run_steps(ex, blob, reps)
+    log(f"  {name} {size} b{batch} {precision} run {row['run_ms']:.2f} ms; one step at a time: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in st.items() if k not in ("sum", "copy"))
+        + f" (sum {st['sum']:.2f}); copying the heads would add {st['copy']:.2f} ms")
     if flushes:
         row["run_ms_by_flush_every"] = {}
         for every in flushes:
