@@ -257,7 +257,9 @@ class Detector:
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
             idx = [i for i, p in enumerate(places) if (p.net_w, p.net_h) == size]
-            blob = np.zeros((batch_bucket(len(idx)), self.net.channels, size[1], size[0]), np.float32)
+            with self._lock:
+                blob = self.executor(batch_bucket(len(idx)), size).input_array()   # pinned: written once
+            blob[len(idx):] = 0.0
             for j, i in enumerate(idx):
                 to_blob(imgs[i], size[0], size[1], out=blob[j], place=places[i])
             outs = self.forward(blob)

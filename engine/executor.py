@@ -92,6 +92,7 @@ class Executor:
         self._slots: dict = {}         # submit/collect: pinned input, events and output set per slot
         self._outs: Optional[HostSets] = None   # the head sets run and collect lend (hostsets.py)
         self._spare: Optional[list] = None      # run reads here when the caller holds every set
+        self._ins: Optional[HostSets] = None    # pinned inputs input_array lends
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
@@ -155,6 +156,21 @@ class Executor:
         outs = self.run_staged(profile, eager)
         del uploaded
         return outs
+
+    def input_array(self) -> np.ndarray:
+        """A (batch, C, H, W) float32 array in pinned memory to write the next input into and pass
+        to ``run``: the blob is written once, where the device copies it from by DMA. It is the
+        caller's until nothing refers to it any more (``run``'s rule for its outputs), and holds
+        whatever its last user left there; a plain array while the caller holds every pinned one."""
+        if self._ins is None:
+            from .kernels.preprocess import pinned
+            self._ins = HostSets(lambda: [pinned(self.rt, self._host_in.shape, np.float32)[1]], cap=2)
+        got = self._ins.take()
+        if got is None:
+            return np.empty(self._host_in.shape, np.float32)
+        blob = got[0]
+        self._ins.release(got)
+        return blob
 
     def _upload(self, blob: np.ndarray):
         """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller

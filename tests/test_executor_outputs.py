@@ -6,12 +6,19 @@ into its spare set and returns copies, the path every frame took before the pool
 from __future__ import annotations
 
 import tracemalloc
+from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
+from boxes import same_detections
 from yolo_cl import Detector, hostsets
 from yolo_cl.errors import YoloClError
+from yolo_cl.preprocess import to_blob
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = sorted((ROOT.parent / "shared" / "images").glob("*.jpg")) or sorted((ROOT / "models" / "images").glob("*.jpg"))
 
 SIZE = 96
 BATCHES = (1, 2, 4)
@@ -147,3 +154,38 @@ def test_run_steps_returns_what_run_does_and_every_step(pair, monkeypatch):
         outs, ms = ex.run_steps(b)
         assert same(outs, w)
         assert list(ms) == ["upload", "enqueue", "device", "read", "return"] and all(v >= 0 for v in ms.values())
+
+
+def test_input_array_is_lent_like_the_outputs(pair):
+    ex = pair[0].executor(2, (SIZE, SIZE))
+    a, b = ex.input_array(), ex.input_array()
+    assert a.shape == (2, 3, SIZE, SIZE) and a.dtype == np.float32
+    assert not np.shares_memory(a, b)                     # both held: two arrays
+    c = ex.input_array()
+    assert not np.shares_memory(c, a) and not np.shares_memory(c, b)
+    where = a.ctypes.data
+    del a, c
+    assert ex.input_array().ctypes.data == where          # dropped: lent again
+
+
+def test_host_path_detect_batch_through_the_pinned_input(pair, monkeypatch):
+    """detect_batch writes the blob into ``input_array`` (left dirty by an earlier user here) and
+    pads the batch; each image's detections equal detecting it from a blob of its own."""
+    det = pair[0]
+    monkeypatch.setattr(det, "device_preprocess", False)
+    images = [cv2.imread(str(p)) for p in IMAGES[:3]]
+    assert len(images) == 3 and all(im is not None for im in images)
+    for n in (1, 4):
+        dirty = det.executor(n, det.net_size_for(*images[0].shape[1::-1])).input_array()
+        dirty[:] = np.nan
+        del dirty
+    alone = []
+    for im in images:
+        place = det.placement(im.shape[1], im.shape[0])
+        heads = det.forward(to_blob(im, place.net_w, place.net_h, place=place)[None])
+        alone.append(det.postprocess([h[0] for h in heads], im.shape[1], im.shape[0], 0.1, 0.45, place))
+    assert any(alone)
+    got = det.detect_batch(images, thresh=0.1)
+    for g, a in zip(got, alone):
+        assert same_detections(g, a)
+    assert all(same_detections(det.detect(im, thresh=0.1), a) for im, a in zip(images, alone))
