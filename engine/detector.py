@@ -193,7 +193,8 @@ class Detector:
         from the end, or names such as ``conv_12`` / ``yolo_16``, see ``layer_names``) returns
         those layers' outputs instead, as Darknet computes them: a [yolo]/[region] layer's
         own activated output, not its raw input. The first call with a new list builds (and
-        keeps) one more executor in which those layers are not fused away."""
+        keeps) one more executor in which those layers are not fused away. The arrays are lent,
+        not copied (``Executor.run``): unchanged while you refer to them, reused once you don't."""
         blob = np.asarray(blob, dtype=np.float32)
         if blob.ndim == 3:
             blob = blob[None]
