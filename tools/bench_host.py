@@ -411,19 +411,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-host-") as td:
         tmp = Path(td)
-        if args.fold_compare:
-            data["fold_compare"] = []
+        compares = [(key, fn, specs) for key, fn, specs in (("fold_compare", fold_compare, args.fold_compare),
+                                                            ("lend_compare", lend_compare, args.lend_compare)) if specs]
+        for key, fn, specs in compares:
+            data[key] = []
             for prec in args.precision.split(","):
-                for spec in filter(None, args.fold_compare.split(",")):
-                    data["fold_compare"].append(fold_compare(spec, prec, tmp, args.reps))
+                for spec in filter(None, specs.split(",")):
+                    data[key].append(fn(spec, prec, tmp, args.reps))
                     save()
-            return
-        if args.lend_compare:
-            data["lend_compare"] = []
-            for prec in args.precision.split(","):
-                for spec in filter(None, args.lend_compare.split(",")):
-                    data["lend_compare"].append(lend_compare(spec, prec, tmp, args.reps))
-                    save()
+        if compares:
             return
         first = None
         for prec in args.precision.split(","):
