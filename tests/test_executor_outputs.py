@@ -189,3 +189,26 @@ def test_host_path_detect_batch_through_the_pinned_input(pair, monkeypatch):
     for g, a in zip(got, alone):
         assert same_detections(g, a)
     assert all(same_detections(det.detect(im, thresh=0.1), a) for im, a in zip(images, alone))
+
+
+def test_threads_forwarding_at_once_keep_their_own_results(pair, monkeypatch):
+    """Two threads call ``forward`` in turn on one Detector, each keeping its last two results
+    while the other's runs take sets: every kept result stays its own blob's."""
+    import threading
+
+    blobs = frames(1, 6, 60)
+    want = reference(pair, 1, blobs, monkeypatch)
+    det, bad = pair[0], []
+
+    def work(order: list) -> None:
+        kept: list = []
+        for i in order:
+            kept = (kept + [(i, det.forward(blobs[i]))])[-2:]
+            bad.extend(j for j, outs in kept if not same(outs, want[j]))
+
+    threads = [threading.Thread(target=work, args=(order,)) for order in ([0, 1, 2, 3, 4, 5] * 3, [5, 3, 1, 4, 2, 0] * 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
