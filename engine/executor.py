@@ -2,7 +2,8 @@
 
 Everything that can be decided once is decided in the constructor (memory plan, buffers,
 kernel choice, compiled programs, bound arguments). ``run`` only copies the input in,
-enqueues the launch list and reads the outputs back: no allocation, no compilation. Where the
+enqueues the launch list and reads the outputs back into host arrays it lends the caller and
+reuses once the caller lets go of them (hostsets.py): no allocation, no compilation. Where the
 device offers ``cl_khr_command_buffer`` the launch list is recorded once into a command
 buffer and a frame enqueues that one object (``YOLO_CL_COMMAND_BUFFER=0`` turns it off).
 """

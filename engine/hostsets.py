@@ -57,6 +57,3 @@ class HostSets:
             for s in self._sets:
                 if s.arrays is arrays:
                     s.busy = False
-
-    def __len__(self) -> int:
-        return len(self._sets)
