@@ -288,7 +288,12 @@ class Executor:
         """``run`` for an input already written into the arena (by the preprocessing kernel)."""
         events = self.enqueue(profile, eager)
         hosts, lent, reads = self._read_heads()
-        self.rt.queue.finish()
+        try:
+            self.rt.queue.finish()
+        except BaseException:
+            if lent:                   # a failed pass keeps no set from the pool
+                self._outs.release(hosts)
+            raise
         del reads
         self.events = events
         return self._hand_out(hosts, lent)
