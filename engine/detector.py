@@ -193,7 +193,8 @@ class Detector:
         from the end, or names such as ``conv_12`` / ``yolo_16``, see ``layer_names``) returns
         those layers' outputs instead, as Darknet computes them: a [yolo]/[region] layer's
         own activated output, not its raw input. The first call with a new list builds (and
-        keeps) one more executor in which those layers are not fused away."""
+        keeps) one more executor in which those layers are not fused away. The arrays are lent,
+        not copied (``Executor.run``): unchanged while you refer to them, reused once you don't."""
         blob = np.asarray(blob, dtype=np.float32)
         if blob.ndim == 3:
             blob = blob[None]
@@ -257,7 +258,9 @@ class Detector:
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
             idx = [i for i, p in enumerate(places) if (p.net_w, p.net_h) == size]
-            blob = np.zeros((batch_bucket(len(idx)), self.net.channels, size[1], size[0]), np.float32)
+            with self._lock:
+                blob = self.executor(batch_bucket(len(idx)), size).input_array()   # pinned: written once
+            blob[len(idx):] = 0.0
             for j, i in enumerate(idx):
                 to_blob(imgs[i], size[0], size[1], out=blob[j], place=places[i])
             outs = self.forward(blob)

@@ -2,7 +2,8 @@
 
 Everything that can be decided once is decided in the constructor (memory plan, buffers,
 kernel choice, compiled programs, bound arguments). ``run`` only copies the input in,
-enqueues the launch list and reads the outputs back: no allocation, no compilation. Where the
+enqueues the launch list and reads the outputs back into host arrays it lends the caller and
+reuses once the caller lets go of them (hostsets.py): no allocation, no compilation. Where the
 device offers ``cl_khr_command_buffer`` the launch list is recorded once into a command
 buffer and a frame enqueues that one object (``YOLO_CL_COMMAND_BUFFER=0`` turns it off).
 """
@@ -19,6 +20,7 @@ import numpy as np
 from . import cmdbuf
 from .errors import DeviceError, YoloClError
 from .graph import Graph, folding_default
+from .hostsets import HostSets
 from .kernels import BindContext
 from .kernels.nodes import bind_node, workspace_bytes
 from .measure import event_ms
@@ -92,7 +94,10 @@ class Executor:
         self._out_bstride = [v.tensor.size * item for v in graph.outputs]
         self._in_offset = self.plan.offset(graph.input) * item
         self.events: list = []
-        self._slots: dict = {}         # submit/collect: pinned input and outputs per slot
+        self._slots: dict = {}         # submit/collect: pinned input, events and output set per slot
+        self._outs: Optional[HostSets] = None   # the head sets run and collect lend (hostsets.py)
+        self._spare: Optional[list] = None      # run reads here when the caller holds every set
+        self._ins: Optional[HostSets] = None    # pinned inputs input_array lends
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
@@ -152,26 +157,50 @@ class Executor:
     def run(self, blob: np.ndarray, profile: bool = False, eager: bool = False) -> list:
         """Forward ``blob`` (batch, C, H, W) float32; returns the output views as float32 arrays.
 
-        The default replays the pre-bound launch list. ``eager=True`` re-binds every node
+        The arrays are the ones the device wrote the heads into, not copies: a later ``run`` reuses
+        them only once nothing refers to them any more (neither they nor a view of them), so a
+        result the caller keeps never changes, and a loop that drops its results allocates nothing
+        after the first frames. While the caller holds all ``hostsets.CAP`` sets, ``run`` returns
+        copies instead. The default replays the pre-bound launch list. ``eager=True`` re-binds every node
         (kernel objects and arguments) first, as a runtime without a plan would do per
         frame: the baseline that host-overhead measurements and tests compare against."""
-        cl, q = self.rt.cl, self.rt.queue
         expect = self._host_in.shape
         if blob.shape != expect:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {expect}")
-        if blob.dtype == self._host_in.dtype and blob.flags.c_contiguous:
-            # already laid out: no host copy (run waits before returning)
-            cl.enqueue_copy(q, self.arena, blob, dst_offset=self._in_offset, is_blocking=False)
-        elif self.half and blob.dtype == np.float32 and blob.flags.c_contiguous:
-            self._upload_to_half(blob)
-        else:
-            np.copyto(self._host_in, blob, casting="unsafe")
-            cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
-        return self.run_staged(profile, eager)
+        uploaded = self._upload(blob)    # kept until the queue is done: dropping it would wait for the copy now
+        outs = self.run_staged(profile, eager)
+        del uploaded
+        return outs
 
-    def _upload_to_half(self, blob: np.ndarray) -> None:
+    def input_array(self) -> np.ndarray:
+        """A (batch, C, H, W) float32 array in pinned memory to write the next input into and pass
+        to ``run``: the blob is written once, where the device copies it from by DMA. It is the
+        caller's until nothing refers to it any more (``run``'s rule for its outputs), and holds
+        whatever its last user left there; a plain array while the caller holds every pinned one."""
+        if self._ins is None:
+            from .kernels.preprocess import pinned
+            self._ins = HostSets(lambda: [pinned(self.rt, self._host_in.shape, np.float32)[1]], cap=2)
+        got = self._ins.take()
+        if got is None:
+            return np.empty(self._host_in.shape, np.float32)
+        blob = got[0]
+        self._ins.release(got)
+        return blob
+
+    def _upload(self, blob: np.ndarray):
+        """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller
+        keeps ``blob`` unchanged until the queue has passed it); returns the copy's event."""
+        cl, q = self.rt.cl, self.rt.queue
+        if blob.dtype == self._host_in.dtype and blob.flags.c_contiguous:
+            return cl.enqueue_copy(q, self.arena, blob, dst_offset=self._in_offset, is_blocking=False)
+        if self.half and blob.dtype == np.float32 and blob.flags.c_contiguous:
+            return self._upload_to_half(blob)
+        np.copyto(self._host_in, blob, casting="unsafe")
+        return cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
+
+    def _upload_to_half(self, blob: np.ndarray):
         """Send a float32 blob as it is and let a kernel store it as half into the input region:
-        no host-side float16 conversion (tens of ms for a 608x608 batch of 8)."""
+        no host-side float16 conversion (tens of ms for a 608x608 batch of 8). Returns the copy's event."""
         cl, q = self.rt.cl, self.rt.queue
         if self._f32_input is None:
             n = self._host_in.size
@@ -180,15 +209,16 @@ class Executor:
             k.set_args(buf, self.arena, np.int32(self._in_offset // 2))
             self._f32_input = (buf, k, (n,))
         buf, k, gsize = self._f32_input
-        cl.enqueue_copy(q, buf, blob, is_blocking=False)
+        copied = cl.enqueue_copy(q, buf, blob, is_blocking=False)
         cl.enqueue_nd_range_kernel(q, k, gsize, None)
+        return copied
 
     def _output_conversions(self) -> list:
-        """Per output, a float32 device buffer, the kernel that fills it from the arena (converting
-        half, packing batch-strided heads) and a pinned float32 host array the buffer is read into.
-        Host-side half -> float32 conversion of a 608x608 batch of 8 heads (15.5 M values) costs
-        tens of ms, and so do pageable reads of them on a GPU; the kernel costs microseconds."""
-        from .kernels.preprocess import pinned
+        """Per output, a float32 device buffer and the kernel that fills it from the arena
+        (converting half, packing batch-strided heads); ``_enqueue_reads`` reads the buffer into
+        pinned host memory. Host-side half -> float32 conversion of a 608x608 batch of 8 heads
+        (15.5 M values) costs tens of ms, and so do pageable reads of them on a GPU; the kernel
+        costs microseconds."""
         cl, item = self.rt.cl, self.precision.itemsize
         prg = self.rt.program("preprocess.cl", {"HALF_STORAGE": self.half})
         conversions = []
@@ -197,8 +227,58 @@ class Executor:
             buf = self.rt.alloc(host.size * 4, "float32 output staging")
             k = cl.Kernel(prg, "yc_load_output")
             k.set_args(self.arena, np.int32(off // item), np.int32(bs // item), buf, np.int32(n))
-            conversions.append((k, (n, self.batch), buf, pinned(self.rt, host.shape, np.float32)[1]))
+            conversions.append((k, (n, self.batch), buf))
         return conversions
+
+    def _output_set(self) -> list:
+        """One set of float32 host arrays for the heads, (batch,) + shape each: pinned where the
+        heads leave through the float32 staging buffers, plain arrays where they are read from
+        the arena as they are (float32 storage on a CPU device)."""
+        if self._f32_outputs is None:
+            return [np.empty(h.shape, np.float32) for h in self._host_out]
+        from .kernels.preprocess import pinned
+        return [pinned(self.rt, h.shape, np.float32)[1] for h in self._host_out]
+
+    def _enqueue_reads(self, hosts: list) -> list:
+        """Enqueue the heads' way out of the arena into ``hosts`` (from ``_output_set``); returns
+        the read events, to be kept until they are complete (pyopencl waits for a dropped one
+        holding the GIL, which would stall every other Python thread for the whole pass)."""
+        cl, q = self.rt.cl, self.rt.queue
+        reads = []
+        if self._f32_outputs is not None:
+            for (k, gsize, buf), host in zip(self._f32_outputs, hosts):
+                cl.enqueue_nd_range_kernel(q, k, gsize, None)
+                reads.append(cl.enqueue_copy(q, host, buf, is_blocking=False))
+            return reads
+        for host, off, bs, v in zip(hosts, self._out_offsets, self._out_bstride, self.graph.outputs):
+            n = v.c * v.h * v.w
+            if bs == n * host.itemsize or self.batch == 1:
+                reads.append(cl.enqueue_copy(q, host, self.arena, src_offset=off, is_blocking=False))
+            else:
+                flat = host.reshape(self.batch, -1)
+                for b in range(self.batch):
+                    reads.append(cl.enqueue_copy(q, flat[b], self.arena, src_offset=off + b * bs, is_blocking=False))
+        return reads
+
+    def _take_set(self, spare: Optional[list]) -> tuple:
+        """(arrays to read the heads into, whether they are lent to the caller as they are): a set
+        of the pool that nobody holds, else (the caller holds every set) ``spare`` or a new spare
+        set, whose contents the caller gets as copies."""
+        if self._outs is None:
+            self._outs = HostSets(self._output_set)
+        hosts = self._outs.take()
+        if hosts is not None:
+            return hosts, True
+        return (spare if spare is not None else self._output_set()), False
+
+    def _hand_out(self, hosts: list, lent: bool) -> list:
+        """What ``run``/``collect`` return for heads read into ``hosts``: the lent set itself
+        (referenced by the returned list before the pool lets go of it), else copies."""
+        if not lent:
+            return [h.copy() for h in hosts]
+        out = list(hosts)
+        self._outs.release(hosts)
+        return out
 
     def enqueue(self, profile: bool = False, eager: bool = False) -> list:
         """Enqueue the forward pass over whatever the arena's input region holds (in queue order);
@@ -220,67 +300,103 @@ class Executor:
 
     def run_staged(self, profile: bool = False, eager: bool = False) -> list:
         """``run`` for an input already written into the arena (by the preprocessing kernel)."""
-        cl, q = self.rt.cl, self.rt.queue
         events = self.enqueue(profile, eager)
-        # Keep the read events alive until finish(): pyopencl waits for a dropped host-copy
-        # event *holding the GIL*, which would stall every other Python thread for the
-        # whole forward pass (and serialise the video pipeline).
-        reads = []
-        if self._f32_outputs is not None:
-            for k, gsize, buf, host in self._f32_outputs:
-                cl.enqueue_nd_range_kernel(q, k, gsize, None)
-                reads.append(cl.enqueue_copy(q, host, buf, is_blocking=False))
-            hosts = [host for *_, host in self._f32_outputs]
-        else:
-            for host, off, bs, v in zip(self._host_out, self._out_offsets, self._out_bstride, self.graph.outputs):
-                n = v.c * v.h * v.w
-                if bs == n * host.itemsize or self.batch == 1:
-                    reads.append(cl.enqueue_copy(q, host, self.arena, src_offset=off, is_blocking=False))
-                else:
-                    flat = host.reshape(self.batch, -1)
-                    for b in range(self.batch):
-                        reads.append(cl.enqueue_copy(q, flat[b], self.arena, src_offset=off + b * bs,
-                                                     is_blocking=False))
-            hosts = self._host_out
-        q.finish()
+        hosts, lent, reads = self._read_heads()
+        try:
+            self.rt.queue.finish()
+        except BaseException:
+            if lent:                   # a failed pass keeps no set from the pool
+                self._outs.release(hosts)
+            raise
         del reads
         self.events = events
-        return [host.astype(np.float32, copy=True) for host in hosts]
+        return self._hand_out(hosts, lent)
+
+    def _read_heads(self) -> tuple:
+        """(set, lent, read events): ``run``'s reads enqueued into a lent set or the spare one."""
+        hosts, lent = self._take_set(self._spare)
+        if not lent:
+            self._spare = hosts
+        return hosts, lent, self._enqueue_reads(hosts)
+
+    def run_steps(self, blob: np.ndarray) -> tuple:
+        """``run`` with the queue waited on after each step, for a breakdown of where its wall time
+        goes: (outputs, {step: ms}) for ``upload`` (blob into the arena), ``enqueue`` (host time
+        to enqueue the plan), ``device`` (the wait for the plan once enqueued), ``read`` (heads
+        into host memory) and ``return`` (handing the set out, or copies of it). ``run`` overlaps
+        the upload and the device with the enqueue, so its wall is at most the sum."""
+        if blob.shape != self._host_in.shape:
+            raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {self._host_in.shape}")
+        q, ms = self.rt.queue, {}
+        t0 = time.perf_counter()
+
+        def lap(step: str) -> None:
+            nonlocal t0
+            t1 = time.perf_counter()
+            ms[step], t0 = (t1 - t0) * 1e3, t1
+
+        uploaded = self._upload(blob)
+        q.finish()
+        del uploaded
+        lap("upload")
+        self.enqueue()
+        lap("enqueue")
+        q.finish()
+        lap("device")
+        hosts, lent, reads = self._read_heads()
+        q.finish()
+        del reads
+        lap("read")
+        outs = self._hand_out(hosts, lent)
+        lap("return")
+        return outs, ms
 
     def submit(self, blob: np.ndarray, slot: int = 0):
         """Start a forward pass of ``blob`` without waiting: the blob goes through pinned memory
-        of ``slot``, the outputs are read into that slot's pinned arrays; ``collect(slot)``
-        returns them. While the device runs one slot the host can fill another."""
-        cl, q = self.rt.cl, self.rt.queue
+        of ``slot`` and the outputs are read into a set ``collect(slot)`` returns. While the
+        device runs one slot the host can fill another."""
         if blob.shape != self._host_in.shape:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {self._host_in.shape}")
         st = self._slot(slot)
-        if st["reads"]:
-            st["reads"][-1].wait()     # the slot's previous outputs have arrived (and were collected)
+        self._settle(st)                # the slot's previous pass is done (and its set free if never collected)
         np.copyto(st["in"], blob, casting="unsafe")
-        st["write"] = cl.enqueue_copy(q, self.arena, st["in"], dst_offset=self._in_offset, is_blocking=False)
+        st["write"] = self._upload(st["in"])
         self.enqueue()
-        # Read events are kept until the slot's next use: pyopencl waits for a dropped one holding the GIL.
-        st["reads"] = [cl.enqueue_copy(q, host.reshape(self.batch, -1)[b], self.arena,
-                                       src_offset=off + b * bs, is_blocking=False)
-                       for host, off, bs in zip(st["out"], self._out_offsets, self._out_bstride)
-                       for b in range(self.batch)]
-        q.flush()                      # a driver may hold commands back until a flush or a wait
+        st["out"], st["lent"] = self._take_set(st["spare"])
+        if not st["lent"]:
+            st["spare"] = st["out"]
+        # Read events are kept until collected: pyopencl waits for a dropped one holding the GIL.
+        st["reads"] = self._enqueue_reads(st["out"])
+        self.rt.queue.flush()          # a driver may hold commands back until a flush or a wait
         return st["reads"][-1]
 
     def collect(self, slot: int = 0) -> list:
-        """The outputs (float32 copies) of the last ``submit`` to ``slot``, once they have arrived."""
+        """The outputs (float32) of the last ``submit`` to ``slot``, once they have arrived; the
+        same lifetime rule as ``run``'s."""
         st = self._slot(slot)
-        st["reads"][-1].wait()
-        return [host.astype(np.float32, copy=True) for host in st["out"]]
+        if st["out"] is None:
+            raise YoloClError(f"collect({slot}): nothing was submitted to slot {slot} since its last collect")
+        hosts, lent = st["out"], st["lent"]
+        st["out"] = None
+        self._settle(st)
+        return self._hand_out(hosts, lent)
+
+    def _settle(self, st: dict) -> None:
+        """Wait for a slot's reads and drop them; a set it still has goes back to the pool."""
+        if st["reads"]:
+            st["reads"][-1].wait()
+        st["write"], st["reads"] = None, []
+        if st["out"] is not None and st["lent"]:
+            self._outs.release(st["out"])
+        st["out"] = None
 
     def _slot(self, slot: int) -> dict:
         st = self._slots.get(slot)
         if st is None:
             from .kernels.preprocess import pinned
-            st = self._slots[slot] = {"in": pinned(self.rt, self._host_in.shape, self._host_in.dtype)[1],
-                                      "out": [pinned(self.rt, h.shape, h.dtype)[1] for h in self._host_out],
-                                      "write": None, "reads": []}
+            dtype = np.float32 if self.half else self._host_in.dtype   # half: a kernel converts on the device
+            st = self._slots[slot] = {"in": pinned(self.rt, self._host_in.shape, dtype)[1], "write": None,
+                                      "reads": [], "out": None, "lent": False, "spare": None}
         return st
 
     def layer_times(self) -> list:

@@ -4,6 +4,10 @@
 For each MODEL:SIZE:BATCH (``--models``):
   device      sum of kernel times from OpenCL profiling events (a separate profiled runtime)
   run         ``Executor.run`` wall on the default queue (no profiling, no per-launch events)
+  run steps   one ``run`` taken apart (``Executor.run_steps``: the queue waited on after each step):
+              upload, enqueue, device (the wait once enqueued), read, return; and copy, what
+              copying the heads would add (``run`` lends the arrays it read them into instead);
+              and ``run`` from a pinned input (``Executor.input_array``) instead of the caller's array
   forward     ``Detector.forward(blob)`` wall
   enqueue     microseconds per launch to enqueue the plan (queue not waited on)
   detect      ``detect_batch`` wall on BATCH 1280x720 BGR frames, device and host pre/post-processing
@@ -13,6 +17,8 @@ For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the 
   decode-only, draw-only, encode-only (mp4v), inference-only (in flight) and the CLI pipeline
   (``--jsonl`` alone, and ``--out`` + ``--jsonl``) in frames per second.
 ``--fold-compare`` times the plans with and without folding side by side (see ``fold_compare``).
+``--lend-compare`` times ``Executor.run`` lending its head arrays against returning copies of them
+(the path before lending) side by side (see ``lend_compare``).
 ``--zoo`` counts launches per frame for the zoo networks at their cfg size, by kernel; ``--no-fold``
 binds the plans without folding maxpool/upsample into the convs' input reads (the count before it).
 
@@ -33,7 +39,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from yolo_cl import Detector
+from yolo_cl import Detector, hostsets
 from yolo_cl.draw import draw
 from yolo_cl.runtime import atomic_write
 from yolo_cl.video_cli import run_detect_stream
@@ -101,6 +107,27 @@ def enqueue_us(det: Detector, ex, reps: int) -> float:
     return float(np.median(ts))
 
 
+def run_steps(ex, blob: np.ndarray, reps: int) -> dict:
+    """Median ms of each step of ``Executor.run_steps``, their sum, and ``copy``: the time a copy
+    of the returned heads takes (the per-frame cost of returning copies)."""
+    steps: dict = {}
+    copies = []
+    for i in range(reps + 2):
+        outs, ms = ex.run_steps(blob)
+        t0 = time.perf_counter()
+        copied = [o.copy() for o in outs]
+        t1 = time.perf_counter()
+        del outs, copied
+        if i >= 2:
+            for k, v in ms.items():
+                steps.setdefault(k, []).append(v)
+            copies.append((t1 - t0) * 1e3)
+    out = {k: float(np.median(v)) for k, v in steps.items()}
+    out["sum"] = sum(out.values())
+    out["copy"] = float(np.median(copies))
+    return out
+
+
 def frame_launches(det: Detector, ex) -> dict:
     """Commands per frame: the network's launches, and the whole frame on the host path (upload,
     network, one read per head) and on the device path (per image upload + preprocess, network,
@@ -143,6 +170,16 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
     ex = det.executor(batch)
     row["device"] = det.runtime.device_name
     row["run_ms"] = median_ms(lambda: ex.run(blob), reps)
+    pinned_blob = ex.input_array()
+    pinned_blob[...] = blob
+    row["run_pinned_input_ms"] = median_ms(lambda: ex.run(pinned_blob), reps)
+    row["run_steps_ms"] = st = run_steps(ex, blob, reps)
+    row["run_steps_pinned_input_ms"] = sp = run_steps(ex, pinned_blob, reps)
+    del pinned_blob
+    log(f"  {name} {size} b{batch} {precision} run {row['run_ms']:.2f} ms; one step at a time: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in st.items() if k not in ("sum", "copy"))
+        + f" (sum {st['sum']:.2f}); copying the heads would add {st['copy']:.2f} ms; from a pinned input "
+        f"(Executor.input_array) run {row['run_pinned_input_ms']:.2f} ms, upload {sp['upload']:.2f}")
     if flushes:
         row["run_ms_by_flush_every"] = {}
         for every in flushes:
@@ -237,6 +274,46 @@ def fold_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     return row
 
 
+def lend_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
+    """``Executor.run`` returning the arrays it read the heads into (``lend``) against one whose
+    pool holds no set (``hostsets.CAP = 0`` when its pool is made), so it reads into a spare set
+    and returns copies (``copy``: the path before lending); one Detector each, called in turn
+    every repetition (a machine whose load changes treats both alike): wall and process CPU ms,
+    and ``run_steps`` of each."""
+    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
+    size, batch = int(size), int(batch)
+    cfg, wts = model_files(name, tmp)
+    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
+    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
+    exs, keep = {}, []
+    for key in ("lend", "copy"):
+        det = Detector(cfg, wts, input_size=size, precision=precision)
+        exs[key] = ex = det.executor(batch)
+        keep.append(det)
+        cap, hostsets.CAP = hostsets.CAP, (0 if key == "copy" else hostsets.CAP)
+        try:
+            ex.run(blob)
+        finally:
+            hostsets.CAP = cap
+        row["device"] = det.runtime.device_name
+    row["heads_mb"] = sum(o.nbytes for o in exs["lend"].run(blob)) / 2**20
+    walls: dict = {k: [] for k in exs}
+    cpus: dict = {k: [] for k in exs}
+    for _ in range(reps):
+        for k, ex in exs.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            ex.run(blob)
+            walls[k].append((time.perf_counter() - t0) * 1e3)
+            cpus[k].append((time.process_time() - c0) * 1e3)
+    for k, ex in exs.items():
+        r = row[k] = {"run_ms": float(np.median(walls[k])), "run_cpu_ms": float(np.median(cpus[k]))}
+        r["steps_ms"] = st = run_steps(ex, blob, max(3, reps // 2))
+        log(f"{name} {size} b{batch} {precision} {k} ({row['heads_mb']:.1f} MB of heads): run {r['run_ms']:.2f} ms "
+            f"(process CPU {r['run_cpu_ms']:.1f} ms); steps: "
+            + ", ".join(f"{s} {v:.2f}" for s, v in st.items() if s not in ("sum", "copy")))
+    return row
+
+
 def bench_video(det: Detector, clip: Path, tmp: Path, max_frames: int) -> dict:
     """Stage-alone and pipeline frame rates for one clip."""
     res: dict = {"clip": str(clip)}
@@ -324,6 +401,8 @@ def main() -> None:
     ap.add_argument("--json", default="", help="write every figure here")
     ap.add_argument("--fold-compare", default="", help="MODEL:SIZE:BATCH,...: time the plans with and without "
                     "folding side by side (launches, device, run wall and process CPU, host overhead), then exit")
+    ap.add_argument("--lend-compare", default="", help="MODEL:SIZE:BATCH,...: time run lending its head arrays "
+                    "against returning copies, side by side (wall, process CPU, steps), then exit")
     ap.add_argument("--no-fold", action="store_true", help="plans without folded maxpool/upsample reads "
                     "(sets YOLO_CL_FOLD=0: the launch counts and host times before the folding)")
     ap.add_argument("--flush", default="", help="also time Executor.run flushing every N launches, e.g. 4,16,64")
@@ -339,12 +418,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-host-") as td:
         tmp = Path(td)
-        if args.fold_compare:
-            data["fold_compare"] = []
+        compares = [(key, fn, specs) for key, fn, specs in (("fold_compare", fold_compare, args.fold_compare),
+                                                            ("lend_compare", lend_compare, args.lend_compare)) if specs]
+        for key, fn, specs in compares:
+            data[key] = []
             for prec in args.precision.split(","):
-                for spec in filter(None, args.fold_compare.split(",")):
-                    data["fold_compare"].append(fold_compare(spec, prec, tmp, args.reps))
+                for spec in filter(None, specs.split(",")):
+                    data[key].append(fn(spec, prec, tmp, args.reps))
                     save()
+        if compares:
             return
         first = None
         for prec in args.precision.split(","):
