@@ -53,7 +53,7 @@ while True:
 h, w = f[0].shape[:2]; o=cv2.VideoWriter('/tmp/loop.mp4', cv2.VideoWriter_fourcc(*'mp4v'), 30, (w, h))
 [o.write(x) for _ in range(6) for x in f]; o.release()"
   YOLO_CL_DEVICE=0:0 timeout 240 python3 tools/bench_host.py --models yolov3-tiny:416:1,yolov3:416:1,yolov3:608:8 \
-    --precision fp32,fp16 --reps 20 --video /tmp/loop.mp4 --video-frames 400 --lend-compare yolov3:608:8 \
+    --precision fp32,fp16 --reps 20 --video /tmp/loop.mp4 --video-frames 400 \
     --json "$OUT/host.json" > "$OUT/host.log" 2>&1
   tail -n 40 "$OUT/host.log"
 fi
