@@ -305,7 +305,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
         raise YoloClError(f"--compare '{compare}' is not one of {', '.join(c for c in COMPARE if c)}")
     m = load_model(model, weights or None, size, params="optional", make_params=random_params)
     cfg_path, weights_path, net, layers, params, graph = m.cfg_path, m.weights_path, m.net, m.layers, m.params, m.graph
-    wdesc = str(weights_path) if weights_path is not None else "random (He-scaled, in memory)"
+    wdesc = str(weights_path) if weights_path is not None else "random (bench.random_params, in memory)"
 
     rt = Runtime(device, profiling=True)
     mma = mode_for(rt, precision)
