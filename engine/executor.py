@@ -98,12 +98,6 @@ class Executor:
         self._outs: Optional[HostSets] = None   # the head sets run and collect lend (hostsets.py)
         self._spare: Optional[list] = None      # run reads here when the caller holds every set
         self._ins: Optional[HostSets] = None    # pinned inputs input_array lends
-        self._pinned_inputs: set = set()        # their data addresses, and the staging array's
-        self._stage: Optional[np.ndarray] = None
-        # A GPU copies from pinned memory by DMA, from pageable memory through the driver's own
-        # bounce buffers: a blob outside pinned memory is first copied into a pinned staging array
-        # (False: uploaded from where it is; tools/bench_host.py times both)
-        self.stage_input = not self.rt.is_cpu
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
@@ -184,7 +178,8 @@ class Executor:
         caller's until nothing refers to it any more (``run``'s rule for its outputs), and holds
         whatever its last user left there; a plain array while the caller holds every pinned one."""
         if self._ins is None:
-            self._ins = HostSets(lambda: [self._pinned_input()], cap=2)
+            from .kernels.preprocess import pinned
+            self._ins = HostSets(lambda: [pinned(self.rt, self._host_in.shape, np.float32)[1]], cap=2)
         got = self._ins.take()
         if got is None:
             return np.empty(self._host_in.shape, np.float32)
@@ -192,22 +187,10 @@ class Executor:
         self._ins.release(got)
         return blob
 
-    def _pinned_input(self) -> np.ndarray:
-        from .kernels.preprocess import pinned
-        a = pinned(self.rt, self._host_in.shape, np.float32)[1]
-        self._pinned_inputs.add(a.ctypes.data)
-        return a
-
     def _upload(self, blob: np.ndarray):
         """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller
-        keeps ``blob`` unchanged until the queue has passed it); returns the copy's event. With
-        ``stage_input`` a blob outside pinned memory goes through the pinned staging array."""
+        keeps ``blob`` unchanged until the queue has passed it); returns the copy's event."""
         cl, q = self.rt.cl, self.rt.queue
-        if self.stage_input and blob.ctypes.data not in self._pinned_inputs:
-            if self._stage is None:
-                self._stage = self._pinned_input()
-            np.copyto(self._stage, blob, casting="unsafe")
-            blob = self._stage
         if blob.dtype == self._host_in.dtype and blob.flags.c_contiguous:
             return cl.enqueue_copy(q, self.arena, blob, dst_offset=self._in_offset, is_blocking=False)
         if self.half and blob.dtype == np.float32 and blob.flags.c_contiguous:

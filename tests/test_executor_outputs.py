@@ -212,17 +212,3 @@ def test_threads_forwarding_at_once_keep_their_own_results(pair, monkeypatch):
     for t in threads:
         t.join()
     assert not bad
-
-
-@pytest.mark.parametrize("dtype", (np.float32, np.float64))
-def test_staged_input_equals_the_blob_as_given(pair, dtype):
-    """A GPU stages a pageable blob through pinned memory (``stage_input``); the heads are the same
-    as the blob handed to the driver as is, for any input dtype, frame after frame."""
-    ex = pair[0].executor(2, (SIZE, SIZE))
-    blobs = [b.astype(dtype) for b in frames(2, 3, 7)]
-    ex.stage_input = False
-    plain = [[h.copy() for h in ex.run(b)] for b in blobs]
-    ex.stage_input = True
-    for b, want in zip(blobs, plain):
-        assert same(ex.run(b), want)
-    assert ex._stage is not None and ex._stage.ctypes.data in ex._pinned_inputs   # it did stage

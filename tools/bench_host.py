@@ -7,8 +7,7 @@ For each MODEL:SIZE:BATCH (``--models``):
   run steps   one ``run`` taken apart (``Executor.run_steps``: the queue waited on after each step):
               upload, enqueue, device (the wait once enqueued), read, return; and copy, what
               copying the heads would add (``run`` lends the arrays it read them into instead);
-              and ``run`` from a pinned input (``Executor.input_array``) instead of the caller's array,
-              and with ``stage_input=False`` (the caller's pageable array handed to the driver as is)
+              and ``run`` from a pinned input (``Executor.input_array``) instead of the caller's array
   forward     ``Detector.forward(blob)`` wall
   enqueue     microseconds per launch to enqueue the plan (queue not waited on)
   detect      ``detect_batch`` wall on BATCH 1280x720 BGR frames, device and host pre/post-processing
@@ -171,9 +170,6 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
     ex = det.executor(batch)
     row["device"] = det.runtime.device_name
     row["run_ms"] = median_ms(lambda: ex.run(blob), reps)
-    ex.stage_input = False             # the caller's pageable array straight to the driver
-    row["run_unstaged_ms"] = median_ms(lambda: ex.run(blob), reps)
-    ex.stage_input = not ex.rt.is_cpu
     pinned_blob = ex.input_array()
     pinned_blob[...] = blob
     row["run_pinned_input_ms"] = median_ms(lambda: ex.run(pinned_blob), reps)
@@ -183,8 +179,7 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
     log(f"  {name} {size} b{batch} {precision} run {row['run_ms']:.2f} ms; one step at a time: "
         + ", ".join(f"{k} {v:.2f}" for k, v in st.items() if k not in ("sum", "copy"))
         + f" (sum {st['sum']:.2f}); copying the heads would add {st['copy']:.2f} ms; from a pinned input "
-        f"(Executor.input_array) run {row['run_pinned_input_ms']:.2f} ms, upload {sp['upload']:.2f}; "
-        f"not staged through pinned memory (stage_input=False) run {row['run_unstaged_ms']:.2f} ms")
+        f"(Executor.input_array) run {row['run_pinned_input_ms']:.2f} ms, upload {sp['upload']:.2f}")
     if flushes:
         row["run_ms_by_flush_every"] = {}
         for every in flushes:
