@@ -574,25 +574,26 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
     __global float* Pk = (__global float*)C + ((size_t)ks * zt + z) * plane;
 #endif
 #endif
-    /* Each accumulator inside C: its partial (SK > 1) or its epilogue. */
-    #pragma unroll
-    for (int i = 0; i < FM; ++i)
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1);
-            if (CHECK_M_ON && m >= M) continue;
-            #pragma unroll
-            for (int j = 0; j < FN; ++j) {
-                const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1);
-                if (CHECK_N_ON && n >= N) continue;
-                const float v = acc[i][j][q];
+    /* BODY once per accumulator of this work-item inside C, with its row m, column n and value v
+     * (the mma fragment layout: rows g and g + 8 of each 16-row block, columns 2t and 2t + 1). */
+#define YC_EACH_ACC(BODY) \
+    _Pragma("unroll") for (int i = 0; i < FM; ++i) \
+    _Pragma("unroll") for (int q = 0; q < 4; ++q) { \
+        const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1); \
+        if (CHECK_M_ON && m >= M) continue; \
+        _Pragma("unroll") for (int j = 0; j < FN; ++j) { \
+            const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1); \
+            if (CHECK_N_ON && n >= N) continue; \
+            const float v = acc[i][j][q]; \
+            BODY \
+        } \
+    }
+    /* Each accumulator: its partial (SK > 1) or its epilogue. */
 #if SK > 1
-                Pk[(size_t)m * N + n] = v;
+    YC_EACH_ACC(Pk[(size_t)m * N + n] = v;)
 #else
-                yc_gemm_store(v, m, n, grp, M, ldc, bias, C, cb, R, rbase);
+    YC_EACH_ACC(yc_gemm_store(v, m, n, grp, M, ldc, bias, C, cb, R, rbase);)
 #endif
-            }
-        }
 #if SK > 1
 #ifdef SK_FIX
     /* The work-group that finishes a tile last (a count per tile, reset to 0 by that group for
@@ -613,23 +614,12 @@ void yc_gemm_mma(__global const dtype* restrict A, __global const float* restric
         return;
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     const volatile __global float* Pz = P + (size_t)z * plane;
-    #pragma unroll
-    for (int i = 0; i < FM; ++i)
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int m = m0 + wm * WTM + i * 16 + g + 8 * (q >> 1);
-            if (CHECK_M_ON && m >= M) continue;
-            #pragma unroll
-            for (int j = 0; j < FN; ++j) {
-                const int n = n0 + wn * WTN + j * 8 + 2 * t + (q & 1);
-                if (CHECK_N_ON && n >= N) continue;
-                const float v = acc[i][j][q];
-                float sum = 0.0f;
-                for (int s = 0; s < SK; ++s)
-                    sum += s == ks ? v : Pz[(size_t)s * zt * plane + (size_t)m * N + n];
-                yc_gemm_store(sum, m, n, grp, M, ldc, bias, C, cb, R, rbase);
-            }
-        }
+    YC_EACH_ACC(
+        float sum = 0.0f;
+        for (int s = 0; s < SK; ++s)
+            sum += s == ks ? v : Pz[(size_t)s * zt * plane + (size_t)m * N + n];
+        yc_gemm_store(sum, m, n, grp, M, ldc, bias, C, cb, R, rbase);)
 #endif
 #endif
+#undef YC_EACH_ACC
 }
