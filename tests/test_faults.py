@@ -158,17 +158,23 @@ def test_allocation_beyond_the_device_limit_is_refused_with_its_size(runtime):
 
 
 class SmallDevice:
-    """What the executor's guard reads from a device: a 2 GiB GPU."""
+    """What the executor reads from a device before its guard: a 2 GiB GPU (its size, and the
+    limits the kernel families choose configs by, which decide the workspace)."""
 
     name = "Tiny GPU"
     global_mem_size = 2 << 30
     max_mem_alloc_size = 1 << 30
+    max_work_group_size = 1024
+    local_mem_size = 48 << 10
+    max_compute_units = 16
 
 
 class NoAllocRuntime:
     """A runtime whose allocations fail the test: the guard must stop the executor first."""
 
     device = SmallDevice()
+    device_name = SmallDevice.name
+    is_cpu = False
 
     def alloc(self, nbytes, what):
         pytest.fail(f"allocated {nbytes} bytes for {what} despite the memory guard")
