@@ -140,4 +140,21 @@ inline float yc_activate(float x, const int a) {
         }                                                                                      \
     }
 
+/* The arguments of every GEMM kernel (gemm.cl, gemm_local.cl, gemm_mma.cl), in the order one host
+ * binding passes them: A (packed weights), the bias, B with its offset, batch and group strides
+ * and row length, C with its offset, batch stride and row length, the fused shortcut's R with its
+ * offset and batch stride, the shape M, N, K, G, and for an implicit GEMM (IMPLICIT) the input's
+ * height and width and the output's width. */
+#ifdef IMPLICIT
+#define YC_IMPLICIT_PARAMS , const int H, const int W, const int OW
+#else
+#define YC_IMPLICIT_PARAMS
+#endif
+#define YC_GEMM_PARAMS                                                                               \
+    __global const dtype* restrict A, __global const float* restrict bias,                          \
+    __global const dtype* restrict B, const int b_off, const int b_bstride, const int b_gstride,    \
+    const int ldb, __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc, \
+    __global const dtype* restrict R, const int r_off, const int r_bstride,                         \
+    const int M, const int N, const int K, const int G YC_IMPLICIT_PARAMS
+
 #endif

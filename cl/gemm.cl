@@ -180,16 +180,7 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_v, VECT, CAT(as_int, VW), CAT(as_float, VW))
 #define B_FULL(j) VLOAD(Bk, (j) * VW)
 #define B_PART(j) FVEC(t, (j) * VW)
 
-__kernel void yc_gemm(__global const dtype* restrict A, __global const float* restrict bias,
-                      __global const dtype* restrict B, const int b_off, const int b_bstride,
-                      const int b_gstride, const int ldb,
-                      __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
-                      __global const dtype* restrict R, const int r_off, const int r_bstride,
-                      const int M, const int N, const int K, const int G
-#ifdef IMPLICIT
-                      , const int H, const int W, const int OW
-#endif
-                      )
+__kernel void yc_gemm(YC_GEMM_PARAMS)
 {
     const int n0 = COL_BLOCK * (VW * NV);
     const int mb = ROW_BLOCK;
@@ -287,12 +278,7 @@ __kernel void yc_gemm(__global const dtype* restrict A, __global const float* re
 /* ---------------------------------------------------------------------------------------- */
 #define MV (VW * NV)
 
-__kernel void yc_gemm_mv(__global const dtype* restrict A, __global const float* restrict bias,
-                         __global const dtype* restrict B, const int b_off, const int b_bstride,
-                         const int b_gstride, const int ldb,
-                         __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
-                         __global const dtype* restrict R, const int r_off, const int r_bstride,
-                         const int M, const int N, const int K, const int G)
+__kernel void yc_gemm_mv(YC_GEMM_PARAMS)
 {
     const int n0 = COL_BLOCK * TN;
     const int mb = ROW_BLOCK;

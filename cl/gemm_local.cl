@@ -123,16 +123,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
-void yc_gemm_local(__global const dtype* restrict A, __global const float* restrict bias,
-                   __global const dtype* restrict B, const int b_off, const int b_bstride,
-                   const int b_gstride, const int ldb,
-                   __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
-                   __global const dtype* restrict R, const int r_off, const int r_bstride,
-                   const int M, const int N, const int K, const int G
-#ifdef IMPLICIT
-                   , const int H, const int W, const int OW
-#endif
-                   )
+void yc_gemm_local(YC_GEMM_PARAMS)
 {
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * NDIMC + tx;

@@ -278,15 +278,7 @@ inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, 
 #endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
-void yc_gemm_mma(__global const dtype* restrict A, __global const float* restrict bias,
-                 __global const dtype* restrict B, const int b_off, const int b_bstride,
-                 const int b_gstride, const int ldb,
-                 __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
-                 __global const dtype* restrict R, const int r_off, const int r_bstride,
-                 const int M, const int N, const int K, const int G
-#ifdef IMPLICIT
-                 , const int H, const int W, const int OW
-#endif
+void yc_gemm_mma(YC_GEMM_PARAMS
 #ifdef SK_FIX
                  , __global float* restrict P, volatile __global int* restrict counters
 #endif
