@@ -18,6 +18,27 @@
 #define SEG_N 0
 #endif
 
+#ifdef POOL
+/* The [maxpool]'s output at (y, x): the maximum of its window over S0 (pixels outside skipped). */
+inline float yc_pool_at(const __global dtype* Sc, const int y, const int x, const int S0H, const int S0W)
+{
+    const int sy0 = y * MP_SY - MP_PAD, sx0 = x * MP_SX - MP_PAD;
+    float m = -FLT_MAX;
+    for (int dy = 0; dy < MP_SIZE; ++dy) {
+        const int sy = sy0 + dy;
+        if (sy < 0 || sy >= S0H) continue;
+        for (int dx = 0; dx < MP_SIZE; ++dx) {
+            const int sx = sx0 + dx;
+            if (sx >= 0 && sx < S0W) {
+                const float v = LD(Sc, sy * S0W + sx);
+                m = v > m ? v : m;
+            }
+        }
+    }
+    return m;
+}
+#endif
+
 __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
                                   const int C, const int H, const int W,
                                   __global dtype* restrict V, const int v_off, const int TW, const int P,
@@ -34,31 +55,7 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
     float d[T2];
 #ifdef POOL
     const __global dtype* Sc = S0 + s0_off + (size_t)b * s0_bstride + (size_t)c * S0H * S0W;
-    #pragma unroll
-    for (int i = 0; i < WT; ++i) {
-        const int y = y0 + i;
-        #pragma unroll
-        for (int j = 0; j < WT; ++j) {
-            const int x = x0 + j;
-            float m = 0.0f;                           /* the conv's zero padding */
-            if (y >= 0 && y < H && x >= 0 && x < W) {
-                const int sy0 = y * MP_SY - MP_PAD, sx0 = x * MP_SX - MP_PAD;
-                m = -FLT_MAX;
-                for (int dy = 0; dy < MP_SIZE; ++dy) {
-                    const int sy = sy0 + dy;
-                    if (sy < 0 || sy >= S0H) continue;
-                    for (int dx = 0; dx < MP_SIZE; ++dx) {
-                        const int sx = sx0 + dx;
-                        if (sx >= 0 && sx < S0W) {
-                            const float v = LD(Sc, sy * S0W + sx);
-                            m = v > m ? v : m;
-                        }
-                    }
-                }
-            }
-            d[i * WT + j] = m;
-        }
-    }
+    YC_WINO_GATHER(d, y0, x0, H, W, yc_pool_at(Sc, y, x, S0H, S0W))
 #else
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
     int sw = W, st = 1;
@@ -75,15 +72,7 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
         sw = S1W; st = SEG1_S; sc = scale1;
     }
 #endif
-    #pragma unroll
-    for (int i = 0; i < WT; ++i) {
-        const int y = y0 + i;
-        #pragma unroll
-        for (int j = 0; j < WT; ++j) {
-            const int x = x0 + j;
-            d[i * WT + j] = (y >= 0 && y < H && x >= 0 && x < W) ? sc * LD(Xc, (y / st) * sw + x / st) : 0.0f;
-        }
-    }
+    YC_WINO_GATHER(d, y0, x0, H, W, sc * LD(Xc, (y / st) * sw + x / st))
 #endif
     yc_wino_tile_store(d, V, (size_t)v_off + ((size_t)b * T2 * C + c) * P + p, C, P);
 }

@@ -10,6 +10,17 @@
     const int kbeg = ks * ((((K + SK - 1) / SK) + KWG - 1) / KWG) * KWG;                          \
     const int kend = min(K, kbeg + ((((K + SK - 1) / SK) + KWG - 1) / KWG) * KWG);
 
+/* cb and rbase: where image b's C and (with RESIDUAL) the fused shortcut's R start, for yc_gemm_store. */
+#ifdef RESIDUAL
+#define YC_EPILOGUE_BASES(b)                                                                     \
+    const size_t cb = (size_t)c_off + (size_t)(b) * c_bstride;                                   \
+    const size_t rbase = (size_t)r_off + (size_t)(b) * r_bstride;
+#else
+#define YC_EPILOGUE_BASES(b)                                                                     \
+    const size_t cb = (size_t)c_off + (size_t)(b) * c_bstride;                                   \
+    const size_t rbase = 0;
+#endif
+
 /* The fused epilogue of one element: bias, ACT, [+ R, ACT2], store. */
 inline void yc_gemm_store(const float acc, const int m, const int n, const int g, const int M, const int ldc,
                           __global const float* restrict bias, __global dtype* restrict C, const size_t cb,

@@ -304,12 +304,7 @@ void yc_gemm_local(YC_GEMM_PARAMS)
 #define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
 #else
     /* Epilogue: bias, activation, optional residual add + ACT2, store. */
-    const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
-#ifdef RESIDUAL
-    const size_t rbase = (size_t)r_off + (size_t)b * r_bstride;
-#else
-    const size_t rbase = 0;
-#endif
+    YC_EPILOGUE_BASES(b)
 #define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), g, M, ldc, bias, C, cb, R, rbase)
 #endif
     #pragma unroll

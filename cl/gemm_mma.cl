@@ -187,6 +187,30 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
                  : "=r"((r)[0]), "=r"((r)[1]) : "r"((uint)(size_t)(p)))
 #endif
 
+/* This warp's FM A fragments of k-word kw from an [m][k-word] tile As (rows of LDS words), and the
+ * FM x FN products into acc: both main loops (single-buffered and staged) step through k so.
+ * ldmatrix: lane l names row l % 8 of 8x4-word matrix l / 8; matrix q lands in register q, each
+ * lane receiving word t of row g: exactly the fragments' layout, in word units. */
+#if LDSM
+#define LOAD_A_FRAGS(af, As, kw)                                                                 \
+    _Pragma("unroll") for (int i = 0; i < FM; ++i)                                               \
+        LDSM_X4(af[i], (As) + (wm * WTM + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDS     \
+                       + (kw) + 4 * (lane >> 4));
+#else
+#define LOAD_A_FRAGS(af, As, kw)                                                                 \
+    _Pragma("unroll") for (int i = 0; i < FM; ++i) {                                             \
+        const __local uint* pa = (As) + (wm * WTM + i * 16 + g) * LDS + (kw) + t;                \
+        af[i][0] = pa[0];                                                                        \
+        af[i][1] = pa[8 * LDS];                                                                  \
+        af[i][2] = pa[4];                                                                        \
+        af[i][3] = pa[8 * LDS + 4];                                                              \
+    }
+#endif
+#define MMA_ALL(acc, af, bf)                                                                     \
+    _Pragma("unroll") for (int i = 0; i < FM; ++i)                                               \
+        _Pragma("unroll") for (int j = 0; j < FN; ++j)                                           \
+            MMA(acc[i][j], af[i], bf[j]);
+
 /* Global -> local copies that bypass registers (cp.async, sm_80+): 16 bytes, zero-filled where !ok;
  * a commit closes a group, a wait leaves at most CP_PENDING of this work-item's groups in flight
  * (the barrier after it makes every work-item's copies visible). Plain copies under emulation. */
@@ -371,25 +395,12 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         #pragma unroll
         for (int kw = 0; kw < KU; kw += 8) {
             uint af[FM][4], bf[FN][2];
+            LOAD_A_FRAGS(af, As, kw)
 #if LDSM
-            /* ldmatrix: lane l names row l % 8 of 8x4-word matrix l / 8; matrix q lands in register q,
-             * each lane receiving word t of row g: exactly the fragments' layout, in word units. */
-            #pragma unroll
-            for (int i = 0; i < FM; ++i)
-                LDSM_X4(af[i], As + (wm * WTM + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDS + kw
-                                + 4 * (lane >> 4));
             #pragma unroll
             for (int j = 0; j < FN; ++j)
                 LDSM_X2(bf[j], Bs + (wn * WTN + j * 8 + (lane & 7)) * LDS + kw + 4 * ((lane >> 3) & 1));
 #else
-            #pragma unroll
-            for (int i = 0; i < FM; ++i) {
-                const __local uint* p = As + (wm * WTM + i * 16 + g) * LDS + kw + t;
-                af[i][0] = p[0];
-                af[i][1] = p[8 * LDS];
-                af[i][2] = p[4];
-                af[i][3] = p[8 * LDS + 4];
-            }
             #pragma unroll
             for (int j = 0; j < FN; ++j) {
                 const __local uint* p = Bs + (wn * WTN + j * 8 + g) * LDS + kw + t;
@@ -397,11 +408,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
                 bf[j][1] = p[4];
             }
 #endif
-            #pragma unroll
-            for (int i = 0; i < FM; ++i)
-                #pragma unroll
-                for (int j = 0; j < FN; ++j)
-                    MMA(acc[i][j], af[i], bf[j]);
+            MMA_ALL(acc, af, bf)
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
@@ -493,12 +500,8 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         for (int kw = 0; kw < KU; kw += 8) {
             uint af[FM][4], bf[FN][2];
             const int kb = kw * KPW;            /* the B row (k) of this step */
-#if LDSM
-            #pragma unroll
-            for (int i = 0; i < FM; ++i)
-                LDSM_X4(af[i], As + (wm * WTM + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDS + kw
-                                + 4 * (lane >> 4));
-#ifdef MMA_F16
+            LOAD_A_FRAGS(af, As, kw)
+#if LDSM && defined(MMA_F16)
             /* ldmatrix.trans of [k][n] rows: matrix q = (k half q & 1, n block q >> 1), and lane
              * (g, t) receives B[kb + 2t, 2t + 1][n + g]: the col fragment, low half the lower k. */
             #pragma unroll
@@ -513,16 +516,6 @@ void yc_gemm_mma(YC_GEMM_PARAMS
             if (FN & 1)
                 LDSM_X2T(bf[FN - 1], Bs + (kb + (lane & 15)) * LDB + wn * WTN + (FN - 1) * 8);
 #endif
-#else
-            #pragma unroll
-            for (int i = 0; i < FM; ++i) {
-                const __local uint* p = As + (wm * WTM + i * 16 + g) * LDS + kw + t;
-                af[i][0] = p[0];
-                af[i][1] = p[8 * LDS];
-                af[i][2] = p[4];
-                af[i][3] = p[8 * LDS + 4];
-            }
-#endif
 #if !LDSM || defined(MMA_TF32)
             #pragma unroll
             for (int j = 0; j < FN; ++j) {
@@ -536,11 +529,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #endif
             }
 #endif
-            #pragma unroll
-            for (int i = 0; i < FM; ++i)
-                #pragma unroll
-                for (int j = 0; j < FN; ++j)
-                    MMA(acc[i][j], af[i], bf[j]);
+            MMA_ALL(acc, af, bf)
         }
 #ifndef BVEC
         if (more) {
@@ -550,12 +539,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     }
 #endif
 
-    const size_t cb = (size_t)c_off + (size_t)b * c_bstride;
-#ifdef RESIDUAL
-    const size_t rbase = (size_t)r_off + (size_t)b * r_bstride;
-#else
-    const size_t rbase = 0;
-#endif
+    YC_EPILOGUE_BASES(b)
 #if SK > 1
     /* Raw partial sums of this K split, as planes [SK][Z][M][N]: into the workspace P (SK_FIX),
      * else into C's buffer for gemm_local.cl's yc_gemm_splitk to add up in a second launch. */

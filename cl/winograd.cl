@@ -76,6 +76,17 @@ inline void yc_wino_tile_store(const float* d, __global dtype* restrict V, const
     for (int xi = 0; xi < T2; ++xi) ST(V, base + (size_t)xi * C * P, u[xi]);
 }
 
+/* d[i * WT + j] = EXPR, the input at pixel (y, x) of the WT x WT tile whose corner is (y0, x0),
+ * or 0 outside the H x W input (the conv's zero padding). */
+#define YC_WINO_GATHER(d, y0, x0, H, W, EXPR)                                                    \
+    _Pragma("unroll") for (int i = 0; i < WT; ++i) {                                             \
+        const int y = (y0) + i;                                                                  \
+        _Pragma("unroll") for (int j = 0; j < WT; ++j) {                                         \
+            const int x = (x0) + j;                                                              \
+            d[i * WT + j] = (y >= 0 && y < (H) && x >= 0 && x < (W)) ? (EXPR) : 0.0f;            \
+        }                                                                                        \
+    }
+
 /* Global size (P, C, batch): one work-item per (tile, channel, image). */
 __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, const int x_bstride,
                             const int C, const int H, const int W,
@@ -87,15 +98,7 @@ __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, c
     const int y0 = ty * WINO_M - PAD, x0 = tx * WINO_M - PAD;
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
     float d[T2];
-    #pragma unroll
-    for (int i = 0; i < WT; ++i) {
-        const int y = y0 + i;
-        #pragma unroll
-        for (int j = 0; j < WT; ++j) {
-            const int x = x0 + j;
-            d[i * WT + j] = (y >= 0 && y < H && x >= 0 && x < W) ? LD(Xc, y * W + x) : 0.0f;
-        }
-    }
+    YC_WINO_GATHER(d, y0, x0, H, W, LD(Xc, y * W + x))
     yc_wino_tile_store(d, V, (size_t)v_off + ((size_t)b * T2 * C + c) * P + p, C, P);
 }
 
