@@ -27,40 +27,42 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_w, float2, as_int2, as_float2)
 YC_DEFINE_ACTIVATE_VEC(yc_act_w, float4, as_int4, as_float4)
 #endif
 
-/* out = B^T in, over WT elements spaced `s` apart. */
-inline void yc_bt(const float* in, const int s, float* out, const int so)
-{
+/* NAME_BT(in, s, out, so): out = B^T in, over WT elements spaced `s` apart; NAME_AT: out = A^T in,
+ * WT elements spaced `s` apart -> WINO_M elements spaced `so` apart. Defined for a float and, in
+ * the tile-vector kernels below, for a vector T whose lanes are neighbouring tiles. */
 #if WINO_M == 2
-    out[0 * so] = in[0] - in[2 * s];
-    out[1 * so] = in[s] + in[2 * s];
-    out[2 * so] = in[2 * s] - in[s];
-    out[3 * so] = in[s] - in[3 * s];
+#define YC_DEFINE_WINO_TRANSFORMS(NAME_BT, NAME_AT, T)                                          \
+    inline void NAME_BT(const T* in, const int s, T* out, const int so) {                       \
+        out[0 * so] = in[0] - in[2 * s];                                                        \
+        out[1 * so] = in[s] + in[2 * s];                                                        \
+        out[2 * so] = in[2 * s] - in[s];                                                        \
+        out[3 * so] = in[s] - in[3 * s];                                                        \
+    }                                                                                           \
+    inline void NAME_AT(const T* in, const int s, T* out, const int so) {                       \
+        out[0] = in[0] + in[s] + in[2 * s];                                                     \
+        out[so] = in[s] - in[2 * s] - in[3 * s];                                                \
+    }
 #else
-    const float d0 = in[0], d1 = in[s], d2 = in[2 * s], d3 = in[3 * s], d4 = in[4 * s], d5 = in[5 * s];
-    out[0 * so] = 4.0f * d0 - 5.0f * d2 + d4;
-    out[1 * so] = -4.0f * (d1 + d2) + d3 + d4;
-    out[2 * so] = 4.0f * (d1 - d2) - d3 + d4;
-    out[3 * so] = 2.0f * (d3 - d1) - d2 + d4;
-    out[4 * so] = 2.0f * (d1 - d3) - d2 + d4;
-    out[5 * so] = 4.0f * d1 - 5.0f * d3 + d5;
+#define YC_DEFINE_WINO_TRANSFORMS(NAME_BT, NAME_AT, T)                                          \
+    inline void NAME_BT(const T* in, const int s, T* out, const int so) {                       \
+        const T d0 = in[0], d1 = in[s], d2 = in[2 * s], d3 = in[3 * s], d4 = in[4 * s], d5 = in[5 * s]; \
+        out[0 * so] = 4.0f * d0 - 5.0f * d2 + d4;                                              \
+        out[1 * so] = -4.0f * (d1 + d2) + d3 + d4;                                              \
+        out[2 * so] = 4.0f * (d1 - d2) - d3 + d4;                                               \
+        out[3 * so] = 2.0f * (d3 - d1) - d2 + d4;                                               \
+        out[4 * so] = 2.0f * (d1 - d3) - d2 + d4;                                               \
+        out[5 * so] = 4.0f * d1 - 5.0f * d3 + d5;                                               \
+    }                                                                                           \
+    inline void NAME_AT(const T* in, const int s, T* out, const int so) {                       \
+        const T m0 = in[0], m1 = in[s], m2 = in[2 * s], m3 = in[3 * s], m4 = in[4 * s], m5 = in[5 * s]; \
+        const T a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4;                             \
+        out[0] = m0 + a + c;                                                                    \
+        out[so] = b + 2.0f * d;                                                                 \
+        out[2 * so] = a + 4.0f * c;                                                             \
+        out[3 * so] = b + 8.0f * d + m5;                                                        \
+    }
 #endif
-}
-
-/* out = A^T in: WT elements spaced `s` apart -> WINO_M elements spaced `so` apart. */
-inline void yc_at(const float* in, const int s, float* out, const int so)
-{
-#if WINO_M == 2
-    out[0] = in[0] + in[s] + in[2 * s];
-    out[so] = in[s] - in[2 * s] - in[3 * s];
-#else
-    const float m0 = in[0], m1 = in[s], m2 = in[2 * s], m3 = in[3 * s], m4 = in[4 * s], m5 = in[5 * s];
-    const float a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4;
-    out[0] = m0 + a + c;
-    out[so] = b + 2.0f * d;
-    out[2 * so] = a + 4.0f * c;
-    out[3 * so] = b + 8.0f * d + m5;
-#endif
-}
+YC_DEFINE_WINO_TRANSFORMS(yc_bt, yc_at, float)
 
 /* The tail of every input transform: u = B^T d B for the WT x WT input tile d, stored as T2
  * planes of C x P (element xi of the tile at base + xi * C * P). */
@@ -142,3 +144,185 @@ __kernel void yc_wino_output(__global const dtype* restrict Mt, const int m_off,
             if (tx * WINO_M + j < OW) ST(Y, yb + pix + j, v[j]);
     }
 }
+
+/* Tile-vector transforms (WINO_VT > 1, the CPU family's): a work-item transforms WINO_VT
+ * neighbouring tiles of one tile row, lane k holding tile tx0 + k, so the arithmetic is SIMD across
+ * tiles, an input row is read as one contiguous run and each transform point's plane is written
+ * (and read back) as one vector. The one-tile kernels above leave the vectorising to the driver,
+ * which on PoCL gathers every element of every tile with a bounds check. Same V and Mt layouts.
+ * Global size (TH * GW, C or F, batch), GW = ceil(TW / WINO_VT) tile groups per tile row; a
+ * row's last group may be partial. */
+#ifndef WINO_VT
+#define WINO_VT 1
+#endif
+#if WINO_VT > 1
+#define TV CAT(float, WINO_VT)
+#define TV_PACK(l) CAT(vload, WINO_VT)(0, l)          /* private lanes -> vector */
+#define TV_UNPACK(v, l) CAT(vstore, WINO_VT)(v, 0, l) /* vector -> private lanes */
+#ifdef HALF_STORAGE
+#define TV_GLD(p, i) CAT(vload_half, WINO_VT)(0, (p) + (i))
+#define TV_GST(p, i, v) CAT(vstore_half, WINO_VT)(v, 0, (p) + (i))
+#else
+#define TV_GLD(p, i) CAT(vload, WINO_VT)(0, (p) + (i))
+#define TV_GST(p, i, v) CAT(vstore, WINO_VT)(v, 0, (p) + (i))
+#endif
+#define SPAN (WINO_VT * WINO_M + 2)       /* input columns a group's tiles read */
+#define RUN (WINO_VT * WINO_M)            /* output columns a group's tiles write */
+YC_DEFINE_WINO_TRANSFORMS(yc_bt_v, yc_at_v, TV)
+YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_VT))
+
+/* (ty, tx0, n): the group's tile row, first tile and number of tiles; ty < 0 past the last row. */
+#define YC_TILE_GROUP(g, TW, P, ty, tx0, n)                                                      \
+    const int gw_ = (TW + WINO_VT - 1) / WINO_VT;                                                \
+    const int ty = (g) / gw_, tx0 = ((g) - ty * gw_) * WINO_VT;                                  \
+    const int n = min(WINO_VT, (TW) - tx0);
+
+/* s[j] = lanes k of row[j + k * WINO_M], j < WT: one input row's values for the WT tile columns
+ * of 8 neighbouring tiles, from contiguous loads (ROW8: 8 floats at 8 * i, ROW2: 2 at i) and
+ * swizzles (WINO_VT 8 only). */
+#ifdef HALF_STORAGE
+#define YC_ROW8(row, i) vload_half8((i), (row))
+#define YC_ROW2(row, i) vload_half2(0, (row) + (i))
+#else
+#define YC_ROW8(row, i) vload8((i), (row))
+#define YC_ROW2(row, i) vload2(0, (row) + (i))
+#endif
+#define YC_PRIV8(row, i) vload8((i), (row))
+#define YC_PRIV2(row, i) vload2(0, (row) + (i))
+#if WINO_M == 2
+#define YC_STRIDED_LANES(s, row, ROW8, ROW2) {                                                   \
+        const float8 v0 = ROW8(row, 0), v1 = ROW8(row, 1);                                       \
+        const float2 e = ROW2(row, 16);                                                       \
+        (s)[0] = (float8)(v0.s0246, v1.s0246);                                                   \
+        (s)[1] = (float8)(v0.s1357, v1.s1357);                                                   \
+        (s)[2] = (float8)(v0.s246, v1.s0246, e.s0);                                              \
+        (s)[3] = (float8)(v0.s357, v1.s1357, e.s1);                                              \
+    }
+#else
+#define YC_STRIDED_LANES(s, row, ROW8, ROW2) {                                                   \
+        const float8 v0 = ROW8(row, 0), v1 = ROW8(row, 1), v2 = ROW8(row, 2), v3 = ROW8(row, 3); \
+        const float2 e = ROW2(row, 32);                                                       \
+        (s)[0] = (float8)(v0.s04, v1.s04, v2.s04, v3.s04);                                       \
+        (s)[1] = (float8)(v0.s15, v1.s15, v2.s15, v3.s15);                                       \
+        (s)[2] = (float8)(v0.s26, v1.s26, v2.s26, v3.s26);                                       \
+        (s)[3] = (float8)(v0.s37, v1.s37, v2.s37, v3.s37);                                       \
+        (s)[4] = (float8)(v0.s4, v1.s04, v2.s04, v3.s04, e.s0);                                  \
+        (s)[5] = (float8)(v0.s5, v1.s15, v2.s15, v3.s15, e.s1);                                  \
+    }
+#endif
+
+__kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                               const int C, const int H, const int W,
+                               __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
+{
+    const int c = get_global_id(1), b = get_global_id(2);
+    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
+    if (ty * TW >= P) return;
+    const int y0 = ty * WINO_M - PAD, x0 = tx0 * WINO_M - PAD;
+    const bool inside_x = x0 >= 0 && x0 + SPAN <= W;
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    TV d[T2], t[T2], u[T2];
+    #pragma unroll
+    for (int i = 0; i < WT; ++i) {
+        const int y = y0 + i;
+        if (y < 0 || y >= H) {
+            #pragma unroll
+            for (int j = 0; j < WT; ++j) d[i * WT + j] = (TV)(0.0f);
+        } else if (inside_x) {
+            YC_STRIDED_LANES(d + i * WT, Xc + y * W + x0, YC_ROW8, YC_ROW2)
+        } else {                              /* a row's edge group: its run, zero-padded, in private memory */
+            float r[SPAN + 6];
+            #pragma unroll
+            for (int q = 0; q < SPAN + 6; ++q) r[q] = 0.0f;
+            const int qa = max(0, -x0), qb = min(SPAN, W - x0);
+            for (int q = qa; q < qb; ++q) r[q] = LD(Xc, y * W + x0 + q);
+            YC_STRIDED_LANES(d + i * WT, r, YC_PRIV8, YC_PRIV2)
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < WT; ++j) yc_bt_v(d + j, WT, t + j, WT);
+    #pragma unroll
+    for (int i = 0; i < WT; ++i) yc_bt_v(t + i * WT, 1, u + i * WT, 1);
+    const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + ty * TW + tx0;
+    #pragma unroll
+    for (int xi = 0; xi < T2; ++xi) {
+        const size_t o = base + (size_t)xi * C * P;
+        if (n == WINO_VT) {
+            TV_GST(V, o, u[xi]);
+        } else {
+            float l[WINO_VT];
+            TV_UNPACK(u[xi], l);
+            for (int k = 0; k < n; ++k) ST(V, o + k, l[k]);
+        }
+    }
+}
+
+__kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_off, const int F, const int P,
+                                const int TW, __global const float* restrict bias,
+                                __global dtype* restrict Y, const int y_off, const int y_bstride,
+                                const int OH, const int OW,
+                                __global const dtype* restrict R, const int r_off, const int r_bstride)
+{
+    const int f = get_global_id(1), b = get_global_id(2);
+    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
+    if (ty * TW >= P) return;
+    const size_t base = (size_t)m_off + ((size_t)b * T2 * F + f) * P + ty * TW + tx0;
+    TV m[T2], t[WINO_M * WT], y[WINO_M * WINO_M];
+    float l[WINO_VT];
+    #pragma unroll
+    for (int xi = 0; xi < T2; ++xi) {
+        const size_t o = base + (size_t)xi * F * P;
+        if (n == WINO_VT) {
+            m[xi] = TV_GLD(Mt, o);
+        } else {
+            for (int k = 0; k < WINO_VT; ++k) l[k] = k < n ? LD(Mt, o + k) : 0.0f;
+            m[xi] = TV_PACK(l);
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < WT; ++j) yc_at_v(m + j, WT, t + j, WT);
+    #pragma unroll
+    for (int i = 0; i < WINO_M; ++i) yc_at_v(t + i * WT, 1, y + i * WINO_M, 1);
+    const float bf = bias[f];
+    const int ox0 = tx0 * WINO_M, nx = min(RUN, OW - ox0);
+    const size_t yb = (size_t)y_off + (size_t)b * y_bstride;
+#ifdef RESIDUAL
+    const size_t rb = (size_t)r_off + (size_t)b * r_bstride;
+#endif
+    /* The epilogue an output row at a time: column j of the group's tiles is one vector (lane k =
+     * tile k); the row's RUN outputs interleave them, o[k * WINO_M + j]. */
+    #pragma unroll
+    for (int i = 0; i < WINO_M; ++i) {
+        const int oy = ty * WINO_M + i;
+        if (oy >= OH) break;
+        const size_t pix = (size_t)f * OH * OW + (size_t)oy * OW + ox0;
+        float o[RUN];
+#ifdef RESIDUAL
+        if (nx == RUN) {
+            #pragma unroll
+            for (int q = 0; q < RUN; ++q) o[q] = LD(R, rb + pix + q);
+        } else {
+            for (int q = 0; q < RUN; ++q) o[q] = q < nx ? LD(R, rb + pix + q) : 0.0f;
+        }
+#endif
+        #pragma unroll
+        for (int j = 0; j < WINO_M; ++j) {
+            TV v = yc_act_tv(y[i * WINO_M + j] + (TV)(bf), ACT);
+#ifdef RESIDUAL
+            #pragma unroll
+            for (int k = 0; k < WINO_VT; ++k) l[k] = o[k * WINO_M + j];
+            v = yc_act_tv(v + TV_PACK(l), ACT2);
+#endif
+            TV_UNPACK(v, l);
+            #pragma unroll
+            for (int k = 0; k < WINO_VT; ++k) o[k * WINO_M + j] = l[k];
+        }
+        if (nx == RUN) {
+            #pragma unroll
+            for (int q = 0; q < RUN; ++q) ST(Y, yb + pix + q, o[q]);
+        } else {
+            for (int q = 0; q < nx; ++q) ST(Y, yb + pix + q, o[q]);
+        }
+    }
+}
+#endif

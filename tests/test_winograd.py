@@ -156,3 +156,53 @@ def test_small_device_limits_fall_back_to_a_legal_tile(rt, net, direct, monkeypa
     ex, out = run(rt, graph, blob, local_pick(big, 2))
     assert all(l.lsize is None or l.lsize[0] * l.lsize[1] <= 64 for l in ex.launches)
     assert rel(out, direct) < 5e-6
+
+
+WIDE_CFG = (net_header(70, 9) + conv(13) + conv(13, act="mish") + shortcut(-2, act="leaky")
+            + conv(6) + route(-1, -2) + conv(5, bn=0, act="linear"))
+CPU_IM2COL = {"family": "cpu", "algo": "im2col", "kernel": "mv", "TN": 3, "VW": 4, "NV": 2, "KU": 1, "WG": 1, "ORD": 1}
+CPU_GEMM = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 1, "KU": 2, "WG": 0}
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """A 70-pixel-wide net, so tile groups run both the interior (contiguous rows) and edge paths:
+    a residual with mish then leaky, a conv written into a concat, 9 rows (a partial tile row)."""
+    cfg, wts = write_model(tempfile.mkdtemp(), "wide", WIDE_CFG, seed=9)
+    graph = graph_of(cfg, wts)
+    blob = np.random.default_rng(12).random((2, 3, 9, 70), dtype=np.float32)
+    ref = forward_numpy(cfg, wts, blob, keep="heads")
+    return graph, blob, list(ref.values())[-1]
+
+
+@pytest.mark.parametrize("m,vt,half", [(2, 8, False), (4, 8, False), (2, 8, True)])
+@pytest.mark.parametrize("which", ["net", "wide"])
+def test_cpu_tile_vector_transforms(rt, net, wide, m, vt, half, which):
+    """The CPU family's Winograd with its transforms ``vt`` tiles to a work-item as SIMD lanes
+    (``yc_wino_input_vt`` / ``yc_wino_output_vt``) against the NumPy forward pass and against the
+    one-tile kernels (vt 1), which do the same arithmetic: odd widths and heights, partial tile
+    groups, residual, concat, batch 2."""
+    graph, blob, ref = net if which == "net" else wide
+
+    def pick_vt(v):
+        def pick(node):
+            if winograd.applicable(node):
+                return {"family": "cpu", "algo": "winograd", "m": m, "VT": v, **CPU_GEMM}
+            return dict(CPU_IM2COL)
+        return pick
+    ex, out = run(rt, graph, blob, pick_vt(vt), half=half)
+    transforms = [l for l in ex.launches if l.name in ("wino_input", "wino_output")]
+    assert len(transforms) == 2 * sum(l.name == "wino_gemm" for l in ex.launches) >= 6
+    assert all(l.config["vt"] == vt for l in transforms)
+    assert rel(out, ref) < (5e-3 if half else 2e-4)
+    one = run(rt, graph, blob, pick_vt(1), half=half)[1]
+    assert rel(out, one) < 1e-6
+
+
+def test_cpu_transform_lanes_are_checked(rt, net):
+    """A VT the kernels cannot build is refused by the family's legality check, with the reason."""
+    from yolo_cl.kernels import gemm_cpu as gc
+    node = next(n for n in net[0].nodes if n.op == "conv" and winograd.applicable(n))
+    cfg = {"family": "cpu", "algo": "winograd", "m": 4, **CPU_GEMM}
+    assert gc.KERNEL_FAMILY.why_illegal(node, dict(cfg, VT=8), rt) is None
+    assert "VT=16" in gc.KERNEL_FAMILY.why_illegal(node, dict(cfg, VT=16), rt)

@@ -21,7 +21,9 @@ convs, ``nv`` blocks whose width divides the output rows) reads the input direct
 skips the im2col pass. ``winograd`` (3x3
 stride-1 convs) runs ``cl/winograd.cl``'s input and output transforms around this family's
 GEMM, batched over the (m+2)^2 transform points: F(2x2) does 2.25x and F(4x4) 4x fewer
-multiplies than the direct GEMM.
+multiplies than the direct GEMM. Its transforms run ``VT`` (default ``WINO_VT``, 8) neighbouring
+tiles to a work-item as SIMD lanes (``yc_wino_*_vt``: contiguous row loads and swizzles instead
+of one gather per element; ``VT`` 1 keeps the one-tile kernels the GPU family uses).
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ KERNELS = ("nv", "mv")
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 MAX_ACC = 128                 # accumulator floats per work-item: 16 AVX registers of 8 lanes
 MAX_BLOCK = 16                # largest TM / TN
+WINO_VT = 8                   # Winograd transforms: tiles per work-item, as SIMD lanes (cl/winograd.cl)
+WINO_VTS = (1, 8)             # legal VT: the one-tile kernels, or 8 lanes (yc_wino_input_vt swizzles 8)
 
 
 def round_up(x: int, r: int) -> int:
@@ -419,7 +423,7 @@ def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     def gemm(gargs: list) -> Launch:
         return Launch(ctx.kernel("gemm.cl", kernel_name(cfg), gd, gargs), grid(cfg, M, P, ctx.batch * t2),
                       local_size(cfg), node, "wino_gemm", dict(cfg), node.flops * ctx.batch)
-    return winograd.transform_launches(ctx, node, m, wts, gemm)
+    return winograd.transform_launches(ctx, node, m, wts, gemm, int(cfg.get("VT", WINO_VT)))
 
 
 class CpuGemm:
@@ -444,6 +448,8 @@ class CpuGemm:
             return f"algorithm '{algo}' of the CPU GEMM family cannot run {node.describe()}"
         if algo == "winograd" and cfg.get("m", 2) not in winograd.TILE_SIZES:
             return f"Winograd tile size m={cfg.get('m')} is not one of {winograd.TILE_SIZES}"
+        if algo == "winograd" and cfg.get("VT", WINO_VT) not in WINO_VTS:
+            return f"Winograd transform lanes VT={cfg.get('VT')} is not one of {WINO_VTS}"
         M, N, K, G = gemm_shape(node, cfg)
         reason = why_illegal(cfg, M, N, K, max_work_group(rt)) or conv_illegal(node, cfg)
         return None if reason is None else f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}"

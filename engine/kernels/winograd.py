@@ -93,16 +93,25 @@ def filter_transform(w: np.ndarray, m: int) -> np.ndarray:
     return U.reshape(t * t, F, C)
 
 
-def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm) -> list:
+def tile_groups(node: Node, m: int, vt: int) -> int:
+    """Work-items along a transform's first dimension: one per tile (``vt`` 1), or one per group
+    of ``vt`` neighbouring tiles of a tile row (the tile-vector kernels)."""
+    th, tw, p = tile_grid(node, m)
+    return p if vt == 1 else th * -(-tw // vt)
+
+
+def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm, vt: int = 1) -> list:
     """Input transform, the GEMMs over the T2 points, output transform + epilogue: the launches
     of either GEMM family's Winograd conv. ``gemm(args)`` makes the family's GEMM launch from the
-    shared argument list (A = ``wts["A"]`` in that family's layout, B = V, C = Mt, no bias)."""
+    shared argument list (A = ``wts["A"]`` in that family's layout, B = V, C = Mt, no bias).
+    ``vt`` > 1 runs the transforms ``vt`` tiles to a work-item as SIMD lanes (``*_vt`` kernels: the
+    CPU family's), 1 a tile to a work-item (the driver vectorises, as GPUs do across a warp)."""
     out = node.output
     M, P, C, t2 = gemm_shape(node, m)
     tw = tile_grid(node, m)[1]
     B, ws = ctx.batch, ctx.scratch(workspace_elems(node, ctx.batch, m) * ctx.itemsize)
     v_off, m_off = 0, B * t2 * C * P
-    launches = [fused.wino_input(ctx, node, m, v_off, tw, P)]   # through a folded maxpool/upsample if marked
+    launches = [fused.wino_input(ctx, node, m, v_off, tw, P, vt)]   # through a folded maxpool/upsample if marked
     gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
         [ws, np.int32(0), np.int32(0)] + i32(M, P, C, t2)
     launches.append(gemm(gargs))
@@ -110,6 +119,9 @@ def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm) ->
     od["WINO_M"] = m
     oargs = [ws] + i32(m_off, M, P, tw) + [wts["bias"]] + ctx.view(out) + i32(out.h, out.w) + \
         residual_args(ctx, node)
-    k_out = ctx.kernel("winograd.cl", "yc_wino_output", od, oargs)
-    launches.append(Launch(k_out, (P, M, B), None, node, "wino_output", {"m": m}))
+    if vt > 1:
+        od["WINO_VT"] = vt
+    k_out = ctx.kernel("winograd.cl", "yc_wino_output_vt" if vt > 1 else "yc_wino_output", od, oargs)
+    launches.append(Launch(k_out, (tile_groups(node, m, vt), M, B), None, node, "wino_output",
+                           {"m": m, "vt": vt} if vt > 1 else {"m": m}))
     return launches
