@@ -76,6 +76,29 @@ __kernel void yc_upsample(__global const dtype* restrict X, const int x_off, con
     ST(Y, y_off + b * y_bstride + c * H * S * OW + n, scale * v);
 }
 
+#ifdef UP_S
+/* The same as yc_upsample, an input row per work-item (CPUs): each value is scaled once and
+ * written UP_S times along x into UP_S output rows, with no division per output element.
+ * Global size (H, C, batch). */
+__kernel void yc_upsample_rows(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                               const int H, const int W,
+                               __global dtype* restrict Y, const int y_off, const int y_bstride,
+                               const int S, const float scale)
+{
+    const int y = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int OW = W * UP_S;
+    const size_t xr = x_off + (size_t)b * x_bstride + ((size_t)c * H + y) * W;
+    const size_t yr = y_off + (size_t)b * y_bstride + ((size_t)c * H + y) * UP_S * OW;
+    for (int x = 0; x < W; ++x) {
+        const float v = scale * LD(X, xr + x);
+        #pragma unroll
+        for (int dy = 0; dy < UP_S; ++dy)
+            #pragma unroll
+            for (int dx = 0; dx < UP_S; ++dx) ST(Y, yr + (size_t)dy * OW + x * UP_S + dx, v);
+    }
+}
+#endif
+
 /* Darknet's reorg (forward=0 flavour of reorg_cpu, which OpenCV reproduces): output element
  * at the input's flat index i (over C x H x W) takes the input element at the index it would
  * have in a (C/S^2) x (H*S) x (W*S) layout. Global size (W*H, C, batch) of the INPUT dims. */

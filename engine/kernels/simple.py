@@ -37,6 +37,9 @@ def bind(ctx: BindContext, node: Node) -> list:
         return [_launch(ctx, node, "yc_avgpool", d, X + i32(x.h * x.w) + Y, (out.c, B))]
     if node.op == "upsample":
         args = X + i32(x.h, x.w) + Y + [np.int32(a["stride"]), np.float32(a["scale"])]
+        if ctx.rt.is_cpu:        # a row per work-item: no division per output element
+            k = ctx.kernel("layers.cl", "yc_upsample_rows", ctx.defines(UP_S=a["stride"]), args)
+            return [Launch(k, (x.h, out.c, B), None, node, "upsample")]
         return [_launch(ctx, node, "yc_upsample", d, args, (hw, out.c, B))]
     if node.op == "reorg":
         args = X + i32(x.c, x.h, x.w) + Y + i32(a["stride"])
