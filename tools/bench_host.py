@@ -19,6 +19,8 @@ For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the 
 ``--fold-compare`` times the plans with and without folding side by side (see ``fold_compare``).
 ``--lend-compare`` times ``Executor.run`` lending its head arrays against returning copies of them
 (the path before lending) side by side (see ``lend_compare``).
+``--profile-detect`` adds where ``detect_batch`` spends its wall (cProfile's top functions by own
+time) and the floor of a synchronous call (the frames' copy into pinned memory, their DMA).
 ``--zoo`` counts launches per frame for the zoo networks at their cfg size, by kernel; ``--no-fold``
 binds the plans without folding maxpool/upsample into the convs' input reads (the count before it).
 
@@ -149,7 +151,8 @@ def frame_1280x720(seed: int = 0) -> np.ndarray:
     return cv2.resize(img, (1280, 720))
 
 
-def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = ()) -> tuple:
+def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = (),
+                profile_detect: bool = False) -> tuple:
     name, size, batch = (spec.split(":") + ["416", "1"])[:3]
     size, batch = int(size), int(batch)
     cfg, wts = model_files(name, tmp)
@@ -219,6 +222,8 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
         prev = h
     det.result(prev)
     row["inflight_fps"] = n * batch / (time.perf_counter() - t0)
+    if profile_detect:
+        row["detect_profile"] = detect_profile(det, frames, reps)
     d = row["device_ms"]
     row["ratios"] = {"run/device": row["run_ms"] / d, "forward/device": row["forward_ms"] / d,
                      "detect_device/device": row["detect_device_ms"] / d,
@@ -230,6 +235,42 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
         f"{row['launches']['device_path_frame']} commands a host / device-path frame), "
         f"{row['enqueue_us_per_launch']:.1f} us each")
     return row, det
+
+
+def detect_profile(det, frames: list, reps: int, top: int = 14) -> dict:
+    """Where ``detect_batch`` on the device path spends its wall time: the functions with the most
+    own time under cProfile (ms per call; cProfile's own cost inflates Python-heavy rows), and the
+    floor a synchronous call cannot go under: copying the frames into pinned memory and their DMA."""
+    import cProfile
+    import pstats
+    det.device_preprocess = True
+    det.detect_batch(frames)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        det.detect_batch(frames)
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = sorted(((v[2] * 1e3 / reps, f"{Path(k[0]).name}:{k[1]}({k[2]})") for k, v in st.stats.items()),
+                  reverse=True)[:top]
+    rt = det.runtime
+    cl = rt.cl
+    nbytes = sum(f.nbytes for f in frames)
+    pinned = cl.Buffer(rt.context, cl.mem_flags.ALLOC_HOST_PTR | cl.mem_flags.READ_ONLY, nbytes)
+    host, _ = cl.enqueue_map_buffer(rt.queue, pinned, cl.map_flags.WRITE, 0, (nbytes,), np.uint8)
+    dev = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY, nbytes)
+    flat = np.concatenate([f.reshape(-1) for f in frames])
+
+    def copy() -> None:
+        np.copyto(host, flat)
+
+    def dma() -> None:
+        cl.enqueue_copy(rt.queue, dev, host, is_blocking=True)
+    floor = {"copy_to_pinned_ms": median_ms(copy, reps), "dma_ms": median_ms(dma, reps)}
+    log(f"  detect_batch under cProfile, own ms per call: " + "; ".join(f"{n} {ms:.3f}" for ms, n in rows))
+    log(f"  floor of a synchronous detect: frames into pinned memory {floor['copy_to_pinned_ms']:.3f} ms, "
+        f"their DMA {floor['dma_ms']:.3f} ms ({nbytes / 1e6:.1f} MB)")
+    return {"top": [[n, ms] for ms, n in rows], **floor}
 
 
 def fold_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
@@ -405,6 +446,8 @@ def main() -> None:
                     "against returning copies, side by side (wall, process CPU, steps), then exit")
     ap.add_argument("--no-fold", action="store_true", help="plans without folded maxpool/upsample reads "
                     "(sets YOLO_CL_FOLD=0: the launch counts and host times before the folding)")
+    ap.add_argument("--profile-detect", action="store_true", help="also profile detect_batch (cProfile) and time "
+                    "its floor: the frames' copy into pinned memory and their DMA")
     ap.add_argument("--flush", default="", help="also time Executor.run flushing every N launches, e.g. 4,16,64")
     args = ap.parse_args()
     if args.no_fold:
@@ -431,7 +474,8 @@ def main() -> None:
         first = None
         for prec in args.precision.split(","):
             for spec in filter(None, args.models.split(",")):
-                row, det = bench_model(spec, prec, tmp, args.reps, tuple(int(v) for v in args.flush.split(",") if v))
+                row, det = bench_model(spec, prec, tmp, args.reps, tuple(int(v) for v in args.flush.split(",") if v),
+                                       args.profile_detect)
                 data["models"].append(row)
                 save()
                 if first is None and row["batch"] == 1:

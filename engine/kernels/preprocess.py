@@ -64,7 +64,8 @@ class DevicePreprocess:
         self._program = rt.program("preprocess.cl", {"HALF_STORAGE": half})
         self._stages: dict = {}      # (slot, batch index) -> _Stage
         self._tables: dict = {}      # (source length, target length) -> device int4 table
-        # executor -> {batch index: [kernel, last argument key]}; weak, so a dropped executor's go too
+        # executor -> {(batch index, slot): [kernel, last argument key]}: a kernel per slot, so frames
+        # that alternate slots keep their arguments set; weak, so a dropped executor's go too
         self._kernels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._no_counter = rt.alloc(4, "unused counter")
 
@@ -100,9 +101,9 @@ class DevicePreprocess:
         per_index = self._kernels.get(executor)
         if per_index is None:
             per_index = self._kernels[executor] = {}
-        entry = per_index.get(index)
+        entry = per_index.get((index, slot))
         if entry is None:
-            entry = per_index[index] = [cl.Kernel(self._program, "yc_preprocess"), None]
+            entry = per_index[(index, slot)] = [cl.Kernel(self._program, "yc_preprocess"), None]
         key = (id(st.device), w, h, place, id(counter))
         if entry[1] != key:
             y_off = executor.plan.offset(g) + index * g.size
