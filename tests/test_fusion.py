@@ -74,7 +74,8 @@ def test_folded_network_equals_unfolded_and_numpy(rt, net, precision):
     graph, blob, ref = net
     on = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick), fold=True)
     off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick), fold=False)
-    assert len(Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick)).launches) == len(off.launches)
+    default = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(wino_pick))
+    assert len(default.launches) == len((off if rt.is_cpu else on).launches)    # folding: GPUs only, by default
     kinds = [l.name for l in on.launches]
     assert kinds.count("maxpool_rows") == 1 and kinds.count("upsample") == 0       # 3 pools + upsample folded
     assert len(off.launches) == len(on.launches) + 4
