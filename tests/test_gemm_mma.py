@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, leaky, reference, rel_err
 from tiny_cfgs import conv, net_header, route, shortcut
 from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.precision import FP16, FP32, PRECISIONS, TF32
@@ -191,6 +191,74 @@ def test_implicit_conv(rt, mode, geom, st):
     out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo)
     ref = conv_reference(x, w, bias, stride, pad, dil, groups)
     assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]
+
+
+GATHER_CASES = [  # (mode, config with GA, (ks, stride, pad, dil, groups), (C, H, W, F)): ragged on purpose
+    # W 13: most runs of 8 columns cross an output row; H*W = 143 not a multiple of NWG
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=2), (3, 1, 1, 1, 1), (5, 11, 13, 10)),
+    # OW 6 < 8: a run spans up to three rows; K = 63 ragged, split over 2 (the last split short)
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=3, GA=2, SK=2), (3, 1, 1, 1, 1), (7, 5, 6, 20)),
+    # W 20: interior row runs and both padding edges; stride 2 and a dilation through the general path
+    ("f16", dict(MWG=16, NWG=64, KWG=32, WM=1, WN=2, ST=2, GA=2), (3, 1, 1, 1, 1), (3, 9, 20, 12)),
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=2), (3, 2, 1, 1, 1), (6, 11, 9, 10)),
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=4, GA=2), (3, 1, 2, 2, 2), (6, 10, 11, 8)),
+    # GA 1 (per-k table, double-buffered): f16 and tf32, more k-tiles than table slots
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=1), (3, 1, 1, 1, 1), (5, 11, 13, 10)),
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=3, GA=1, SK=2), (3, 1, 1, 1, 1), (7, 5, 6, 20)),
+    ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=2, GA=1), (3, 2, 1, 1, 1), (5, 11, 13, 10)),
+    ("tf32", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=3, GA=1), (1, 1, 0, 1, 1), (9, 7, 9, 10)),
+]
+
+
+@pytest.mark.parametrize("mode,cfg,geom,shape", GATHER_CASES,
+                         ids=[f"{m}-GA{c['GA']}-k{g[0]}s{g[1]}d{g[3]}g{g[4]}-{'x'.join(map(str, sh))}"
+                              for m, c, g, sh in GATHER_CASES])
+def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
+    """The im2col gathers GA 1 (per-k table) and GA 2 (runs of 8 columns) against a direct float64
+    convolution: ragged W, H*W, channels and K, padding edges, batch 2, bias + leaky, a fused
+    residual + leaky, written into a concat slice."""
+    ks, stride, pad, dil, groups = geom
+    C, H, W, F = shape
+    rng = np.random.default_rng(11)
+    batch = 2
+    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    x = rounded(rng.standard_normal((batch, C, H, W)).astype(np.float32), mode)
+    w = rounded(rng.standard_normal((F, C // groups, ks, ks)).astype(np.float32), mode)
+    bias = rng.standard_normal(F).astype(np.float32)
+    M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
+    assert gm.why_illegal(cfg, M, N, K, mode, implicit=True) is None
+    R = rounded(rng.standard_normal((batch, F, OH, OW)).astype(np.float32), mode)
+    geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
+    out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo, residual=R.reshape(batch, groups, M, N),
+                   act=LEAKY, act2=LEAKY, c_pad=(3, 2))
+    ref = conv_reference(x, w, bias, stride, pad, dil, groups)
+    ref = leaky(leaky(ref) + R)
+    assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]
+
+
+def test_gather_legality_and_override(monkeypatch):
+    """GA > 0 only where its kernel path exists; the tuner's space offers every legal gather of a
+    staged implicit config (as schedule siblings); YOLO_CL_MMA_GATHER forces one, with ST >= 2."""
+    base = dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2, ST=2)
+    M, N, K = 64, 100, 288
+    assert gm.why_illegal({**base, "GA": 2}, M, N, K, "f16", implicit=True) is None
+    assert gm.why_illegal({**base, "GA": 1}, M, N, K, "tf32", implicit=True) is None
+    assert "f16" in gm.why_illegal({**base, "GA": 2}, M, N, K, "tf32", implicit=True)
+    assert "implicit" in gm.why_illegal({**base, "GA": 1}, M, N, K, "f16", implicit=False)
+    assert "ST > 1" in gm.why_illegal({**base, "ST": 1, "GA": 2}, M, N, K, "f16", implicit=True)
+    assert "divide" in gm.why_illegal({**base, "MWG": 16, "NWG": 64, "WM": 1, "WN": 1, "GA": 1}, M, N, K, "f16", implicit=True)
+    assert "one of" in gm.why_illegal({**base, "GA": 3}, M, N, K, "f16", implicit=True)
+    sp = gm.space(M, N, K, "f16", True)
+    assert {c.get("GA") for c in sp} == {None, 0, 1, 2}
+    assert all(("GA" in c) == (gm.stages(c) > 1) for c in sp)
+    assert not any("GA" in c for c in gm.space(M, N, K, "f16", False))
+    assert gm.forced_gather(base, "f16") == base
+    monkeypatch.setenv(gm.GATHER_ENV, "2")
+    assert gm.forced_gather({**base, "ST": 1}, "f16") == {**base, "GA": 2}
+    assert gm.forced_gather(base, "tf32") == base                  # GA 2 is f16 only: left as tuned
+    monkeypatch.setenv(gm.GATHER_ENV, "0")
+    assert gm.forced_gather({**base, "ST": 1, "GA": 1}, "tf32") == {**base, "GA": 0}
 
 
 def test_space_legality_and_heuristic():

@@ -12,6 +12,13 @@ prefetches the next tile into registers (two barriers per k-step); 2 to 4 run a 
 buffers filled by ``cp.async`` ST-1 tiles ahead, one barrier per k-step, B kept n-contiguous
 and read with ``ldmatrix.trans`` (``cl/gemm_mma.cl`` says how).
 
+``GA`` (optional, default 0; implicit convs at ST > 1) is how the im2col B tile is gathered: 0
+element by element (each finding its (c, ky, kx) and pixel by division), 1 the same order with
+the tile's per-k offsets in a small local table built once per k-tile, 2 (f16) runs of 8
+neighbouring output columns per work-item, (c, ky, kx) once per run and a run inside one output
+row read from one row offset. ``YOLO_CL_MMA_GATHER=0|1|2`` forces one on every implicit conv
+(raising ST to 2 where it is 1, for all three values alike), to compare them in a network.
+
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
 work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608). The partial planes live in
 the workspace, and gemm_local.cl's split-sum kernel adds them and runs the epilogue in a second
@@ -51,6 +58,9 @@ HEURISTIC_STAGES = 2            # the untuned pick's stages
 ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
+GATHERS = (0, 1, 2)             # "GA": the implicit B gather (element, per-k table, runs of 8 columns)
+HEURISTIC_GATHER = 0            # the untuned pick's gather (unmeasured on a GPU so far)
+GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" | "1" | "2": that gather on every implicit conv
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
 log = logging.getLogger("yolo_cl.kernels")
@@ -66,6 +76,20 @@ def split_in_kernel() -> bool:
     """Whether split-K partial sums are added inside the GEMM launch (``YOLO_CL_MMA_SPLIT_SUM=kernel``)
     rather than by a second launch (the default)."""
     return os.environ.get(SPLIT_SUM_ENV, "").strip() == "kernel"
+
+
+def gather(cfg: dict) -> int:
+    """The implicit B gather of ``cfg`` (``GA``, see the module doc)."""
+    return int(cfg.get("GA", 0))
+
+
+def forced_gather(cfg: dict, mode: str) -> dict:
+    """``cfg`` with the gather ``YOLO_CL_MMA_GATHER`` names (and ST >= 2, which every gather
+    but 0 needs, for all values alike), where it is set and legal for ``mode``; else ``cfg``."""
+    value = os.environ.get(GATHER_ENV, "").strip()
+    if value not in {str(g) for g in GATHERS} or (value == "2" and mode != "f16"):
+        return cfg
+    return {**cfg, "GA": int(value), "ST": max(stages(cfg), 2)}
 
 
 def tile_count(cfg: dict, M: int, N: int, Z: int) -> int:
@@ -187,6 +211,15 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return "local memory exceeded"
     if not 1 <= stages(cfg) <= 4:
         return "ST (local-memory stages) must be 1 to 4"
+    ga = gather(cfg)
+    if ga not in GATHERS:
+        return f"GA (the implicit gather) must be one of {GATHERS}"
+    if ga and (not implicit or stages(cfg) == 1):
+        return "GA > 0 gathers an implicit conv's B at ST > 1"
+    if ga == 2 and mode != "f16":
+        return "GA 2 packs runs of halves: f16 only"
+    if ga == 1 and threads % nwg:
+        return "GA 1 needs NWG to divide the work-group"
     sk = split_k(cfg)
     if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
         return "every K split must be non-empty (and SK <= 8)"
@@ -226,6 +259,8 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bve
         d["STAGES"] = stages(cfg)
         if bvec:
             d["BVEC"] = True
+    if gather(cfg):
+        d["GATHER"] = gather(cfg)
     d.update(tile_defines(cfg, M, N, K))
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
@@ -281,11 +316,16 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
     for (mwg, nwg), (wm, wn), kwg, st in itertools.product(_TILES, _WARPS, (16, 32, 64), STAGES):
         c = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WM": wm, "WN": wn, **({"ST": st} if st > 1 else {})}
         frags = (mwg // wm // 16) * (nwg // wn // 8) if mwg % (16 * wm) == 0 and nwg % (8 * wn) == 0 else 0
-        if frags >= 2 and why_illegal(c, M, N, K, mode, implicit, lim) is None:
-            out.append(c)
+        if frags < 2 or why_illegal(c, M, N, K, mode, implicit, lim) is not None:
+            continue
+        # an implicit staged config in every legal gather ("GA" always present: siblings for the search)
+        variants = [c] if not implicit or st == 1 else \
+            [{**c, "GA": ga} for ga in GATHERS if why_illegal({**c, "GA": ga}, M, N, K, mode, implicit, lim) is None]
+        for v in variants:
+            out.append(v)
             if -(-M // mwg) * -(-N // nwg) < 2 * lim.compute_units:    # few tiles: split K too
-                out += [{**c, "SK": sk} for sk in SPLITS
-                        if K >= 128 * sk and why_illegal({**c, "SK": sk}, M, N, K, mode, implicit, lim) is None]
+                out += [{**v, "SK": sk} for sk in SPLITS
+                        if K >= 128 * sk and why_illegal({**v, "SK": sk}, M, N, K, mode, implicit, lim) is None]
     return out
 
 
@@ -305,6 +345,8 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
     best = next((p for p in legal if round_up(M, p["MWG"]) <= 1.3 * M), legal[-1])
     if why_illegal({**best, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
         best = {**best, "ST": HEURISTIC_STAGES}
+        if HEURISTIC_GATHER and why_illegal({**best, "GA": HEURISTIC_GATHER}, M, N, K, mode, implicit, lim) is None:
+            best = {**best, "GA": HEURISTIC_GATHER}
     groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
     if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K: share K out
         splits = [sk for sk in SPLITS if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None]
@@ -345,6 +387,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if algo not in ALGOS or (algo == "gemm1x1" and not is_pointwise(node)):
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the mma family")
     lim = device_limits(ctx.rt)
+    if algo == "implicit" and why_illegal(forced_gather(cfg, mode), M, N, K, mode, True, lim) is None:
+        cfg = forced_gather(cfg, mode)
     reason = why_illegal(cfg, M, N, K, mode, algo == "implicit", lim)
     if reason is not None:
         raise YoloClError(f"mma GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
@@ -385,7 +429,7 @@ class MmaGemm:
 
     name = FAMILY
     tensor_cores = True
-    derived, schedule, block = (), (), ("MWG", "NWG")
+    derived, schedule, block = (), ("GA",), ("MWG", "NWG")
 
     def offered(self, rt, mma: str) -> bool:
         return bool(mma)
