@@ -58,7 +58,7 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
     partial = rt.upload(np.full(max(gm.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
     split = gm.split_k(cfg) > 1
     counters = None
-    if split and gm.split_in_kernel():
+    if gm.split_in_kernel(cfg):
         counters = rt.upload(np.zeros(gm.tile_count(cfg, M, N, batch * G), np.int32), "counts")
     specs = gm.launch_specs(cfg, d, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
                             [c.buf, np.int32(c.off), np.int32(c.bstride), np.int32(N)],
@@ -120,17 +120,18 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, True), ("tf32", 2, 1, True), ("f16", 3, 3, True),
-                                                  ("tf32", 2, 2, True), ("f16", 3, 2, False)])
+@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, "SS"), ("tf32", 2, 1, "env"), ("f16", 3, 3, "env"),
+                                                  ("tf32", 2, 2, "SS"), ("f16", 3, 2, "")])
 def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     """K split over work-groups (the last split shorter, CHECK_K), partial planes summed with the
     whole epilogue (batches, residual, a concat slice) by gemm_local.cl's yc_gemm_splitk in a
-    second launch, or with YOLO_CL_MMA_SPLIT_SUM=kernel by the tile's last work-group."""
-    if in_kernel:
+    second launch, or by the tile's last work-group: a config's SS 1, or YOLO_CL_MMA_SPLIT_SUM=kernel."""
+    if in_kernel == "env":
         monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
-    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st)
+    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st, **({"SS": 1} if in_kernel == "SS" else {}))
+    assert gm.split_in_kernel(cfg) == bool(in_kernel)
     assert gm.why_illegal(cfg, M, N, K, mode) is None
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
     B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
@@ -139,6 +140,7 @@ def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     out = run_gemm(rt, cfg, mode, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(2, 1))
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
     assert "non-empty" in gm.why_illegal({**cfg, "SK": 8}, M, N, 40, mode)
+    assert "SS" in gm.why_illegal({**cfg, "SK": 1, "SS": 1}, M, N, K, mode)
 
 
 @pytest.mark.parametrize("cfg,shape", [(dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2, ST=2), (33, 40, 41)),
@@ -239,7 +241,8 @@ def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
 
 def test_gather_legality_and_override(monkeypatch):
     """GA > 0 only where its kernel path exists; the tuner's space offers every legal gather of a
-    staged implicit config (as schedule siblings); YOLO_CL_MMA_GATHER forces one, with ST >= 2."""
+    staged implicit config and both split-sum places (SS) of a split one, as schedule siblings;
+    YOLO_CL_MMA_GATHER forces one gather, with ST >= 2."""
     base = dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2, ST=2)
     M, N, K = 64, 100, 288
     assert gm.why_illegal({**base, "GA": 2}, M, N, K, "f16", implicit=True) is None
@@ -253,6 +256,9 @@ def test_gather_legality_and_override(monkeypatch):
     assert {c.get("GA") for c in sp} == {None, 0, 1, 2}
     assert all(("GA" in c) == (gm.stages(c) > 1) for c in sp)
     assert not any("GA" in c for c in gm.space(M, N, K, "f16", False))
+    from yolo_cl.kernels.gemm_local import DeviceLimits
+    split = [c for c in gm.space(1024, 169, 4608, "f16", True, DeviceLimits(1024, 48 * 1024, 132)) if "SK" in c]
+    assert split and {c["SS"] for c in split} == {0, 1}             # the split sum's place: tuned per config
     assert gm.forced_gather(base, "f16") == base
     monkeypatch.setenv(gm.GATHER_ENV, "2")
     assert gm.forced_gather({**base, "ST": 1}, "f16") == {**base, "GA": 2}

@@ -22,9 +22,10 @@ row read from one row offset. ``YOLO_CL_MMA_GATHER=0|1|2`` forces one on every i
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
 work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608). The partial planes live in
 the workspace, and gemm_local.cl's split-sum kernel adds them and runs the epilogue in a second
-launch. ``YOLO_CL_MMA_SPLIT_SUM=kernel`` has the work-group that finishes a tile last (a per-tile
-count) add them in the GEMM launch itself instead: it passes the reference tests on an H100 but
-is opt-in until a network run on a GPU has measured it.
+launch. ``SS`` 1 (a split config's optional key, default 0) has the work-group that finishes a
+tile last (a per-tile count) add them in the GEMM launch itself instead; the tuner tries both
+where it splits, the heuristic keeps the second launch until a network run on a GPU has
+measured the difference, and ``YOLO_CL_MMA_SPLIT_SUM=kernel`` turns it on for every split.
 
 The family is offered only where :func:`available` says so: an NVIDIA device of compute
 capability 8.0 or later on which a small GEMM of this very kernel builds, runs and matches
@@ -72,10 +73,10 @@ def emulated() -> bool:
     return os.environ.get(EMULATE_ENV, "").strip() == "1"
 
 
-def split_in_kernel() -> bool:
-    """Whether split-K partial sums are added inside the GEMM launch (``YOLO_CL_MMA_SPLIT_SUM=kernel``)
-    rather than by a second launch (the default)."""
-    return os.environ.get(SPLIT_SUM_ENV, "").strip() == "kernel"
+def split_in_kernel(cfg: dict) -> bool:
+    """Whether ``cfg``'s split-K partial sums are added inside the GEMM launch (its ``SS`` 1, or
+    ``YOLO_CL_MMA_SPLIT_SUM=kernel`` for every split) rather than by a second launch."""
+    return split_k(cfg) > 1 and (int(cfg.get("SS", 0)) == 1 or os.environ.get(SPLIT_SUM_ENV, "").strip() == "kernel")
 
 
 def gather(cfg: dict) -> int:
@@ -221,6 +222,8 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
     if ga == 1 and threads % nwg:
         return "GA 1 needs NWG to divide the work-group"
     sk = split_k(cfg)
+    if int(cfg.get("SS", 0)) not in (0, 1) or (int(cfg.get("SS", 0)) and sk == 1):
+        return "SS (split sum in the GEMM launch) is 0 or 1, and 1 only with SK > 1"
     if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
         return "every K split must be non-empty (and SK <= 8)"
     return None
@@ -324,7 +327,7 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
         for v in variants:
             out.append(v)
             if -(-M // mwg) * -(-N // nwg) < 2 * lim.compute_units:    # few tiles: split K too
-                out += [{**v, "SK": sk} for sk in SPLITS
+                out += [{**v, "SK": sk, "SS": ss} for sk in SPLITS for ss in (0, 1)     # SS: schedule siblings
                         if K >= 128 * sk and why_illegal({**v, "SK": sk}, M, N, K, mode, implicit, lim) is None]
     return out
 
@@ -409,7 +412,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         d.pop("SK", None)
     yb, yoff, ybs = ctx.view(out)
     counters = None
-    if split_k(cfg) > 1 and split_in_kernel():
+    if split_in_kernel(cfg):
         # Zero between launches. A kernel does not keep its buffer arguments alive (NVIDIA's driver
         # then fails the enqueue), so the context's cache holds them, as it holds the weights.
         n = tile_count(cfg, M, N, Z)
@@ -429,7 +432,7 @@ class MmaGemm:
 
     name = FAMILY
     tensor_cores = True
-    derived, schedule, block = (), ("GA",), ("MWG", "NWG")
+    derived, schedule, block = (), ("GA", "SS"), ("MWG", "NWG")
 
     def offered(self, rt, mma: str) -> bool:
         return bool(mma)
