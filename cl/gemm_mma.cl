@@ -45,7 +45,11 @@
  *                     window found once per work-group;
  *                  2  (f16) runs of 8 neighbouring columns per work-item: (c, ky, kx) once per run,
  *                     each column's window once per work-group, a run inside one output row read
- *                     from one row offset (stride 1), and stored as one 16-byte local write
+ *                     from one row offset (stride 1), and stored as one 16-byte local write;
+ *                  3  as 2, a run inside one row read as the two aligned 16-byte blocks that cover
+ *                     it and shifted into place (needs B's offset and strides multiples of 8: a
+ *                     block that holds an element of the row is read whole, within the row's
+ *                     tensor up to the 16-byte granule of its last element)
  *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
@@ -93,8 +97,8 @@
 #if GATHER && (STAGES == 1 || !defined(IMPLICIT) || defined(BVEC))
 #error "GATHER needs STAGES > 1 and IMPLICIT"
 #endif
-#if GATHER == 2 && defined(MMA_TF32)
-#error "GATHER 2 packs runs of halves: MMA_F16 only"
+#if GATHER >= 2 && defined(MMA_TF32)
+#error "GATHER 2 and 3 pack runs of halves: MMA_F16 only"
 #endif
 #if !defined(LDSM) || defined(MMA_EMULATE)
 #undef LDSM
@@ -134,7 +138,7 @@
 #define BTILE (KWG * LDB)      /* ... and a B stage in elements */
 #define NBE (KWG * NWG)        /* B elements per tile */
 #define LBE_PER ((NBE + THREADS - 1) / THREADS)
-#define NBV (KWG * NWG / 8)    /* BVEC: 16-byte chunks per B tile; GATHER 2: runs of 8 columns */
+#define NBV (KWG * NWG / 8)    /* BVEC: 16-byte chunks per B tile; GATHER 2, 3: runs of 8 columns */
 #define BV_PER ((NBV + THREADS - 1) / THREADS)
 #define ROUND_UP(x, r) ((((x) + (r) - 1) / (r)) * (r))
 
@@ -457,7 +461,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     __local uint* As0 = (__local uint*)As4;
     __local btype* Bs0 = (__local btype*)Bs4;
     const int KT = (kend - kbeg + KWG - 1) / KWG;       /* k-tiles of this split */
-#if GATHER == 2
+#if GATHER >= 2
     uint4 rg[BV_PER];
     /* This work-item's run: columns gn .. gn + 7 in every tile (NWG / 8 divides the work-group),
      * each column's window corner as (ix0, iy0) and as an offset (GNONE rows past N). */
@@ -512,7 +516,38 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     ASYNC_B(s, k0)
 /* B through registers (gathered, or ragged): element v is (k = v / NWG, n = v % NWG), so a warp's
  * work-items read consecutive n (coalesced) and store consecutive local elements (no bank conflict). */
-#if GATHER == 2
+#if GATHER >= 2
+#if GATHER == 3
+/* A row run's 8 halves from a (index of element 0; ix its column, iy's row valid): the aligned
+ * blocks at a & ~7 and 8 past it that hold an element of the row, shifted by a & 7 halves, the
+ * elements outside the row (padding) zeroed. */
+#define ROW_RUN(h, a, ix)                                                                        \
+    {                                                                                            \
+        const int a8 = (a) & ~7, q = ((a) & 7) >> 1, rs = (a) - (ix), re = rs + W - 1;           \
+        const uint4 lo = rok && a8 + 7 >= rs && a8 <= re ? *(const __global uint4*)(Bh + a8) : (uint4)(0u); \
+        const uint4 hi = rok && ((a) & 7) && a8 + 15 >= rs && a8 + 8 <= re                      \
+                         ? *(const __global uint4*)(Bh + a8 + 8) : (uint4)(0u);                  \
+        const uint w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};                      \
+        uint x[6], y[5];                                                                         \
+        _Pragma("unroll") for (int j = 0; j < 6; ++j) x[j] = q & 2 ? w[j + 2] : w[j];            \
+        _Pragma("unroll") for (int j = 0; j < 5; ++j) y[j] = q & 1 ? x[j + 1] : x[j];            \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j)                                            \
+            h[j] = (a) & 1 ? y[j] >> 16 | y[j + 1] << 16 : y[j];                                 \
+        if ((ix) < 0 || (ix) > W - 8)                                                            \
+            _Pragma("unroll") for (int j = 0; j < 4; ++j)                                        \
+                h[j] &= ((uint)((ix) + 2 * j) < (uint)W ? 0xffffu : 0u)                          \
+                        | ((uint)((ix) + 2 * j + 1) < (uint)W ? 0xffff0000u : 0u);               \
+    }
+#else
+/* A row run's 8 halves from a (index of element 0; ix its column), one load each. */
+#define ROW_RUN(h, a, ix)                                                                        \
+    {                                                                                            \
+        uint e[8];                                                                               \
+        _Pragma("unroll") for (int i = 0; i < 8; ++i)                                            \
+            e[i] = rok && (uint)((ix) + i) < (uint)W ? (uint)Bh[(a) + i] : 0u;                   \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j) h[j] = e[2 * j] | e[2 * j + 1] << 16;      \
+    }
+#endif
 /* Runs: slot v is run v % (NWG / 8) (this work-item's) of k-row v / (NWG / 8); (c, ky, kx) once
  * per run, then 8 halves from the row offset (a run inside one row) or each column's corner. */
 #define LOAD_B(k0, kt)                                                                           \
@@ -521,19 +556,20 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         const bool kok = (NBV % THREADS == 0 || v < NBV) && K_OK(k);                             \
         const int c = k / (KS * KS), r = k - c * (KS * KS), ky = r / KS, kx = r - ky * KS;       \
         const int dy = ky * DIL, dx = kx * DIL, kaddr = c * H * W + dy * W + dx;                 \
-        uint h[8];                                                                               \
+        uint h[4];                                                                               \
         if (grow) {                                                                              \
             const int iy = gyx[0].y + dy, ix = gyx[0].x + dx, a = kaddr + goff[0];               \
             const bool rok = kok && (uint)iy < (uint)H;                                          \
-            _Pragma("unroll") for (int i = 0; i < 8; ++i)                                        \
-                h[i] = rok && (uint)(ix + i) < (uint)W ? (uint)Bh[a + i] : 0u;                   \
+            ROW_RUN(h, a, ix)                                                                    \
         } else {                                                                                 \
+            uint e[8];                                                                           \
             _Pragma("unroll") for (int i = 0; i < 8; ++i) {                                      \
                 const int iy = gyx[i].y + dy, ix = gyx[i].x + dx;                                \
-                h[i] = kok && (uint)iy < (uint)H && (uint)ix < (uint)W ? (uint)Bh[kaddr + goff[i]] : 0u; \
+                e[i] = kok && (uint)iy < (uint)H && (uint)ix < (uint)W ? (uint)Bh[kaddr + goff[i]] : 0u; \
             }                                                                                    \
+            _Pragma("unroll") for (int j = 0; j < 4; ++j) h[j] = e[2 * j] | e[2 * j + 1] << 16;  \
         }                                                                                        \
-        rg[p] = (uint4)(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16); \
+        rg[p] = (uint4)(h[0], h[1], h[2], h[3]);                                                 \
     }
 #define STORE_B(s)                                                                               \
     for (int p = 0; p < BV_PER; ++p) {                                                           \

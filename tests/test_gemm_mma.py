@@ -50,6 +50,9 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
     biasb = rt.upload(bias.astype(np.float32), "bias")
     Bbuf = rt.upload(B.astype(dt).ravel(), "B")
     bvec = bvec and implicit is None and gm.b_vector(cfg, mode, False, N, G * K * N, K * N)
+    if implicit is not None:        # B's offset 0, batch and group strides, as b_operand passes them
+        _, C, H, W = implicit["x"]
+        cfg = gm.aligned_gather(cfg, C * H * W, (C // G) * H * W)
     d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode, bvec)
     assert ("BVEC" in d) == bvec
     if residual is not None:
@@ -204,6 +207,11 @@ GATHER_CASES = [  # (mode, config with GA, (ks, stride, pad, dil, groups), (C, H
     ("f16", dict(MWG=16, NWG=64, KWG=32, WM=1, WN=2, ST=2, GA=2), (3, 1, 1, 1, 1), (3, 9, 20, 12)),
     ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=2), (3, 2, 1, 1, 1), (6, 11, 9, 10)),
     ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=4, GA=2), (3, 1, 2, 2, 2), (6, 10, 11, 8)),
+    # GA 3 (aligned 16-byte blocks shifted into place; C*H*W multiples of 8): W 13, 22, OW 6, dilation 2
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=3), (3, 1, 1, 1, 1), (6, 12, 13, 10)),
+    ("f16", dict(MWG=16, NWG=64, KWG=32, WM=1, WN=2, ST=3, GA=3), (3, 1, 1, 1, 1), (4, 9, 22, 12)),
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=2, GA=3, SK=2), (3, 1, 1, 1, 1), (8, 5, 6, 20)),
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=4, GA=3), (3, 1, 2, 2, 1), (8, 10, 11, 8)),
     # GA 1 (per-k table, double-buffered): f16 and tf32, more k-tiles than table slots
     ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=1), (3, 1, 1, 1, 1), (5, 11, 13, 10)),
     ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=3, GA=1, SK=2), (3, 1, 1, 1, 1), (7, 5, 6, 20)),
@@ -216,7 +224,7 @@ GATHER_CASES = [  # (mode, config with GA, (ks, stride, pad, dil, groups), (C, H
                          ids=[f"{m}-GA{c['GA']}-k{g[0]}s{g[1]}d{g[3]}g{g[4]}-{'x'.join(map(str, sh))}"
                               for m, c, g, sh in GATHER_CASES])
 def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
-    """The im2col gathers GA 1 (per-k table) and GA 2 (runs of 8 columns) against a direct float64
+    """The im2col gathers GA 1 (per-k table), GA 2 (runs of 8 columns) and GA 3 (aligned runs) against a direct float64
     convolution: ragged W, H*W, channels and K, padding edges, batch 2, bias + leaky, a fused
     residual + leaky, written into a concat slice."""
     ks, stride, pad, dil, groups = geom
@@ -230,6 +238,7 @@ def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
     bias = rng.standard_normal(F).astype(np.float32)
     M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
     assert gm.why_illegal(cfg, M, N, K, mode, implicit=True) is None
+    assert gm.aligned_gather(cfg, C * H * W, (C // groups) * H * W) == cfg     # GA 3 runs as GA 3 here
     R = rounded(rng.standard_normal((batch, F, OH, OW)).astype(np.float32), mode)
     geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
     out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo, residual=R.reshape(batch, groups, M, N),
@@ -248,12 +257,14 @@ def test_gather_legality_and_override(monkeypatch):
     assert gm.why_illegal({**base, "GA": 2}, M, N, K, "f16", implicit=True) is None
     assert gm.why_illegal({**base, "GA": 1}, M, N, K, "tf32", implicit=True) is None
     assert "f16" in gm.why_illegal({**base, "GA": 2}, M, N, K, "tf32", implicit=True)
+    assert gm.aligned_gather({**base, "GA": 3}, 0, 936, 468) == {**base, "GA": 2}      # a stride of 4 mod 8
+    assert gm.aligned_gather({**base, "GA": 3}, 8, 936, 936) == {**base, "GA": 3}
     assert "implicit" in gm.why_illegal({**base, "GA": 1}, M, N, K, "f16", implicit=False)
     assert "ST > 1" in gm.why_illegal({**base, "ST": 1, "GA": 2}, M, N, K, "f16", implicit=True)
     assert "divide" in gm.why_illegal({**base, "MWG": 16, "NWG": 64, "WM": 1, "WN": 1, "GA": 1}, M, N, K, "f16", implicit=True)
-    assert "one of" in gm.why_illegal({**base, "GA": 3}, M, N, K, "f16", implicit=True)
+    assert "one of" in gm.why_illegal({**base, "GA": 4}, M, N, K, "f16", implicit=True)
     sp = gm.space(M, N, K, "f16", True)
-    assert {c.get("GA") for c in sp} == {None, 0, 1, 2}
+    assert {c.get("GA") for c in sp} == {None, 0, 1, 2, 3}
     assert all(("GA" in c) == (gm.stages(c) > 1) for c in sp)
     assert not any("GA" in c for c in gm.space(M, N, K, "f16", False))
     from yolo_cl.kernels.gemm_local import DeviceLimits

@@ -16,8 +16,10 @@ and read with ``ldmatrix.trans`` (``cl/gemm_mma.cl`` says how).
 element by element (each finding its (c, ky, kx) and pixel by division), 1 the same order with
 the tile's per-k offsets in a small local table built once per k-tile, 2 (f16) runs of 8
 neighbouring output columns per work-item, (c, ky, kx) once per run and a run inside one output
-row read from one row offset. ``YOLO_CL_MMA_GATHER=0|1|2`` forces one on every implicit conv
-(raising ST to 2 where it is 1, for all three values alike), to compare them in a network.
+row read from one row offset, 3 (f16) as 2 with such a run read as the two aligned 16-byte
+blocks that cover it (where B's offset and strides are multiples of 8 halves; 2 elsewhere).
+``YOLO_CL_MMA_GATHER=0|1|2|3`` forces one on every implicit conv (raising ST to 2 where it is 1,
+for every value alike), to compare them in a network (``tools/mma_gather_ab.py``).
 
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
 work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608). The partial planes live in
@@ -59,7 +61,7 @@ HEURISTIC_STAGES = 2            # the untuned pick's stages
 ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
-GATHERS = (0, 1, 2)             # "GA": the implicit B gather (element, per-k table, runs of 8 columns)
+GATHERS = (0, 1, 2, 3)          # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs)
 HEURISTIC_GATHER = 0            # the untuned pick's gather (unmeasured on a GPU so far)
 GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" | "1" | "2": that gather on every implicit conv
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
@@ -88,9 +90,17 @@ def forced_gather(cfg: dict, mode: str) -> dict:
     """``cfg`` with the gather ``YOLO_CL_MMA_GATHER`` names (and ST >= 2, which every gather
     but 0 needs, for all values alike), where it is set and legal for ``mode``; else ``cfg``."""
     value = os.environ.get(GATHER_ENV, "").strip()
-    if value not in {str(g) for g in GATHERS} or (value == "2" and mode != "f16"):
+    if value not in {str(g) for g in GATHERS} or (int(value) >= 2 and mode != "f16"):
         return cfg
     return {**cfg, "GA": int(value), "ST": max(stages(cfg), 2)}
+
+
+def aligned_gather(cfg: dict, *b_ints) -> dict:
+    """``cfg`` with GA 3 (aligned 16-byte reads of the input) lowered to 2 where B's offset and
+    strides (``b_ints``, in elements) are not all multiples of 8 halves."""
+    if gather(cfg) == 3 and any(int(v) % 8 for v in b_ints):
+        return {**cfg, "GA": 2}
+    return cfg
 
 
 def tile_count(cfg: dict, M: int, N: int, Z: int) -> int:
@@ -217,8 +227,8 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return f"GA (the implicit gather) must be one of {GATHERS}"
     if ga and (not implicit or stages(cfg) == 1):
         return "GA > 0 gathers an implicit conv's B at ST > 1"
-    if ga == 2 and mode != "f16":
-        return "GA 2 packs runs of halves: f16 only"
+    if ga >= 2 and mode != "f16":
+        return "GA 2 and 3 pack runs of halves: f16 only"
     if ga == 1 and threads % nwg:
         return "GA 1 needs NWG to divide the work-group"
     sk = split_k(cfg)
@@ -399,6 +409,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                         lambda: pack_weights(a["weights"].reshape(a["filters"], -1), G, mode))
     x, out = node.inputs[0], node.output
     launches, b_args = b_operand(ctx, node, algo)
+    cfg = aligned_gather(cfg, *b_args[1:4])
     extra = []
     d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode,
                 b_vector(cfg, mode, algo == "implicit", N, *b_args[1:]))
