@@ -464,16 +464,13 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #if GATHER >= 2
     uint4 rg[BV_PER];
     /* This work-item's run: columns gn .. gn + 7 in every tile (NWG / 8 divides the work-group),
-     * each column's window corner as (ix0, iy0) and as an offset (GNONE rows past N). */
+     * each column's window corner (ix0, iy0) as two shorts (a GNONE row past N). */
     const int gn = n0 + (tid % (NWG / 8)) * 8;
     short2 gyx[8];
-    int goff[8];
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int n = gn + i, oy = n / OW, ox = n - oy * OW;
-        const int iy0 = n < N ? oy * SY - PAD : GNONE, ix0 = ox * SX - PAD;
-        gyx[i] = (short2)((short)ix0, (short)iy0);
-        goff[i] = iy0 * W + ix0;
+        gyx[i] = (short2)((short)(ox * SX - PAD), (short)(n < N ? oy * SY - PAD : GNONE));
     }
     /* A run inside one output row (stride 1): element i is the row offset's i-th neighbour. */
     const bool grow = SX == 1 && gn + 7 < N && gn - (gn / OW) * OW + 7 < OW;
@@ -514,8 +511,8 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         }                                                                                        \
     }                                                                                            \
     ASYNC_B(s, k0)
-/* B through registers (gathered, or ragged): element v is (k = v / NWG, n = v % NWG), so a warp's
- * work-items read consecutive n (coalesced) and store consecutive local elements (no bank conflict). */
+/* B through registers (gathered, or ragged): LOAD_B(k0, kt) fetches tile kt (at k0) into registers,
+ * STORE_B(s) stores them into stage s. */
 #if GATHER >= 2
 #if GATHER == 3
 /* A row run's 8 halves from a (index of element 0; ix its column, iy's row valid): the aligned
@@ -555,17 +552,17 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         const int v = tid + p * THREADS, k = (k0) + v / (NWG / 8);                               \
         const bool kok = (NBV % THREADS == 0 || v < NBV) && K_OK(k);                             \
         const int c = k / (KS * KS), r = k - c * (KS * KS), ky = r / KS, kx = r - ky * KS;       \
-        const int dy = ky * DIL, dx = kx * DIL, kaddr = c * H * W + dy * W + dx;                 \
+        const int dy = ky * DIL, dx = kx * DIL, chw = c * H * W;                                 \
         uint h[4];                                                                               \
         if (grow) {                                                                              \
-            const int iy = gyx[0].y + dy, ix = gyx[0].x + dx, a = kaddr + goff[0];               \
+            const int iy = gyx[0].y + dy, ix = gyx[0].x + dx, a = chw + iy * W + ix;             \
             const bool rok = kok && (uint)iy < (uint)H;                                          \
             ROW_RUN(h, a, ix)                                                                    \
         } else {                                                                                 \
             uint e[8];                                                                           \
             _Pragma("unroll") for (int i = 0; i < 8; ++i) {                                      \
                 const int iy = gyx[i].y + dy, ix = gyx[i].x + dx;                                \
-                e[i] = kok && (uint)iy < (uint)H && (uint)ix < (uint)W ? (uint)Bh[kaddr + goff[i]] : 0u; \
+                e[i] = kok && (uint)iy < (uint)H && (uint)ix < (uint)W ? (uint)Bh[chw + iy * W + ix] : 0u; \
             }                                                                                    \
             _Pragma("unroll") for (int j = 0; j < 4; ++j) h[j] = e[2 * j] | e[2 * j + 1] << 16;  \
         }                                                                                        \
@@ -578,8 +575,10 @@ void yc_gemm_mma(YC_GEMM_PARAMS
             *(__local uint4*)(Bs0 + (s) * BTILE + (v / (NWG / 8)) * LDB + (v % (NWG / 8)) * 8) = rg[p]; \
     }
 #else
+/* Element v is (k = v / NWG, n = v % NWG), so a warp's work-items read consecutive n (coalesced)
+ * and store consecutive local elements (no bank conflict). */
 #if GATHER == 1
-/* Element v as below, its k's offsets from tile kt's table: one add and two bounds per element. */
+/* Element v's k offsets from tile kt's table: one add and two bounds per element. */
 #define B_ELEM(k0, kt, v)                                                                        \
     const int2 e = (NBE % THREADS == 0 || v < NBE) ? gtab[((kt) & 1) * KWG + v / NWG]             \
                                                    : (int2)(0, as_int((short2)(0, GNONE)));      \
