@@ -263,6 +263,7 @@ def test_gather_legality_and_override(monkeypatch):
     assert "ST > 1" in gm.why_illegal({**base, "ST": 1, "GA": 2}, M, N, K, "f16", implicit=True)
     assert "divide" in gm.why_illegal({**base, "MWG": 16, "NWG": 64, "WM": 1, "WN": 1, "GA": 1}, M, N, K, "f16", implicit=True)
     assert "one of" in gm.why_illegal({**base, "GA": 4}, M, N, K, "f16", implicit=True)
+    assert gm.local_bytes({**base, "GA": 1}, "f16") == gm.local_bytes(base, "f16") + 2 * 32 * 8     # its k tables
     sp = gm.space(M, N, K, "f16", True)
     assert {c.get("GA") for c in sp} == {None, 0, 1, 2, 3}
     assert all(("GA" in c) == (gm.stages(c) > 1) for c in sp)

@@ -245,12 +245,14 @@ def stages(cfg: dict) -> int:
 
 
 def local_bytes(cfg: dict, mode: str) -> int:
-    """Local memory of the A and B tiles, all stages (plus the emulation's lane exchange)."""
+    """Local memory of the A and B tiles, all stages (plus the emulation's lane exchange, the split
+    sum's flag and GA 1's tables)."""
     mwg, nwg, kwg = int(cfg["MWG"]), int(cfg["NWG"]), int(cfg["KWG"])
     words = kwg // (2 if mode == "f16" else 1) + 4
     extra = 32 * 6 * 4 * int(cfg["WM"]) * int(cfg["WN"]) if emulated() else 0
     st = stages(cfg)
     extra += 4 if split_k(cfg) > 1 else 0     # the in-kernel split sum's "last work-group" flag
+    extra += 2 * kwg * 8 if gather(cfg) == 1 else 0     # GA 1's per-k tables (two k-tiles of int2)
     if st == 1:
         return (mwg + nwg) * words * 4 + extra
     return st * (mwg * words * 4 + kwg * (nwg + 8) * (2 if mode == "f16" else 4)) + extra
