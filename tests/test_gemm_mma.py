@@ -336,6 +336,22 @@ def test_conv_net_end_to_end(rt, tmp_path, precision):
     assert rel_err(fp32, ref) < 1e-4 < rel_err(out, ref)   # the fp32 path stays IEEE; mma rounds
 
 
+@pytest.mark.parametrize("ga", ["1", "3"])
+def test_forced_gather_through_the_detector(rt, tmp_path, monkeypatch, ga):
+    """YOLO_CL_MMA_GATHER forces a gather on every implicit conv of a network (ST raised to 2): the
+    bound configs say so (GA 3 where the input's arena offset and strides are multiples of 8,
+    else 2) and the output matches the NumPy Darknet forward pass."""
+    import yolo_cl
+    monkeypatch.setenv(gm.GATHER_ENV, ga)
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 24, 6)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    implicit = [l.config for l in det.executor(1).launches if l.name == "gemm_mma" and l.config["algo"] == "implicit"]
+    assert implicit and all(gm.stages(c) >= 2 for c in implicit)
+    gathers = {c["GA"] for c in implicit}
+    assert gathers == {1} if ga == "1" else (3 in gathers and gathers <= {2, 3}), gathers
+    assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
 def test_tuning_database_offers_only_mma_configs_on_tensor_cores(tmp_path):
     """FMA configs tuned for a precision do not compete with tensor cores: with an mma mode the
     look-up skips them (finding the mma entry, else the mma heuristic); without, nothing changes."""
