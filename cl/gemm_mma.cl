@@ -530,10 +530,11 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         _Pragma("unroll") for (int j = 0; j < 5; ++j) y[j] = q & 1 ? x[j + 1] : x[j];            \
         _Pragma("unroll") for (int j = 0; j < 4; ++j)                                            \
             h[j] = (a) & 1 ? y[j] >> 16 | y[j + 1] << 16 : y[j];                                 \
-        if ((ix) < 0 || (ix) > W - 8)                                                            \
+        if ((ix) < 0 || (ix) > W - 8) {                                                          \
             _Pragma("unroll") for (int j = 0; j < 4; ++j)                                        \
                 h[j] &= ((uint)((ix) + 2 * j) < (uint)W ? 0xffffu : 0u)                          \
                         | ((uint)((ix) + 2 * j + 1) < (uint)W ? 0xffff0000u : 0u);               \
+        }                                                                                        \
     }
 #else
 /* A row run's 8 halves from a (index of element 0; ix its column), one load each. */

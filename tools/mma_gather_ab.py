@@ -41,7 +41,11 @@ def run(model: str, size: int, precision: str, repeat: int, settings: list, roun
                 os.environ.pop(gm.GATHER_ENV, None)
             else:
                 os.environ[gm.GATHER_ENV] = s
-            rep = run_bench(model, size, 1, precision, repeat=repeat)
+            try:
+                rep = run_bench(model, size, 1, precision, repeat=repeat)
+            except Exception as e:      # noqa: BLE001 - a gather that fails to build or run: say so, go on
+                print(f"setting {s}: failed: {str(e).splitlines()[0][:300]}", flush=True)
+                continue
             dev = sorted(rep.device_ms)[len(rep.device_ms) // 2]
             rows = conv_rows(rep)
             out[s].append((dev, rows))
@@ -62,6 +66,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     res = run(args.model, args.size, args.precision, args.repeat, settings, args.rounds)
+    settings = [s for s in settings if res[s]]
+    if not settings:
+        return 1
     best = {s: {node: min(r[1][node][1] for r in res[s]) for node in res[s][0][1]} for s in settings}
     first = res[settings[0]][0][1]
     print(f"{args.model} {args.size} {args.precision}: device ms per 3x3 conv (GEMM + split sum, best of "

@@ -63,7 +63,7 @@ EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
 GATHERS = (0, 1, 2, 3)          # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs)
 HEURISTIC_GATHER = 0            # the untuned pick's gather (unmeasured on a GPU so far)
-GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" | "1" | "2": that gather on every implicit conv
+GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" to "3": that gather on every implicit conv (A/B)
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
 log = logging.getLogger("yolo_cl.kernels")
