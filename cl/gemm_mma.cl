@@ -37,6 +37,19 @@
  *                  ldmatrix.trans rows), its f16 fragments read with ldmatrix.x4.trans
  *   BVEC           (STAGES > 1, f16, not IMPLICIT; needs N and every B offset/stride a multiple of 8)
  *                  B rows copied as 16-byte chunks by cp.async too
+ *   GATHER         (config key "GA"; STAGES > 1 and IMPLICIT) how the im2col B tile is gathered:
+ *                  0  element by element, each finding its (c, ky, kx) and pixel by division;
+ *                  1  the same coalesced element order, the tile's per-k offsets (c, ky, kx) computed
+ *                     once per k-tile into a small local table (double-buffered: built one tile
+ *                     ahead of its use, so the main loop's barrier orders it) and each column's
+ *                     window found once per work-group;
+ *                  2  (f16) runs of 8 neighbouring columns per work-item: (c, ky, kx) once per run,
+ *                     each column's window once per work-group, a run inside one output row read
+ *                     from one row offset (stride 1), and stored as one 16-byte local write;
+ *                  3  as 2, a run inside one row read as the two aligned 16-byte blocks that cover
+ *                     it and shifted into place (needs B's offset and strides multiples of 8: a
+ *                     block that holds an element of the row is read whole, within the row's
+ *                     tensor up to the 16-byte granule of its last element)
  *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
@@ -78,6 +91,15 @@
 #if defined(BVEC) && (STAGES == 1 || defined(MMA_TF32) || defined(IMPLICIT))
 #error "BVEC needs STAGES > 1, MMA_F16 and an explicit B"
 #endif
+#ifndef GATHER
+#define GATHER 0
+#endif
+#if GATHER && (STAGES == 1 || !defined(IMPLICIT) || defined(BVEC))
+#error "GATHER needs STAGES > 1 and IMPLICIT"
+#endif
+#if GATHER >= 2 && defined(MMA_TF32)
+#error "GATHER 2 and 3 pack runs of halves: MMA_F16 only"
+#endif
 #if !defined(LDSM) || defined(MMA_EMULATE)
 #undef LDSM
 #define LDSM 0
@@ -116,7 +138,7 @@
 #define BTILE (KWG * LDB)      /* ... and a B stage in elements */
 #define NBE (KWG * NWG)        /* B elements per tile */
 #define LBE_PER ((NBE + THREADS - 1) / THREADS)
-#define NBV (KWG * NWG / 8)    /* BVEC: 16-byte chunks per B tile */
+#define NBV (KWG * NWG / 8)    /* BVEC: 16-byte chunks per B tile; GATHER 2, 3: runs of 8 columns */
 #define BV_PER ((NBV + THREADS - 1) / THREADS)
 #define ROUND_UP(x, r) ((((x) + (r) - 1) / (r)) * (r))
 
@@ -300,6 +322,22 @@ inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, 
     const int bn = n0 + (v) % NWG;                                                               \
     const bool nok = bn < N;
 #endif
+#if GATHER == 1 && !defined(B_COL_FIXED)
+#error "GATHER 1 needs NWG to divide the work-group (one column per work-item)"
+#endif
+#define GNONE (-16384)          /* GATHER: a window row no kernel offset brings inside the image */
+
+#if GATHER == 1
+/* Table entry of k for the GATHER 1 tile: (offset of (c, ky, kx) in the input, (dx, dy) as two
+ * shorts); a k past K gets a dy that no column's window row survives. */
+inline int2 yc_gather_k(const int k, const int K, const int H, const int W)
+{
+    const int c = k / (KS * KS), r = k - c * (KS * KS);
+    const int ky = r / KS, kx = r - ky * KS;
+    return k < K ? (int2)(c * H * W + ky * DIL * W + kx * DIL, as_int((short2)(kx * DIL, ky * DIL)))
+                 : (int2)(0, as_int((short2)(0, GNONE)));
+}
+#endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void yc_gemm_mma(YC_GEMM_PARAMS
@@ -334,6 +372,9 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #ifdef IMPLICIT
     const int oy = bn / OW, ox = bn - (bn / OW) * OW;
     const int iy0 = oy * SY - PAD, ix0 = ox * SX - PAD;
+#if GATHER == 1
+    const int goff = iy0 * W + ix0;           /* the window's corner; + a table offset = the element */
+#endif
 #endif
 #endif
 
@@ -420,8 +461,28 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     __local uint* As0 = (__local uint*)As4;
     __local btype* Bs0 = (__local btype*)Bs4;
     const int KT = (kend - kbeg + KWG - 1) / KWG;       /* k-tiles of this split */
-#ifndef BVEC
+#if GATHER >= 2
+    uint4 rg[BV_PER];
+    /* This work-item's run: columns gn .. gn + 7 in every tile (NWG / 8 divides the work-group),
+     * each column's window corner (ix0, iy0) as two shorts (a GNONE row past N). */
+    const int gn = n0 + (tid % (NWG / 8)) * 8;
+    short2 gyx[8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int n = gn + i, oy = n / OW, ox = n - oy * OW;
+        gyx[i] = (short2)((short)(ox * SX - PAD), (short)(n < N ? oy * SY - PAD : GNONE));
+    }
+    /* A run inside one output row (stride 1): element i is the row offset's i-th neighbour. */
+    const bool grow = SX == 1 && gn + 7 < N && gn - (gn / OW) * OW + 7 < OW;
+    const __global ushort* Bh = (const __global ushort*)Bg;
+#elif !defined(BVEC)
     uint rb[LBE_PER];
+#endif
+#if GATHER == 1
+    __local int2 gtab[2 * KWG];               /* per-k offsets of two k-tiles: this one's next, and the one after */
+#define GTAB_BUILD(s, k0)                                                                        \
+    for (int i = tid; i < KWG; i += THREADS)                                                     \
+        gtab[(s) * KWG + i] = yc_gather_k((k0) + i, K, H, W);
 #endif
 
 /* Tile kt's asynchronous copies into stage s: A as 16-byte chunks (always in bounds: A is padded),
@@ -450,14 +511,91 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         }                                                                                        \
     }                                                                                            \
     ASYNC_B(s, k0)
-/* B through registers (gathered, or ragged): element v is (k = v / NWG, n = v % NWG), so a warp's
- * work-items read consecutive n (coalesced) and store consecutive local elements (no bank conflict). */
-#define LOAD_B(k0)                                                                               \
+/* B through registers (gathered, or ragged): LOAD_B(k0, kt) fetches tile kt (at k0) into registers,
+ * STORE_B(s) stores them into stage s. */
+#if GATHER >= 2
+#if GATHER == 3
+/* A row run's 8 halves from a (index of element 0; ix its column, iy's row valid): the aligned
+ * blocks at a & ~7 and 8 past it that hold an element of the row, shifted by a & 7 halves, the
+ * elements outside the row (padding) zeroed. */
+#define ROW_RUN(h, a, ix)                                                                        \
+    {                                                                                            \
+        const int a8 = (a) & ~7, q = ((a) & 7) >> 1, rs = (a) - (ix), re = rs + W - 1;           \
+        const uint4 lo = rok && a8 + 7 >= rs && a8 <= re ? *(const __global uint4*)(Bh + a8) : (uint4)(0u); \
+        const uint4 hi = rok && ((a) & 7) && a8 + 15 >= rs && a8 + 8 <= re                      \
+                         ? *(const __global uint4*)(Bh + a8 + 8) : (uint4)(0u);                  \
+        const uint w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};                      \
+        uint x[6], y[5];                                                                         \
+        _Pragma("unroll") for (int j = 0; j < 6; ++j) x[j] = q & 2 ? w[j + 2] : w[j];            \
+        _Pragma("unroll") for (int j = 0; j < 5; ++j) y[j] = q & 1 ? x[j + 1] : x[j];            \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j)                                            \
+            h[j] = (a) & 1 ? y[j] >> 16 | y[j + 1] << 16 : y[j];                                 \
+        if ((ix) < 0 || (ix) > W - 8) {                                                          \
+            _Pragma("unroll") for (int j = 0; j < 4; ++j)                                        \
+                h[j] &= ((uint)((ix) + 2 * j) < (uint)W ? 0xffffu : 0u)                          \
+                        | ((uint)((ix) + 2 * j + 1) < (uint)W ? 0xffff0000u : 0u);               \
+        }                                                                                        \
+    }
+#else
+/* A row run's 8 halves from a (index of element 0; ix its column), one load each. */
+#define ROW_RUN(h, a, ix)                                                                        \
+    {                                                                                            \
+        uint e[8];                                                                               \
+        _Pragma("unroll") for (int i = 0; i < 8; ++i)                                            \
+            e[i] = rok && (uint)((ix) + i) < (uint)W ? (uint)Bh[(a) + i] : 0u;                   \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j) h[j] = e[2 * j] | e[2 * j + 1] << 16;      \
+    }
+#endif
+/* Runs: slot v is run v % (NWG / 8) (this work-item's) of k-row v / (NWG / 8); (c, ky, kx) once
+ * per run, then 8 halves from the row offset (a run inside one row) or each column's corner. */
+#define LOAD_B(k0, kt)                                                                           \
+    for (int p = 0; p < BV_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS, k = (k0) + v / (NWG / 8);                               \
+        const bool kok = (NBV % THREADS == 0 || v < NBV) && K_OK(k);                             \
+        const int c = k / (KS * KS), r = k - c * (KS * KS), ky = r / KS, kx = r - ky * KS;       \
+        const int dy = ky * DIL, dx = kx * DIL, chw = c * H * W;                                 \
+        uint h[4];                                                                               \
+        if (grow) {                                                                              \
+            const int iy = gyx[0].y + dy, ix = gyx[0].x + dx, a = chw + iy * W + ix;             \
+            const bool rok = kok && (uint)iy < (uint)H;                                          \
+            ROW_RUN(h, a, ix)                                                                    \
+        } else {                                                                                 \
+            uint e[8];                                                                           \
+            _Pragma("unroll") for (int i = 0; i < 8; ++i) {                                      \
+                const int iy = gyx[i].y + dy, ix = gyx[i].x + dx;                                \
+                e[i] = kok && (uint)iy < (uint)H && (uint)ix < (uint)W ? (uint)Bh[chw + iy * W + ix] : 0u; \
+            }                                                                                    \
+            _Pragma("unroll") for (int j = 0; j < 4; ++j) h[j] = e[2 * j] | e[2 * j + 1] << 16;  \
+        }                                                                                        \
+        rg[p] = (uint4)(h[0], h[1], h[2], h[3]);                                                 \
+    }
+#define STORE_B(s)                                                                               \
+    for (int p = 0; p < BV_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NBV % THREADS == 0 || v < NBV)                                                       \
+            *(__local uint4*)(Bs0 + (s) * BTILE + (v / (NWG / 8)) * LDB + (v % (NWG / 8)) * 8) = rg[p]; \
+    }
+#else
+/* Element v is (k = v / NWG, n = v % NWG), so a warp's work-items read consecutive n (coalesced)
+ * and store consecutive local elements (no bank conflict). */
+#if GATHER == 1
+/* Element v's k offsets from tile kt's table: one add and two bounds per element. */
+#define B_ELEM(k0, kt, v)                                                                        \
+    const int2 e = (NBE % THREADS == 0 || v < NBE) ? gtab[((kt) & 1) * KWG + v / NWG]             \
+                                                   : (int2)(0, as_int((short2)(0, GNONE)));      \
+    const short2 d = as_short2(e.y);                                                             \
+    const int iy = iy0 + d.y, ix = ix0 + d.x;                                                    \
+    rb[p] = nok && (uint)iy < (uint)H && (uint)ix < (uint)W ? BBITS(e.x + goff) : 0u;
+#else
+#define B_ELEM(k0, kt, v)                                                                        \
+    B_COLUMN(v)                                                                                  \
+    const bool bok = nok && (NBE % THREADS == 0 || v < NBE);                                     \
+    rb[p] = B_AT((k0) + v / NWG, bn);
+#endif
+#define LOAD_B(k0, kt)                                                                           \
     for (int p = 0; p < LBE_PER; ++p) {                                                          \
         const int v = tid + p * THREADS;                                                         \
-        B_COLUMN(v)                                                                              \
-        const bool bok = nok && (NBE % THREADS == 0 || v < NBE);                                 \
-        rb[p] = B_AT((k0) + v / NWG, bn);                                                        \
+        B_ELEM(k0, kt, v)                                                                        \
     }
 #define STORE_B(s)                                                                               \
     for (int p = 0; p < LBE_PER; ++p) {                                                          \
@@ -465,6 +603,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         if (NBE % THREADS == 0 || v < NBE)                                                       \
             Bs0[(s) * BTILE + (v / NWG) * LDB + v % NWG] = (btype)rb[p];                         \
     }
+#endif
 
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -473,8 +612,13 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         }
         CP_COMMIT();
     }
+#if GATHER == 1
+    GTAB_BUILD(0, kbeg)
+    GTAB_BUILD(1, kbeg + KWG)
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 #ifndef BVEC
-    LOAD_B(kbeg)
+    LOAD_B(kbeg, 0)
     STORE_B(0)
 #endif
     for (int kt = 0; kt < KT; ++kt) {
@@ -487,10 +631,14 @@ void yc_gemm_mma(YC_GEMM_PARAMS
             }
             CP_COMMIT();
         }
+#if GATHER == 1
+        /* Tile kt + 2's table into tile kt's slot, which LOAD_B read before the barrier above. */
+        GTAB_BUILD(kt & 1, kbeg + (kt + 2) * KWG)
+#endif
 #ifndef BVEC
         const bool more = kt + 1 < KT;
         if (more) {
-            LOAD_B(kbeg + (kt + 1) * KWG)
+            LOAD_B(kbeg + (kt + 1) * KWG, kt + 1)
         }
 #endif
         const __local uint* As = As0 + (kt % STAGES) * MWG * LDS;

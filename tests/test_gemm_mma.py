@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, leaky, reference, rel_err
 from tiny_cfgs import conv, net_header, route, shortcut
 from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.precision import FP16, FP32, PRECISIONS, TF32
@@ -50,6 +50,9 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
     biasb = rt.upload(bias.astype(np.float32), "bias")
     Bbuf = rt.upload(B.astype(dt).ravel(), "B")
     bvec = bvec and implicit is None and gm.b_vector(cfg, mode, False, N, G * K * N, K * N)
+    if implicit is not None:        # B's offset 0, batch and group strides, as b_operand passes them
+        _, C, H, W = implicit["x"]
+        cfg = gm.aligned_gather(cfg, C * H * W, (C // G) * H * W)
     d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode, bvec)
     assert ("BVEC" in d) == bvec
     if residual is not None:
@@ -58,7 +61,7 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
     partial = rt.upload(np.full(max(gm.partial_bytes(cfg, M, N, batch * G) // 4, 1), np.nan, np.float32), "P")
     split = gm.split_k(cfg) > 1
     counters = None
-    if split and gm.split_in_kernel():
+    if gm.split_in_kernel(cfg):
         counters = rt.upload(np.zeros(gm.tile_count(cfg, M, N, batch * G), np.int32), "counts")
     specs = gm.launch_specs(cfg, d, M, N, K, G, batch * G, [Abuf, biasb], [Bbuf] + b_args,
                             [c.buf, np.int32(c.off), np.int32(c.bstride), np.int32(N)],
@@ -120,17 +123,18 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, True), ("tf32", 2, 1, True), ("f16", 3, 3, True),
-                                                  ("tf32", 2, 2, True), ("f16", 3, 2, False)])
+@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, "SS"), ("tf32", 2, 1, "env"), ("f16", 3, 3, "env"),
+                                                  ("tf32", 2, 2, "SS"), ("f16", 3, 2, "")])
 def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     """K split over work-groups (the last split shorter, CHECK_K), partial planes summed with the
     whole epilogue (batches, residual, a concat slice) by gemm_local.cl's yc_gemm_splitk in a
-    second launch, or with YOLO_CL_MMA_SPLIT_SUM=kernel by the tile's last work-group."""
-    if in_kernel:
+    second launch, or by the tile's last work-group: a config's SS 1, or YOLO_CL_MMA_SPLIT_SUM=kernel."""
+    if in_kernel == "env":
         monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
-    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st)
+    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st, **({"SS": 1} if in_kernel == "SS" else {}))
+    assert gm.split_in_kernel(cfg) == bool(in_kernel)
     assert gm.why_illegal(cfg, M, N, K, mode) is None
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
     B = rounded(rng.standard_normal((batch, G, K, N)).astype(np.float32), mode)
@@ -139,6 +143,7 @@ def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     out = run_gemm(rt, cfg, mode, A, B, bias, residual=R, act=LEAKY, act2=LEAKY, c_pad=(2, 1))
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
     assert "non-empty" in gm.why_illegal({**cfg, "SK": 8}, M, N, 40, mode)
+    assert "SS" in gm.why_illegal({**cfg, "SK": 1, "SS": 1}, M, N, K, mode)
 
 
 @pytest.mark.parametrize("cfg,shape", [(dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2, ST=2), (33, 40, 41)),
@@ -191,6 +196,87 @@ def test_implicit_conv(rt, mode, geom, st):
     out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo)
     ref = conv_reference(x, w, bias, stride, pad, dil, groups)
     assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]
+
+
+GATHER_CASES = [  # (mode, config with GA, (ks, stride, pad, dil, groups), (C, H, W, F)): ragged on purpose
+    # W 13: most runs of 8 columns cross an output row; H*W = 143 not a multiple of NWG
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=2), (3, 1, 1, 1, 1), (5, 11, 13, 10)),
+    # OW 6 < 8: a run spans up to three rows; K = 63 ragged, split over 2 (the last split short)
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=3, GA=2, SK=2), (3, 1, 1, 1, 1), (7, 5, 6, 20)),
+    # W 20: interior row runs and both padding edges; stride 2 and a dilation through the general path
+    ("f16", dict(MWG=16, NWG=64, KWG=32, WM=1, WN=2, ST=2, GA=2), (3, 1, 1, 1, 1), (3, 9, 20, 12)),
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=2), (3, 2, 1, 1, 1), (6, 11, 9, 10)),
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=4, GA=2), (3, 1, 2, 2, 2), (6, 10, 11, 8)),
+    # GA 3 (aligned 16-byte blocks shifted into place; C*H*W multiples of 8): W 13, 22, OW 6, dilation 2
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=3), (3, 1, 1, 1, 1), (6, 12, 13, 10)),
+    ("f16", dict(MWG=16, NWG=64, KWG=32, WM=1, WN=2, ST=3, GA=3), (3, 1, 1, 1, 1), (4, 9, 22, 12)),
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=2, GA=3, SK=2), (3, 1, 1, 1, 1), (8, 5, 6, 20)),
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=4, GA=3), (3, 1, 2, 2, 1), (8, 10, 11, 8)),
+    # GA 1 (per-k table, double-buffered): f16 and tf32, more k-tiles than table slots
+    ("f16", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=1), (3, 1, 1, 1, 1), (5, 11, 13, 10)),
+    ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=3, GA=1, SK=2), (3, 1, 1, 1, 1), (7, 5, 6, 20)),
+    ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=2, GA=1), (3, 2, 1, 1, 1), (5, 11, 13, 10)),
+    ("tf32", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=3, GA=1), (1, 1, 0, 1, 1), (9, 7, 9, 10)),
+]
+
+
+@pytest.mark.parametrize("mode,cfg,geom,shape", GATHER_CASES,
+                         ids=[f"{m}-GA{c['GA']}-k{g[0]}s{g[1]}d{g[3]}g{g[4]}-{'x'.join(map(str, sh))}"
+                              for m, c, g, sh in GATHER_CASES])
+def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
+    """The im2col gathers GA 1 (per-k table), GA 2 (runs of 8 columns) and GA 3 (aligned runs) against a direct float64
+    convolution: ragged W, H*W, channels and K, padding edges, batch 2, bias + leaky, a fused
+    residual + leaky, written into a concat slice."""
+    ks, stride, pad, dil, groups = geom
+    C, H, W, F = shape
+    rng = np.random.default_rng(11)
+    batch = 2
+    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    x = rounded(rng.standard_normal((batch, C, H, W)).astype(np.float32), mode)
+    w = rounded(rng.standard_normal((F, C // groups, ks, ks)).astype(np.float32), mode)
+    bias = rng.standard_normal(F).astype(np.float32)
+    M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
+    assert gm.why_illegal(cfg, M, N, K, mode, implicit=True) is None
+    assert gm.aligned_gather(cfg, C * H * W, (C // groups) * H * W) == cfg     # GA 3 runs as GA 3 here
+    R = rounded(rng.standard_normal((batch, F, OH, OW)).astype(np.float32), mode)
+    geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
+    out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo, residual=R.reshape(batch, groups, M, N),
+                   act=LEAKY, act2=LEAKY, c_pad=(3, 2))
+    ref = conv_reference(x, w, bias, stride, pad, dil, groups)
+    ref = leaky(leaky(ref) + R)
+    assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]
+
+
+def test_gather_legality_and_override(monkeypatch):
+    """GA > 0 only where its kernel path exists; the tuner's space offers every legal gather of a
+    staged implicit config and both split-sum places (SS) of a split one, as schedule siblings;
+    YOLO_CL_MMA_GATHER forces one gather, with ST >= 2."""
+    base = dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2, ST=2)
+    M, N, K = 64, 100, 288
+    assert gm.why_illegal({**base, "GA": 2}, M, N, K, "f16", implicit=True) is None
+    assert gm.why_illegal({**base, "GA": 1}, M, N, K, "tf32", implicit=True) is None
+    assert "f16" in gm.why_illegal({**base, "GA": 2}, M, N, K, "tf32", implicit=True)
+    assert gm.aligned_gather({**base, "GA": 3}, 0, 936, 468) == {**base, "GA": 2}      # a stride of 4 mod 8
+    assert gm.aligned_gather({**base, "GA": 3}, 8, 936, 936) == {**base, "GA": 3}
+    assert "implicit" in gm.why_illegal({**base, "GA": 1}, M, N, K, "f16", implicit=False)
+    assert "ST > 1" in gm.why_illegal({**base, "ST": 1, "GA": 2}, M, N, K, "f16", implicit=True)
+    assert "divide" in gm.why_illegal({**base, "MWG": 16, "NWG": 64, "WM": 1, "WN": 1, "GA": 1}, M, N, K, "f16", implicit=True)
+    assert "one of" in gm.why_illegal({**base, "GA": 4}, M, N, K, "f16", implicit=True)
+    assert gm.local_bytes({**base, "GA": 1}, "f16") == gm.local_bytes(base, "f16") + 2 * 32 * 8     # its k tables
+    sp = gm.space(M, N, K, "f16", True)
+    assert {c.get("GA") for c in sp} == {None, 0, 1, 2, 3}
+    assert all(("GA" in c) == (gm.stages(c) > 1) for c in sp)
+    assert not any("GA" in c for c in gm.space(M, N, K, "f16", False))
+    from yolo_cl.kernels.gemm_local import DeviceLimits
+    split = [c for c in gm.space(1024, 169, 4608, "f16", True, DeviceLimits(1024, 48 * 1024, 132)) if "SK" in c]
+    assert split and {c["SS"] for c in split} == {0, 1}             # the split sum's place: tuned per config
+    assert gm.forced_gather(base, "f16") == base
+    monkeypatch.setenv(gm.GATHER_ENV, "2")
+    assert gm.forced_gather({**base, "ST": 1}, "f16") == {**base, "GA": 2}
+    assert gm.forced_gather(base, "tf32") == base                  # GA 2 is f16 only: left as tuned
+    monkeypatch.setenv(gm.GATHER_ENV, "0")
+    assert gm.forced_gather({**base, "ST": 1, "GA": 1}, "tf32") == {**base, "GA": 0}
 
 
 def test_space_legality_and_heuristic():
@@ -248,6 +334,22 @@ def test_conv_net_end_to_end(rt, tmp_path, precision):
     assert rel_err(out, ref) < 1e-2
     fp32 = yolo_cl.Detector(str(cfg), weights).forward(blob)[0]
     assert rel_err(fp32, ref) < 1e-4 < rel_err(out, ref)   # the fp32 path stays IEEE; mma rounds
+
+
+@pytest.mark.parametrize("ga", ["1", "3"])
+def test_forced_gather_through_the_detector(rt, tmp_path, monkeypatch, ga):
+    """YOLO_CL_MMA_GATHER forces a gather on every implicit conv of a network (ST raised to 2): the
+    bound configs say so (GA 3 where the input's arena offset and strides are multiples of 8,
+    else 2) and the output matches the NumPy Darknet forward pass."""
+    import yolo_cl
+    monkeypatch.setenv(gm.GATHER_ENV, ga)
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 24, 6)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    implicit = [l.config for l in det.executor(1).launches if l.name == "gemm_mma" and l.config["algo"] == "implicit"]
+    assert implicit and all(gm.stages(c) >= 2 for c in implicit)
+    gathers = {c["GA"] for c in implicit}
+    assert gathers == {1} if ga == "1" else (3 in gathers and gathers <= {2, 3}), gathers
+    assert rel_err(det.forward(blob)[0], ref) < 1e-2
 
 
 def test_tuning_database_offers_only_mma_configs_on_tensor_cores(tmp_path):

@@ -10,6 +10,10 @@
 #   bench   yolo-cl bench (per-layer device time) of $BENCH (default "yolov3:fp16 yolov3:tf32
 #           yolov4:fp16 yolov3:fp32")
 #   torch   the PyTorch + cuDNN peer (.bench/torch_darknet.py) on yolov3 and yolov4, same call
+#   gather  (under 4 minutes) test_gemm_mma.py's implicit, gather and split-K tests with the real
+#           instruction, then tools/mma_gather_ab.py: yolov3 416 fp16 device time per 3x3 conv with the
+#           tuned configs and with each implicit gather forced (YOLO_CL_MMA_GATHER=0..3, ST >= 2), in
+#           one process, $GATHER_SETTINGS (default tuned,0,1,2,3); output in $OUT/gather.txt
 # SPLIT_SUM=kernel runs the phases with the in-kernel split-K sum (YOLO_CL_MMA_SPLIT_SUM=kernel),
 # unless its tests fail first. The user tuning database the tune phases write ($YOLO_CL_CACHE/tuning.yaml) is copied to $OUT;
 # RESUME=FILE (a carried earlier one, e.g. .bench/tuning-h100.yaml) starts from it: its shapes are kept, the rest tuned.
@@ -67,5 +71,13 @@ if has bench; then
   for mp in ${BENCH:-yolov3:fp16 yolov3:tf32 yolov4:fp16 yolov3:fp32}; do bench "${mp%%:*}" "${mp##*:}"; done \
     > "$OUT/bench.txt"
   grep -h "device time\|total\|wall" "$OUT/bench.txt" | head -n 24
+fi
+if has gather; then
+  echo "== gather ($(date +%T))"
+  timeout 50 python3 -m pytest -q -p no:cacheprovider tests/test_gemm_mma.py -k "implicit or gather or split" \
+    2>&1 | tail -n 4
+  timeout 170 python3 tools/mma_gather_ab.py yolov3 --size 416 --precision fp16 --repeat 20 \
+    --settings "${GATHER_SETTINGS:-tuned,0,1,2,3}" > "$OUT/gather.txt" 2>&1
+  tail -n 60 "$OUT/gather.txt"
 fi
 echo "== done ($(date +%T))"

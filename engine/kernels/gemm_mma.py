@@ -12,12 +12,22 @@ prefetches the next tile into registers (two barriers per k-step); 2 to 4 run a 
 buffers filled by ``cp.async`` ST-1 tiles ahead, one barrier per k-step, B kept n-contiguous
 and read with ``ldmatrix.trans`` (``cl/gemm_mma.cl`` says how).
 
+``GA`` (optional, default 0; implicit convs at ST > 1) is how the im2col B tile is gathered: 0
+element by element (each finding its (c, ky, kx) and pixel by division), 1 the same order with
+the tile's per-k offsets in a small local table built once per k-tile, 2 (f16) runs of 8
+neighbouring output columns per work-item, (c, ky, kx) once per run and a run inside one output
+row read from one row offset, 3 (f16) as 2 with such a run read as the two aligned 16-byte
+blocks that cover it (where B's offset and strides are multiples of 8 halves; 2 elsewhere).
+``YOLO_CL_MMA_GATHER=0|1|2|3`` forces one on every implicit conv (raising ST to 2 where it is 1,
+for every value alike), to compare them in a network (``tools/mma_gather_ab.py``).
+
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
 work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608). The partial planes live in
 the workspace, and gemm_local.cl's split-sum kernel adds them and runs the epilogue in a second
-launch. ``YOLO_CL_MMA_SPLIT_SUM=kernel`` has the work-group that finishes a tile last (a per-tile
-count) add them in the GEMM launch itself instead: it passes the reference tests on an H100 but
-is opt-in until a network run on a GPU has measured it.
+launch. ``SS`` 1 (a split config's optional key, default 0) has the work-group that finishes a
+tile last (a per-tile count) add them in the GEMM launch itself instead; the tuner tries both
+where it splits, the heuristic keeps the second launch until a network run on a GPU has
+measured the difference, and ``YOLO_CL_MMA_SPLIT_SUM=kernel`` turns it on for every split.
 
 The family is offered only where :func:`available` says so: an NVIDIA device of compute
 capability 8.0 or later on which a small GEMM of this very kernel builds, runs and matches
@@ -51,6 +61,9 @@ HEURISTIC_STAGES = 2            # the untuned pick's stages
 ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
+GATHERS = (0, 1, 2, 3)          # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs)
+HEURISTIC_GATHER = 0            # the untuned pick's gather (unmeasured on a GPU so far)
+GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" to "3": that gather on every implicit conv (A/B)
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
 log = logging.getLogger("yolo_cl.kernels")
@@ -62,10 +75,32 @@ def emulated() -> bool:
     return os.environ.get(EMULATE_ENV, "").strip() == "1"
 
 
-def split_in_kernel() -> bool:
-    """Whether split-K partial sums are added inside the GEMM launch (``YOLO_CL_MMA_SPLIT_SUM=kernel``)
-    rather than by a second launch (the default)."""
-    return os.environ.get(SPLIT_SUM_ENV, "").strip() == "kernel"
+def split_in_kernel(cfg: dict) -> bool:
+    """Whether ``cfg``'s split-K partial sums are added inside the GEMM launch (its ``SS`` 1, or
+    ``YOLO_CL_MMA_SPLIT_SUM=kernel`` for every split) rather than by a second launch."""
+    return split_k(cfg) > 1 and (int(cfg.get("SS", 0)) == 1 or os.environ.get(SPLIT_SUM_ENV, "").strip() == "kernel")
+
+
+def gather(cfg: dict) -> int:
+    """The implicit B gather of ``cfg`` (``GA``, see the module doc)."""
+    return int(cfg.get("GA", 0))
+
+
+def forced_gather(cfg: dict, mode: str) -> dict:
+    """``cfg`` with the gather ``YOLO_CL_MMA_GATHER`` names (and ST >= 2, which every gather
+    but 0 needs, for all values alike), where it is set and legal for ``mode``; else ``cfg``."""
+    value = os.environ.get(GATHER_ENV, "").strip()
+    if value not in {str(g) for g in GATHERS} or (int(value) >= 2 and mode != "f16"):
+        return cfg
+    return {**cfg, "GA": int(value), "ST": max(stages(cfg), 2)}
+
+
+def aligned_gather(cfg: dict, *b_ints) -> dict:
+    """``cfg`` with GA 3 (aligned 16-byte reads of the input) lowered to 2 where B's offset and
+    strides (``b_ints``, in elements) are not all multiples of 8 halves."""
+    if gather(cfg) == 3 and any(int(v) % 8 for v in b_ints):
+        return {**cfg, "GA": 2}
+    return cfg
 
 
 def tile_count(cfg: dict, M: int, N: int, Z: int) -> int:
@@ -187,7 +222,18 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return "local memory exceeded"
     if not 1 <= stages(cfg) <= 4:
         return "ST (local-memory stages) must be 1 to 4"
+    ga = gather(cfg)
+    if ga not in GATHERS:
+        return f"GA (the implicit gather) must be one of {GATHERS}"
+    if ga and (not implicit or stages(cfg) == 1):
+        return "GA > 0 gathers an implicit conv's B at ST > 1"
+    if ga >= 2 and mode != "f16":
+        return "GA 2 and 3 pack runs of halves: f16 only"
+    if ga == 1 and threads % nwg:
+        return "GA 1 needs NWG to divide the work-group"
     sk = split_k(cfg)
+    if int(cfg.get("SS", 0)) not in (0, 1) or (int(cfg.get("SS", 0)) and sk == 1):
+        return "SS (split sum in the GEMM launch) is 0 or 1, and 1 only with SK > 1"
     if sk > 1 and (sk > 8 or (sk - 1) * k_chunk(K, sk, kwg) >= K):
         return "every K split must be non-empty (and SK <= 8)"
     return None
@@ -199,12 +245,14 @@ def stages(cfg: dict) -> int:
 
 
 def local_bytes(cfg: dict, mode: str) -> int:
-    """Local memory of the A and B tiles, all stages (plus the emulation's lane exchange)."""
+    """Local memory of the A and B tiles, all stages (plus the emulation's lane exchange, the split
+    sum's flag and GA 1's tables)."""
     mwg, nwg, kwg = int(cfg["MWG"]), int(cfg["NWG"]), int(cfg["KWG"])
     words = kwg // (2 if mode == "f16" else 1) + 4
     extra = 32 * 6 * 4 * int(cfg["WM"]) * int(cfg["WN"]) if emulated() else 0
     st = stages(cfg)
     extra += 4 if split_k(cfg) > 1 else 0     # the in-kernel split sum's "last work-group" flag
+    extra += 2 * kwg * 8 if gather(cfg) == 1 else 0     # GA 1's per-k tables (two k-tiles of int2)
     if st == 1:
         return (mwg + nwg) * words * 4 + extra
     return st * (mwg * words * 4 + kwg * (nwg + 8) * (2 if mode == "f16" else 4)) + extra
@@ -226,6 +274,8 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bve
         d["STAGES"] = stages(cfg)
         if bvec:
             d["BVEC"] = True
+    if gather(cfg):
+        d["GATHER"] = gather(cfg)
     d.update(tile_defines(cfg, M, N, K))
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
@@ -281,11 +331,16 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
     for (mwg, nwg), (wm, wn), kwg, st in itertools.product(_TILES, _WARPS, (16, 32, 64), STAGES):
         c = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WM": wm, "WN": wn, **({"ST": st} if st > 1 else {})}
         frags = (mwg // wm // 16) * (nwg // wn // 8) if mwg % (16 * wm) == 0 and nwg % (8 * wn) == 0 else 0
-        if frags >= 2 and why_illegal(c, M, N, K, mode, implicit, lim) is None:
-            out.append(c)
+        if frags < 2 or why_illegal(c, M, N, K, mode, implicit, lim) is not None:
+            continue
+        # an implicit staged config in every legal gather ("GA" always present: siblings for the search)
+        variants = [c] if not implicit or st == 1 else \
+            [{**c, "GA": ga} for ga in GATHERS if why_illegal({**c, "GA": ga}, M, N, K, mode, implicit, lim) is None]
+        for v in variants:
+            out.append(v)
             if -(-M // mwg) * -(-N // nwg) < 2 * lim.compute_units:    # few tiles: split K too
-                out += [{**c, "SK": sk} for sk in SPLITS
-                        if K >= 128 * sk and why_illegal({**c, "SK": sk}, M, N, K, mode, implicit, lim) is None]
+                out += [{**v, "SK": sk, "SS": ss} for sk in SPLITS for ss in (0, 1)     # SS: schedule siblings
+                        if K >= 128 * sk and why_illegal({**v, "SK": sk}, M, N, K, mode, implicit, lim) is None]
     return out
 
 
@@ -305,6 +360,8 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
     best = next((p for p in legal if round_up(M, p["MWG"]) <= 1.3 * M), legal[-1])
     if why_illegal({**best, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
         best = {**best, "ST": HEURISTIC_STAGES}
+        if HEURISTIC_GATHER and why_illegal({**best, "GA": HEURISTIC_GATHER}, M, N, K, mode, implicit, lim) is None:
+            best = {**best, "GA": HEURISTIC_GATHER}
     groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
     if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K: share K out
         splits = [sk for sk in SPLITS if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None]
@@ -345,6 +402,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if algo not in ALGOS or (algo == "gemm1x1" and not is_pointwise(node)):
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the mma family")
     lim = device_limits(ctx.rt)
+    if algo == "implicit" and why_illegal(forced_gather(cfg, mode), M, N, K, mode, True, lim) is None:
+        cfg = forced_gather(cfg, mode)
     reason = why_illegal(cfg, M, N, K, mode, algo == "implicit", lim)
     if reason is not None:
         raise YoloClError(f"mma GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")
@@ -352,6 +411,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                         lambda: pack_weights(a["weights"].reshape(a["filters"], -1), G, mode))
     x, out = node.inputs[0], node.output
     launches, b_args = b_operand(ctx, node, algo)
+    cfg = aligned_gather(cfg, *b_args[1:4])
     extra = []
     d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode,
                 b_vector(cfg, mode, algo == "implicit", N, *b_args[1:]))
@@ -365,7 +425,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         d.pop("SK", None)
     yb, yoff, ybs = ctx.view(out)
     counters = None
-    if split_k(cfg) > 1 and split_in_kernel():
+    if split_in_kernel(cfg):
         # Zero between launches. A kernel does not keep its buffer arguments alive (NVIDIA's driver
         # then fails the enqueue), so the context's cache holds them, as it holds the weights.
         n = tile_count(cfg, M, N, Z)
@@ -385,7 +445,7 @@ class MmaGemm:
 
     name = FAMILY
     tensor_cores = True
-    derived, schedule, block = (), (), ("MWG", "NWG")
+    derived, schedule, block = (), ("GA", "SS"), ("MWG", "NWG")
 
     def offered(self, rt, mma: str) -> bool:
         return bool(mma)
