@@ -191,7 +191,7 @@ def test_off_builds_the_previous_defines(rt, tmp_path, monkeypatch):
             bench.bind(cfg)
             M, N, K, _ = gc.conv_gemm_shape(node)
             mod = gc if cfg["family"] == "cpu" else gl
-            fitted = cfg if mod is gc else gl.fit(cfg, M, N, K, cfg["algo"] == "implicit")
+            fitted = cfg if mod is gc else gl.fit(cfg, M, N, K, cfg["algo"] == "implicit", gl.device_limits(rt))
             before = mod.defines(epilogue_defines(bench.ctx, node), fitted, M, N) if mod is gc else \
                 mod.defines(epilogue_defines(bench.ctx, node), fitted, M, N, K)
             a = node.attrs
