@@ -2,6 +2,8 @@
  * Specialised with -D defines at build time:
  *   HALF_STORAGE   tensors and weights stored as half, math in float (vload_half/vstore_half)
  *   ACT, ACT2      activations by name (A_LEAKY, ...; engine/kernels act_id), folded at compile time
+ *   HALF_MATH      (with HALF_STORAGE) the FMA GEMM families multiply and sum in half (hreal below)
+ *   HALF_EMULATE   (with HALF_MATH) half arithmetic mapped onto float, each result rounded to half
  */
 #ifndef YC_COMMON_H
 #define YC_COMMON_H
@@ -17,6 +19,58 @@ typedef half dtype;
 typedef float dtype;
 #define LD(p, i) ((p)[(i)])
 #define ST(p, i, v) ((p)[(i)] = (v))
+#endif
+
+/* The arithmetic type of the FMA GEMM families' products and k-block sums (gemm.cl,
+ * gemm_local.cl), HREAL (a type name, for CAT(HREAL, 4) = half4 / float4) and hreal:
+ *   default              float;
+ *   HALF_MATH            half, on a device listing cl_khr_fp16 (HLD loads a stored half as is);
+ *   HALF_MATH+EMULATE    float registers that only ever hold half values: every product-plus-sum
+ *                        is rounded to half by yc_hround (HROUND), so a device without the
+ *                        extension (PoCL, in CI) computes what a half device computes.
+ * What the emulation reproduces exactly: round-to-nearest-even to half's 11-bit significand,
+ * half's subnormals (multiples of 2^-24 below 2^-14) and overflow to infinity past 65504, for
+ * a fused multiply-add (a * b + c rounded once: a half product is exact in float). Not
+ * reproduced: the float sum is rounded to float before it is rounded to half (a double rounding
+ * that can differ from one rounding in the last bit, for sums that need more than 24 bits), a
+ * device that rounds the product separately (a * b + c uncontracted: two roundings), and one
+ * that flushes half subnormals to zero. */
+#if defined(HALF_MATH) && !defined(HALF_STORAGE)
+#error "HALF_MATH needs HALF_STORAGE"
+#endif
+#if defined(HALF_MATH) && !defined(HALF_EMULATE)
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#define HREAL half
+#define HLD(p, i) ((p)[(i)])
+#else
+#define HREAL float
+#define HLD(p, i) LD(p, i)
+#endif
+typedef HREAL hreal;
+#define HREALN__(t, n) t##n
+#define HREALN_(t, n) HREALN__(t, n)
+#define HREALN(n) HREALN_(HREAL, n)     /* hreal's n-vector (not CAT: usable inside CAT's expansion) */
+
+/* NAME(x): float or floatN T (UT its uint type, ASU/ASF the bit casts) rounded to the nearest
+ * half value, ties to even, in integer and float arithmetic that vectorises: normal values drop
+ * float's 13 low significand bits with the carry rounding up; below 2^-14 (half's subnormals)
+ * adding and taking away 0.75 rounds to a multiple of 2^-24 (float's spacing at 0.75); past
+ * 65504 the result is infinity; NaN stays NaN. */
+#define YC_DEFINE_HROUND(NAME, T, UT, ASU, ASF)                                                  \
+    inline T NAME(const T x) {                                                                 \
+        const UT u = ASU(x);                                                                   \
+        const T n = ASF((u + (UT)(0xFFFu) + ((u >> 13) & (UT)(1u))) & (UT)(0xFFFFE000u));        \
+        const T s = (x + (T)(0.75f)) - (T)(0.75f);                                              \
+        const T r = fabs(x) < (T)(0x1p-14f) ? s : n;                                            \
+        const T o = fabs(r) > (T)(65504.0f) ? copysign((T)(INFINITY), x) : r;                  \
+        return x != x ? x : o;                                                                 \
+    }
+
+#ifdef HALF_EMULATE
+YC_DEFINE_HROUND(yc_hround, float, uint, as_uint, as_float)
+#define HROUND(x) yc_hround(x)
+#else
+#define HROUND(x) (x)
 #endif
 
 #define A_LINEAR 0

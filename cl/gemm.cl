@@ -24,6 +24,8 @@
  * Defines: TM, TN, VW (1, 2, 4, 8, 16), NV (vectors per block), KU (k unroll), PACK_A,
  * CHECK_M / CHECK_N (emitted only when M / N do not divide the block), RESIDUAL, ACT, ACT2,
  * NO_BIAS (the batched GEMM inside Winograd: the bias is added after the output transform),
+ * HALF_MATH (common.h: products and sums in half, each block of HK k steps summed in half and
+ * then added to float accumulators, so rounding grows with HK, not with K; the epilogue is float),
  * MFIRST (global dimension 0 walks the row blocks, 1 the column blocks: consecutive work-items,
  * which a CPU driver runs back to back, then share their B strip instead of their A panel).
  *
@@ -68,30 +70,35 @@
 
 #if VW == 1
 #define VECT float
+#define HVECT HREAL
 #else
 #define VECT CAT(float, VW)
+#define HVECT HREALN(VW)
 #endif
 
 /* FVEC: VW consecutive floats at p[i..i+VW) as one vector, assembled from scalars (becomes one
- * unaligned vector load). VLOAD: the same from storage (half storage converts on load). */
+ * unaligned vector load); HFVEC the same of the arithmetic type (hreal). VLOAD: the same from
+ * storage (half storage converts on load); HVLOAD as the arithmetic type. */
 #define E(p, i, j) (p)[(i) + j]
 #if VW == 1
-#define FVEC(p, i) ((p)[i])
+#define TVEC(T, p, i) ((p)[i])
 #elif VW == 2
-#define FVEC(p, i) ((float2)(E(p, i, 0), E(p, i, 1)))
+#define TVEC(T, p, i) ((CAT(T, 2))(E(p, i, 0), E(p, i, 1)))
 #elif VW == 4
-#define FVEC(p, i) ((float4)(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3)))
+#define TVEC(T, p, i) ((CAT(T, 4))(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3)))
 #elif VW == 8
-#define FVEC(p, i) ((float8)(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3), \
-                             E(p, i, 4), E(p, i, 5), E(p, i, 6), E(p, i, 7)))
+#define TVEC(T, p, i) ((CAT(T, 8))(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3), \
+                                   E(p, i, 4), E(p, i, 5), E(p, i, 6), E(p, i, 7)))
 #elif VW == 16
-#define FVEC(p, i) ((float16)(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3), \
-                              E(p, i, 4), E(p, i, 5), E(p, i, 6), E(p, i, 7), \
-                              E(p, i, 8), E(p, i, 9), E(p, i, 10), E(p, i, 11), \
-                              E(p, i, 12), E(p, i, 13), E(p, i, 14), E(p, i, 15)))
+#define TVEC(T, p, i) ((CAT(T, 16))(E(p, i, 0), E(p, i, 1), E(p, i, 2), E(p, i, 3), \
+                                    E(p, i, 4), E(p, i, 5), E(p, i, 6), E(p, i, 7), \
+                                    E(p, i, 8), E(p, i, 9), E(p, i, 10), E(p, i, 11), \
+                                    E(p, i, 12), E(p, i, 13), E(p, i, 14), E(p, i, 15)))
 #else
 #error "VW must be 1, 2, 4, 8 or 16"
 #endif
+#define FVEC(p, i) TVEC(float, p, i)
+#define HFVEC(p, i) TVEC(HREAL, p, i)
 
 #ifdef HALF_STORAGE
 #if VW == 1
@@ -101,6 +108,61 @@
 #endif
 #else
 #define VLOAD(p, i) FVEC(p, i)
+#endif
+#if defined(HALF_MATH) && !defined(HALF_EMULATE) && VW == 1
+#define HVLOAD(p, i) ((p)[i])
+#elif defined(HALF_MATH) && !defined(HALF_EMULATE)
+#define HVLOAD(p, i) CAT(vload, VW)(0, (p) + (i))
+#else
+#define HVLOAD(p, i) VLOAD(p, i)
+#endif
+
+/* The register block's multiply-add, HACC its accumulators. With HALF_MATH the k loop runs in
+ * blocks of HK steps (K_BLOCK_BEGIN/END; without it they leave the loop as it was): a block is
+ * summed in half (hacc, HMAC: one rounding to half per step when emulated), then FLUSH adds it
+ * to the float accumulators (acc) and clears it. */
+#ifdef HALF_MATH
+#ifndef HK
+#define HK 16
+#endif
+#define HACC hacc
+#define IM_HC (HK / (IM_KS * IM_KS) > 0 ? HK / (IM_KS * IM_KS) : 1)   /* channels per implicit block */
+#define K_BLOCK_BEGIN for (int kb_ = 0; kb_ < K; kb_ += HK) { const int ke_ = min(K, kb_ + HK);
+#define K_LO kb_
+#define K_HI ke_
+#define K_BLOCK_END(ROWS) FLUSH(ROWS) }
+#define FLUSH(ROWS)                                                                           \
+    _Pragma("unroll")                                                                         \
+    for (int i_ = 0; i_ < (ROWS); ++i_)                                                       \
+        _Pragma("unroll")                                                                     \
+        for (int j_ = 0; j_ < NV; ++j_) {                                                     \
+            acc[i_][j_] += CAT(convert_, VECT)(hacc[i_][j_]);                                 \
+            hacc[i_][j_] = (HVECT)(0.0f);                                                     \
+        }
+#define DECLARE_HACC(ROWS)                                                                    \
+    HVECT hacc[ROWS][NV];                                                                     \
+    _Pragma("unroll")                                                                         \
+    for (int i_ = 0; i_ < (ROWS); ++i_)                                                       \
+        _Pragma("unroll")                                                                     \
+        for (int j_ = 0; j_ < NV; ++j_) hacc[i_][j_] = (HVECT)(0.0f);
+#else
+#define HACC acc
+#define K_BLOCK_BEGIN
+#define K_LO 0
+#define K_HI K
+#define K_BLOCK_END(ROWS)
+#define FLUSH(ROWS)
+#define DECLARE_HACC(ROWS)
+#endif
+#ifdef HALF_EMULATE
+#if VW == 1
+YC_DEFINE_HROUND(yc_hround_v, VECT, uint, as_uint, as_float)
+#else
+YC_DEFINE_HROUND(yc_hround_v, VECT, CAT(uint, VW), CAT(as_uint, VW), CAT(as_float, VW))
+#endif
+#define HMAC(a, b, c) yc_hround_v((a) * (b) + (c))
+#else
+#define HMAC(a, b, c) ((a) * (b) + (c))
 #endif
 
 /* Lane v of a vector (VW == 1: the scalar itself). */
@@ -151,9 +213,9 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_v, VECT, CAT(as_int, VW), CAT(as_float, VW))
 /* N-vectorised: work-item (n block, m block, z) owns C[m0 .. m0+TM)[n0 .. n0+VW*NV).        */
 /* ---------------------------------------------------------------------------------------- */
 #ifdef PACK_A
-#define A_AT(i, k) LD(Ap, (size_t)(k) * TM + (i))
+#define A_AT(i, k) HLD(Ap, (size_t)(k) * TM + (i))
 #else
-#define A_AT(i, k) LD(Ap, (size_t)(i) * K + (k))
+#define A_AT(i, k) HLD(Ap, (size_t)(i) * K + (k))
 #endif
 
 /* Row i's A value at k; rows past M read as 0 (only an unpacked A needs the check). */
@@ -166,19 +228,19 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_v, VECT, CAT(as_int, VW), CAT(as_float, VW))
 /* One k step of the N-vectorised block with B vectors loaded by LOADB(j). */
 #define NV_STEP(LOADB)                                                   \
     {                                                                    \
-        VECT bv[NV];                                                     \
+        HVECT bv[NV];                                                    \
         _Pragma("unroll")                                                \
         for (int j = 0; j < NV; ++j) bv[j] = LOADB(j);                   \
         _Pragma("unroll")                                                \
         for (int i = 0; i < TM; ++i) {                                   \
-            const VECT a = (VECT)(A_ROW(i, k));                          \
+            const HVECT a = (HVECT)(A_ROW(i, k));                        \
             _Pragma("unroll")                                            \
-            for (int j = 0; j < NV; ++j) acc[i][j] = a * bv[j] + acc[i][j]; \
+            for (int j = 0; j < NV; ++j) HACC[i][j] = HMAC(a, bv[j], HACC[i][j]); \
         }                                                                \
     }
 
-#define B_FULL(j) VLOAD(Bk, (j) * VW)
-#define B_PART(j) FVEC(t, (j) * VW)
+#define B_FULL(j) HVLOAD(Bk, (j) * VW)
+#define B_PART(j) HFVEC(t, (j) * VW)
 
 __kernel void yc_gemm(YC_GEMM_PARAMS)
 {
@@ -204,6 +266,7 @@ __kernel void yc_gemm(YC_GEMM_PARAMS)
     for (int i = 0; i < TM; ++i)
         #pragma unroll
         for (int j = 0; j < NV; ++j) acc[i][j] = (VECT)(0.0f);
+    DECLARE_HACC(TM)
 
 #ifdef IMPLICIT
     const __global dtype* Xg = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride;
@@ -220,34 +283,42 @@ __kernel void yc_gemm(YC_GEMM_PARAMS)
                     const __global dtype* Bk = Xr + x0;
                     NV_STEP(B_FULL)
                 } else {                               /* the run crosses the left or right edge */
-                    float t[VW * NV];
-                    for (int e = 0; e < VW * NV; ++e) t[e] = (x0 + e >= 0 && x0 + e < W) ? LD(Xr, x0 + e) : 0.0f;
+                    hreal t[VW * NV];
+                    for (int e = 0; e < VW * NV; ++e) t[e] = (x0 + e >= 0 && x0 + e < W) ? HLD(Xr, x0 + e) : (hreal)0.0f;
                     NV_STEP(B_PART)
                 }
             }
         }
+#ifdef HALF_MATH
+        if ((c + 1) % IM_HC == 0) { FLUSH(TM) }   /* half blocks of whole channels */
+#endif
     }
 #else
     const __global dtype* Bp = B + b_off + (size_t)b * b_bstride + (size_t)g * b_gstride + n0;
 #ifdef CHECK_N
     if (n0 + VW * NV > N) {
         /* The ragged last column block: element loads, columns past N read as 0. */
-        for (int k = 0; k < K; ++k) {
+        K_BLOCK_BEGIN
+        for (int k = K_LO; k < K_HI; ++k) {
             const __global dtype* Bk = Bp + (size_t)k * ldb;
-            float t[VW * NV];
-            for (int e = 0; e < VW * NV; ++e) t[e] = (n0 + e < N) ? LD(Bk, e) : 0.0f;
+            hreal t[VW * NV];
+            for (int e = 0; e < VW * NV; ++e) t[e] = (n0 + e < N) ? HLD(Bk, e) : (hreal)0.0f;
             NV_STEP(B_PART)
         }
+        K_BLOCK_END(TM)
     } else
 #endif
     {
+        K_BLOCK_BEGIN
         #pragma unroll KU
-        for (int k = 0; k < K; ++k) {
+        for (int k = K_LO; k < K_HI; ++k) {
             const __global dtype* Bk = Bp + (size_t)k * ldb;
             NV_STEP(B_FULL)
         }
+        K_BLOCK_END(TM)
     }
 #endif
+    FLUSH(TM)
 
     const size_t cb = c_off + (size_t)b * c_bstride, rb = r_off + (size_t)b * r_bstride;
     #pragma unroll
@@ -304,21 +375,24 @@ __kernel void yc_gemm_mv(YC_GEMM_PARAMS)
     for (int t = 0; t < TN; ++t)
         #pragma unroll
         for (int j = 0; j < NV; ++j) acc[t][j] = (VECT)(0.0f);
+    DECLARE_HACC(TN)
 
+    K_BLOCK_BEGIN
     #pragma unroll KU
-    for (int k = 0; k < K; ++k) {
+    for (int k = K_LO; k < K_HI; ++k) {
         const __global dtype* Ak = Ap + (size_t)k * MV;
         const __global dtype* Bk = Bp + (size_t)k * ldb;
-        VECT av[NV];
+        HVECT av[NV];
         #pragma unroll
-        for (int j = 0; j < NV; ++j) av[j] = VLOAD(Ak, j * VW);
+        for (int j = 0; j < NV; ++j) av[j] = HVLOAD(Ak, j * VW);
         #pragma unroll
         for (int t = 0; t < TN; ++t) {
-            const VECT bs = (VECT)(LD(Bk, col[t]));
+            const HVECT bs = (HVECT)(HLD(Bk, col[t]));
             #pragma unroll
-            for (int j = 0; j < NV; ++j) acc[t][j] = av[j] * bs + acc[t][j];
+            for (int j = 0; j < NV; ++j) HACC[t][j] = HMAC(av[j], bs, HACC[t][j]);
         }
     }
+    K_BLOCK_END(TN)
 
     const size_t cb = c_off + (size_t)b * c_bstride, rb = r_off + (size_t)b * r_bstride;
     #pragma unroll

@@ -24,6 +24,9 @@
  *                  (same program) sums them and applies the epilogue
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only for dimensions the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B is gathered from the NCHW input (trailing args H, W, OW)
+ *   HALF_MATH      (common.h) tiles, fragments and products in half; each KWG k-slice is summed
+ *                  in half (hacc) and then added to the float accumulators, so rounding grows
+ *                  with KWG, not with K; the epilogue and split-K partial sums stay float
  */
 #include "common.h"
 #include "gemm_epilogue.h"
@@ -79,14 +82,23 @@
 #define THREADS (MDIMC * NDIMC)
 #define ROUND_UP(x, r) ((((x) + (r) - 1) / (r)) * (r))
 
-/* Vector helpers, by width (OpenCL has no float1). */
-#define YV_1 float
-#define YV_2 float2
-#define YV_4 float4
-#define YV_8 float8
+/* Vector helpers of the arithmetic type, by width (OpenCL has no float1). */
+#define YV_1 HREAL
+#define YV_2 HREALN(2)
+#define YV_4 HREALN(4)
+#define YV_8 HREALN(8)
 #define VEC(w) CAT(YV_, w)
 
-#ifdef HALF_STORAGE
+#if defined(HALF_MATH) && !defined(HALF_EMULATE)
+/* Half arithmetic on half storage: loads keep the halves as they are. */
+#define GLOAD_1(p, o) ((p)[o])
+#define GLOAD_2(p, o) vload2(0, (p) + (o))
+#define GLOAD_4(p, o) vload4(0, (p) + (o))
+#define GLOAD_8(p, o) vload8(0, (p) + (o))
+#define ULOAD_2(p, o) vload2(0, (p) + (o))
+#define ULOAD_4(p, o) vload4(0, (p) + (o))
+#define ULOAD_8(p, o) vload8(0, (p) + (o))
+#elif defined(HALF_STORAGE)
 #define GLOAD_1(p, o) vload_half(0, (p) + (o))
 #define GLOAD_2(p, o) vload_half2(0, (p) + (o))
 #define GLOAD_4(p, o) vload_half4(0, (p) + (o))
@@ -104,11 +116,11 @@
 #define ULOAD_4(p, o) vload4(0, (p) + (o))
 #define ULOAD_8(p, o) vload8(0, (p) + (o))
 #endif
-#define ULOAD_1(p, o) LD(p, o)
+#define ULOAD_1(p, o) HLD(p, o)
 #define GLOAD(w, p, o) CAT(GLOAD_, w)(p, o)
 #define ULOAD(w, p, o) CAT(ULOAD_, w)(p, o)
 
-/* Scatter a vector into a float array (private or local) at element i. */
+/* Scatter a vector into an hreal array (private or local) at element i. */
 #define VSTORE_1(v, p, i) ((p)[i] = (v))
 #define VSTORE_2(v, p, i) vstore2((v), 0, (p) + (i))
 #define VSTORE_4(v, p, i) vstore4((v), 0, (p) + (i))
@@ -121,6 +133,15 @@
 #if SB
 #define LB_PER ((KWG * NWG / VWB) / THREADS)      /* B vectors each work-item loads per tile */
 #endif
+
+/* The multiply-add of the register block into HACC: the float accumulators, or with HALF_MATH
+ * the k-slice's half sums (one rounding to half per step when emulated). */
+#ifdef HALF_MATH
+#define HACC hacc
+#else
+#define HACC acc
+#endif
+#define HMAC(a, b, c) HROUND(fma((a), (b), (c)))
 
 __kernel __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
 void yc_gemm_local(YC_GEMM_PARAMS)
@@ -136,13 +157,13 @@ void yc_gemm_local(YC_GEMM_PARAMS)
 
 #if SA
     __local VEC(VA) As[KWG * MWG / VA];
-    __local float* Asf = (__local float*)As;
-    float ra[LA_PER * VWA];
+    __local hreal* Asf = (__local hreal*)As;
+    hreal ra[LA_PER * VWA];
 #endif
 #if SB
     __local VEC(VB) Bs[KWG * NWG / VB];
-    __local float* Bsf = (__local float*)Bs;
-    float rb[LB_PER * VWB];
+    __local hreal* Bsf = (__local hreal*)Bs;
+    hreal rb[LB_PER * VWB];
 #ifdef IMPLICIT
     /* Each work-item always loads the same tile column (THREADS % NWG == 0): find its pixel once. */
     const int nn = n0 + tid % NWG;
@@ -155,6 +176,11 @@ void yc_gemm_local(YC_GEMM_PARAMS)
     float acc[MWI * NWI];
     #pragma unroll
     for (int i = 0; i < MWI * NWI; ++i) acc[i] = 0.0f;
+#ifdef HALF_MATH
+    hreal hacc[MWI * NWI];
+    #pragma unroll
+    for (int i = 0; i < MWI * NWI; ++i) hacc[i] = (hreal)0.0f;
+#endif
 
 /* Global -> registers for the tile starting at k-offset kt. */
 #if SA
@@ -176,7 +202,7 @@ void yc_gemm_local(YC_GEMM_PARAMS)
         const int ky = rr / KS, kx = rr - ky * KS;                                      \
         const int iy = iy0 + ky * DIL, ix = ix0 + kx * DIL;                             \
         const bool ok = nvalid && k < K && iy >= 0 && iy < H && ix >= 0 && ix < W;     \
-        rb[p] = ok ? LD(Bg, (size_t)(c * H + iy) * W + ix) : 0.0f;                      \
+        rb[p] = ok ? HLD(Bg, (size_t)(c * H + iy) * W + ix) : (hreal)0.0f;              \
     }
 #elif SB
 #ifdef CHECK_K
@@ -251,7 +277,7 @@ void yc_gemm_local(YC_GEMM_PARAMS)
 #endif
         #pragma unroll
         for (int kk = 0; kk < KWG; ++kk) {
-            float a[MWI], bv[NWI];
+            hreal a[MWI], bv[NWI];
 #if SA
             #pragma unroll
             for (int i = 0; i < MWI / VA; ++i)
@@ -279,11 +305,11 @@ void yc_gemm_local(YC_GEMM_PARAMS)
                 for (int j = 0; j < NWI; ++j) {
                     const int n = n0 + ((j / VB) * NDIMC + tx) * VB + j % VB;
 #ifdef CHECK_N
-                    const float x = LD(Bg, (size_t)kc * ldb + min(n, N - 1));
+                    const hreal x = HLD(Bg, (size_t)kc * ldb + min(n, N - 1));
 #else
-                    const float x = LD(Bg, (size_t)kc * ldb + n);
+                    const hreal x = HLD(Bg, (size_t)kc * ldb + n);
 #endif
-                    bv[j] = kin ? x : 0.0f;
+                    bv[j] = kin ? x : (hreal)0.0f;
                 }
             }
 #endif
@@ -291,8 +317,15 @@ void yc_gemm_local(YC_GEMM_PARAMS)
             for (int i = 0; i < MWI; ++i)
                 #pragma unroll
                 for (int j = 0; j < NWI; ++j)
-                    acc[i * NWI + j] = fma(a[i], bv[j], acc[i * NWI + j]);
+                    HACC[i * NWI + j] = HMAC(a[i], bv[j], HACC[i * NWI + j]);
         }
+#ifdef HALF_MATH
+        #pragma unroll
+        for (int i = 0; i < MWI * NWI; ++i) {
+            acc[i] += (float)hacc[i];
+            hacc[i] = (hreal)0.0f;
+        }
+#endif
 #if SA || SB
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif

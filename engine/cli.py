@@ -41,7 +41,8 @@ VIDEO_OUT_EXTS = {".mp4", ".avi", ".mkv"}
 URL_RE = re.compile(r"^(rtsp|rtsps|rtmp|http|https)://", re.IGNORECASE)
 DEFAULT_MODEL = "yolov3-tiny"
 MIB = 2.0 ** 20
-PRECISION_HELP = ("fp32: IEEE float (default); fp16: half storage, on tensor cores where the device has them; "
+PRECISION_HELP = ("fp32: IEEE float (default); fp16: half storage, on tensor cores where the device has them, "
+                  "in half arithmetic on cl_khr_fp16 devices (YOLO_CL_HALF_MATH=auto|emulate|off); "
                   "tf32: float storage, convs on TF32 tensor cores (NVIDIA sm_80+; elsewhere fp32)")
 
 

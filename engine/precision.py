@@ -4,11 +4,12 @@ A :class:`Precision` says how activations are stored (float or half), what the t
 correctness gate accepts, which tensor-core input type it asks for where a device has them, and
 which Winograd tile sizes keep its accuracy. ``fp32`` is IEEE float throughout; ``fp16`` stores
 activations (and packed weights) as half and computes in float, or on tensor cores in half with
-float accumulation; ``tf32`` computes on tensor cores with TF32 inputs and runs as ``fp32``
-where there are none.
+float accumulation, or in half arithmetic on a device with ``cl_khr_fp16`` (:func:`half_math`);
+``tf32`` computes on tensor cores with TF32 inputs and runs as ``fp32`` where there are none.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,3 +61,30 @@ def precision_named(name: str) -> Precision:
         return PRECISIONS[name]
     except (KeyError, TypeError):
         raise YoloClError(f"precision '{name}' is not one of {', '.join(PRECISIONS)}") from None
+
+
+HALF_MATH_ENV = "YOLO_CL_HALF_MATH"
+HALF_MATH_MODES = ("auto", "emulate", "off")
+
+
+def half_math_setting() -> str:
+    """``YOLO_CL_HALF_MATH``: ``auto`` (the default: half arithmetic where the device has it),
+    ``emulate`` (half arithmetic mapped onto float with every result rounded to half, on any
+    device: the tests' way to run it on PoCL) or ``off``; a clear error for any other word."""
+    value = os.environ.get(HALF_MATH_ENV, "").strip().lower() or "auto"
+    if value not in HALF_MATH_MODES:
+        raise YoloClError(f"{HALF_MATH_ENV}={value!r} is not one of {', '.join(HALF_MATH_MODES)}")
+    return value
+
+
+def half_math(precision: Precision, has_fp16: bool) -> str:
+    """How the FMA GEMM families compute under ``precision`` on a device that lists
+    ``cl_khr_fp16`` (``has_fp16``) or not: "native" (half arithmetic), "emulate" (float
+    arithmetic rounded to half after every step) or "" (float arithmetic, as fp32 does).
+    Only half storage computes in half; the tensor-core family has its own arithmetic."""
+    if not precision.half:
+        return ""
+    setting = half_math_setting()
+    if setting == "emulate":
+        return "emulate"
+    return "native" if setting == "auto" and has_fp16 else ""

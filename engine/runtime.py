@@ -173,7 +173,7 @@ class Runtime:
         self._programs: dict = {}
         self._lock = threading.Lock()
         self._building: dict = {}     # (source, options) -> the lock its builder holds
-        self.fp16 = "cl_khr_fp16" in self.device.extensions
+        self.fp16 = "cl_khr_fp16" in self.device.extensions     # half arithmetic (precision.half_math)
         self.is_cpu = bool(self.device.type & cl.device_type.CPU)
         self.builds = 0          # programs compiled from source (not from a cache) in this process
         self.on_first_build = None   # called once, before the first compile from source (a notice)

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import YoloClError
 from ..graph import Node, View
 from ..layers import ACTIVATIONS
-from ..precision import FP32, Precision
+from ..precision import FP32, Precision, half_math
 
 
 @dataclass
@@ -71,6 +71,14 @@ class BindContext:
         d = {"HALF_STORAGE": self.half}
         d.update(extra)
         return d
+
+    def half_math_defines(self) -> dict:
+        """Defines that switch the FMA GEMM families' arithmetic to half (cl/common.h's hreal):
+        HALF_MATH on a ``cl_khr_fp16`` device, with HALF_EMULATE where it is emulated
+        (``precision.half_math``); none where it computes in float."""
+        mode = half_math(self.precision, self.rt.fp16)
+        return {"HALF_MATH": True, "HALF_EMULATE": True} if mode == "emulate" else \
+            {"HALF_MATH": True} if mode == "native" else {}
 
     def cached(self, key: tuple, make: Callable[[], dict]) -> dict:
         """``weight_cache[key]``, made by ``make()`` on first use. Thread-safe: the tuner binds

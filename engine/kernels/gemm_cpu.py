@@ -381,7 +381,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     wts = packed_weights(ctx, node, pack_rows(cfg))
     launches = []
     xb, xoff, xbs = ctx.view(x)
-    extra, d = [], defines(epilogue_defines(ctx, node), cfg, M, N)
+    extra, d = [], defines({**epilogue_defines(ctx, node), **ctx.half_math_defines()}, cfg, M, N)
     if algo in ("gemm1x1", "implicit"):
         b_args = [xb, xoff, xbs, np.int32(K // a["size"] ** 2 * x.h * x.w), np.int32(x.h * x.w)]
         if algo == "implicit":
@@ -418,7 +418,7 @@ def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     m = int(cfg.get("m", 2))
     M, P, C, t2 = winograd.gemm_shape(node, m)
     wts = wino_weights(ctx, node, m, pack_rows(cfg))
-    gd = defines(ctx.defines(NO_BIAS=True), cfg, M, P)
+    gd = defines(ctx.defines(NO_BIAS=True, **ctx.half_math_defines()), cfg, M, P)
 
     def gemm(gargs: list) -> Launch:
         return Launch(ctx.kernel("gemm.cl", kernel_name(cfg), gd, gargs), grid(cfg, M, P, ctx.batch * t2),

@@ -369,7 +369,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
                              or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
         cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
-    d = defines(epilogue_defines(ctx, node), cfg, M, N, K)
+    d = defines({**epilogue_defines(ctx, node), **ctx.half_math_defines()}, cfg, M, N, K)
     extra = []
     if implicit:
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
@@ -427,7 +427,7 @@ def bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     if reason is not None:
         raise YoloClError(f"Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
     wts = wino_weights(ctx, node, m)
-    gd = defines(ctx.defines(NO_BIAS=True), cfg, M, P, C)
+    gd = defines(ctx.defines(NO_BIAS=True, **ctx.half_math_defines()), cfg, M, P, C)
 
     def gemm(gargs: list) -> Launch:
         gs, ls = sizes(cfg, M, P, ctx.batch * t2)
