@@ -171,9 +171,9 @@ def finite_only(boxes: np.ndarray, probs: np.ndarray) -> tuple:
     return boxes[ok], probs[ok], int((~ok).sum())
 
 
-def _iou_terms(a: np.ndarray, b: np.ndarray):
+def _iou_terms(a: np.ndarray, b: np.ndarray, centres: bool = True):
     """IoU of each box of ``a`` (xywh rows) with each of ``b``, plus DIoU's centre-distance term
-    (d^2 / c^2): two (len(a), len(b)) arrays."""
+    (d^2 / c^2; None unless ``centres``, which plain NMS does not need): two (len(a), len(b)) arrays."""
     a, b = a[:, None, :], b[None, :, :]
     ax1, ay1, ax2, ay2 = (a[..., 0] - a[..., 2] / 2, a[..., 1] - a[..., 3] / 2,
                           a[..., 0] + a[..., 2] / 2, a[..., 1] + a[..., 3] / 2)
@@ -184,6 +184,8 @@ def _iou_terms(a: np.ndarray, b: np.ndarray):
     inter = np.where((iw > 0) & (ih > 0), iw * ih, 0.0)
     union = a[..., 2] * a[..., 3] + b[..., 2] * b[..., 3] - inter
     iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+    if not centres:
+        return iou, None
     cw = np.maximum(ax2, bx2) - np.minimum(ax1, bx1)
     ch = np.maximum(ay2, by2) - np.minimum(ay1, by1)
     c2 = cw * cw + ch * ch
@@ -198,7 +200,7 @@ NMS_PAIRWISE = 1024  # up to this many candidate boxes, all their overlaps are c
 
 def _suppresses(a: np.ndarray, b: np.ndarray, thresh: float, kind: str, beta: float) -> np.ndarray:
     """(len(a), len(b)) bool: would box a of ``a`` suppress box b of ``b``."""
-    iou, dterm = _iou_terms(a, b)
+    iou, dterm = _iou_terms(a, b, centres=kind in ("greedynms", "diounms"))
     if kind == "greedynms":
         return (iou - dterm ** 0.6) > thresh     # box_diou
     if kind == "diounms":
