@@ -337,7 +337,8 @@ async def decode_body(body: bytes, limits: Limits, inline: bool = False) -> np.n
         w, h = check_image_header(body, limits.max_pixels)
         if inline and w * h <= INLINE_PIXELS:
             return decode_image(body, limits.max_pixels)
-        return await run_in_threadpool(decode_image, body, limits.max_pixels)
+        # asyncio's own pool: anyio's (run_in_threadpool) scans every task of the loop per call
+        return await asyncio.to_thread(decode_image, body, limits.max_pixels)
     except ImageError as e:
         raise HTTPException(http_status(e), str(e)) from None
 
