@@ -3,10 +3,11 @@
 * ``serve_app`` / ``run_serve``: ``POST /detect`` and ``GET /healthz`` of ``yolo-cl serve`` on
   Ray Serve. Each OpenCL device is a deployment of its own whose replicas ask for the custom
   Ray resource ``yolo_cl_device_K`` (so Ray places one replica per device of a node and
-  restarts it when it dies) and batch concurrent requests with ``@serve.batch``; an ingress
-  deployment parses and checks the request exactly as the embedded server does
-  (``yolo_cl.serve.read_image_request``) and sends it to the device with the fewest requests
-  in flight.
+  restarts it when it dies), decode the image and batch concurrent requests with
+  ``@serve.batch``. With one device its deployment answers HTTP itself; with several, an
+  ingress deployment parses and checks the request as the embedded server does
+  (``yolo_cl.serve.read_image_body``) and sends the still-encoded image (a tenth of the decoded
+  one's bytes through Ray) to the device with the fewest requests in flight.
 * ``detect_files``: a folder or list of image files over a pool of actors, one per device, in
   batches; the result is one Darknet ``-out`` object per image, optionally written as JSONL.
 
@@ -28,6 +29,7 @@ from .darknet_json import json_frame
 from .errors import YoloClError
 
 RESOURCE = "yolo_cl_device_{}"
+QUIET = {"enable_access_log": False, "log_level": "WARNING"}   # no log line per request, as the embedded server
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
 
@@ -61,29 +63,85 @@ def _run_groups(det, items: list) -> list:
 
 
 # -- Ray Serve ------------------------------------------------------------------------------------
+def _answer(frame_id: int, filename: str, dets: list, size: tuple, fit: str):
+    from starlette.responses import JSONResponse
+    return JSONResponse(json_frame(frame_id, filename, dets, size[0], size[1], fit))
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class DeviceDetector:
-    """One replica: a Detector on one device, batching the requests Ray hands it."""
+    """One replica: a Detector on one device, batching the requests Ray hands it. Called over
+    HTTP (``__call__``) when it is the application's only device, by the ingress otherwise."""
 
-    def __init__(self, model, weights, device, opts: dict, max_batch: int, max_wait_ms: float) -> None:
+    def __init__(self, model, weights, device, opts: dict, max_batch: int, max_wait_ms: float, limits=None,
+                 max_in_flight: int = 0) -> None:
+        from .serve import Limits
         self.det = _detector(model, weights, device, opts)
         for b in range(1, max_batch + 1):          # every batch size compiled before the first request
             self.det.executor(b)
         self.detect.set_max_batch_size(max_batch)
         self.detect.set_batch_wait_timeout_s(max_wait_ms / 1000.0)
+        self.limits, self.max_in_flight = limits or Limits(), max_in_flight
+        self.in_flight = self.answered = 0
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def detect(self, items: list) -> list:
         return await asyncio.to_thread(_run_groups, self.det, items)
 
+    async def detect_encoded(self, data: bytes, thresh: float, nms: float) -> tuple:
+        """(detections, (width, height)) of an encoded image the ingress checked, or
+        (HTTP status, message) if it cannot be decoded."""
+        from .serve import HTTPException, decode_body
+        try:
+            image = await decode_body(data, self.limits)
+        except HTTPException as e:
+            return e.status_code, e.detail
+        return await self.detect((image, thresh, nms)), (image.shape[1], image.shape[0])
+
     def info(self) -> dict:
         """The device's name, the resize mode and this replica's process id."""
         return {"device": self.det.runtime.device_name, "fit": self.det.fit, "pid": os.getpid()}
 
+    async def __call__(self, request):
+        """HTTP, when this device is the whole application: as the embedded server's routes."""
+        from .serve import HTTPException, error_response, read_image_request
+        from starlette.responses import JSONResponse
+        path = request.url.path.rstrip("/")
+        if path == "/healthz" and request.method == "GET":
+            return JSONResponse({"status": "ok", "devices": [self.det.runtime.device_name], "ray": True})
+        refused = _refusal(path, request.method, self.in_flight, self.max_in_flight)
+        if refused is not None:
+            return refused
+        self.in_flight += 1
+        try:
+            image, thresh, nms, filename = await read_image_request(request, self.limits)
+            dets = await asyncio.wait_for(self.detect((image, thresh, nms)), self.limits.timeout)
+        except HTTPException as e:
+            return error_response(e.status_code, e.detail)
+        except asyncio.TimeoutError:
+            return error_response(504, f"no answer within {self.limits.timeout:g} s")
+        finally:
+            self.in_flight -= 1
+        self.answered += 1
+        return _answer(self.answered, filename, dets, (image.shape[1], image.shape[0]), self.det.fit)
+
+
+def _refusal(path: str, method: str, in_flight: int, max_in_flight: int):
+    """The error answer for a request that is not a POST /detect or finds the server full, else None."""
+    from .serve import error_response
+    if path != "/detect":
+        return error_response(404, "Not Found")
+    if method != "POST":
+        return error_response(405, "Method Not Allowed")
+    if in_flight >= max_in_flight:
+        return error_response(503, f"busy: {in_flight} requests in flight; try again later")
+    return None
+
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
 class Ingress:
-    """HTTP: parse and check a request as the embedded server does, then pick a device."""
+    """HTTP over several devices: read and check a request as the embedded server does, then
+    send the encoded image to the device with the fewest requests in flight."""
 
     def __init__(self, devices: list, limits, max_in_flight: int) -> None:
         self.devices = devices
@@ -93,23 +151,21 @@ class Ingress:
         self.fit: Optional[str] = None         # the Detectors' resize mode, asked once
 
     async def __call__(self, request):
-        from .serve import HTTPException, error_response, read_image_request
+        from .serve import HTTPException, error_response, read_image_body
         from starlette.responses import JSONResponse
         path = request.url.path.rstrip("/")
         if path == "/healthz" and request.method == "GET":
             infos = await asyncio.gather(*(d.info.remote() for d in self.devices))
             return JSONResponse({"status": "ok", "devices": [i["device"] for i in infos], "ray": True})
-        if path != "/detect":
-            return error_response(404, "Not Found")
-        if request.method != "POST":
-            return error_response(405, "Method Not Allowed")
-        if sum(self.in_flight) >= self.max_in_flight:
-            return error_response(503, f"busy: {sum(self.in_flight)} requests in flight; try again later")
+        refused = _refusal(path, request.method, sum(self.in_flight), self.max_in_flight)
+        if refused is not None:
+            return refused
         k = min(range(len(self.devices)), key=lambda i: (self.in_flight[i], i))
         self.in_flight[k] += 1
         try:
-            image, thresh, nms, filename = await read_image_request(request, self.limits)
-            dets = await asyncio.wait_for(self.devices[k].detect.remote((image, thresh, nms)), self.limits.timeout)
+            data, thresh, nms, filename = await read_image_body(request, self.limits)
+            dets, size = await asyncio.wait_for(self.devices[k].detect_encoded.remote(data, thresh, nms),
+                                                self.limits.timeout)
             if self.fit is None:
                 self.fit = (await self.devices[k].info.remote())["fit"]
         except HTTPException as e:
@@ -120,25 +176,32 @@ class Ingress:
             return error_response(503, f"device {k} failed ({type(e).__name__}); try again")
         finally:
             self.in_flight[k] -= 1
+        if isinstance(dets, int):                  # the device could not decode it: (status, message)
+            return error_response(dets, size)
         self.answered += 1
-        h, w = image.shape[:2]
-        return JSONResponse(json_frame(self.answered, filename, dets, w, h, self.fit))
+        return _answer(self.answered, filename, dets, size, self.fit)
 
 
 def serve_app(model="yolov3-tiny", weights=None, *, devices: Sequence = (None,), replicas: int = 1,
               max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64, limits=None, **detector_opts):
     """The Ray Serve application: one deployment per entry of ``devices`` (device specs as for
-    ``Detector(device=...)``; entry K's replicas need the resource ``yolo_cl_device_K``) and the ingress."""
+    ``Detector(device=...)``; entry K's replicas need the resource ``yolo_cl_device_K``), and an
+    ingress in front of them when there are several. One device's deployment is the ingress
+    itself: one hop (and one pass of the image through Ray) less per request."""
     from .serve import Limits
-    handles = []
-    for k, spec in enumerate(devices):
-        dep = DeviceDetector.options(name=f"yolo-cl-device-{k}", num_replicas=replicas,
-                                     max_ongoing_requests=max(2 * max_batch, 16),
-                                     ray_actor_options={"num_cpus": 0, "resources": {RESOURCE.format(k): 1}})
-        handles.append(dep.bind(model, weights, spec, detector_opts, max_batch, max_wait_ms))
-    ingress = Ingress.options(name="yolo-cl-ingress")
-    app = ingress.bind(handles, limits or Limits(), max_queue + max_batch * len(handles) * replicas)
-    return app
+    limits = limits or Limits()
+    max_in_flight = max_queue + max_batch * len(devices) * replicas
+    deps = [DeviceDetector.options(name=f"yolo-cl-device-{k}", num_replicas=replicas,
+                                   # the ingress (one device: this one) refuses past max_in_flight itself
+                                   max_ongoing_requests=max(2 * max_batch, 16) if len(devices) > 1 else 1000,
+                                   ray_actor_options={"num_cpus": 0, "resources": {RESOURCE.format(k): 1}})
+            for k in range(len(devices))]
+    if len(devices) == 1:
+        return deps[0].bind(model, weights, devices[0], detector_opts, max_batch, max_wait_ms, limits,
+                            max_in_flight // replicas)
+    handles = [dep.bind(model, weights, spec, detector_opts, max_batch, max_wait_ms, limits)
+               for dep, spec in zip(deps, devices)]
+    return Ingress.options(name="yolo-cl-ingress").bind(handles, limits, max_in_flight)
 
 
 def run_serve(address: Optional[str], host: str, port: int, devices: Sequence, *, announce=None, **opts) -> None:
@@ -152,8 +215,8 @@ def run_serve(address: Optional[str], host: str, port: int, devices: Sequence, *
     try:
         start(address, len(devices))
         signal.signal(signal.SIGTERM, stop)     # again: ray.init installs its own, which exits mid-deployment
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(serve_app(devices=devices, **opts), name="yolo-cl", route_prefix="/")
+        serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
+        serve.run(serve_app(devices=devices, **opts), name="yolo-cl", route_prefix="/", logging_config=QUIET)
         print(f"yolo-cl serve: listening on http://{host}:{port} (Ray Serve, {len(devices)} device deployment(s))",
               file=announce or sys.stderr, flush=True)
         while not done.wait(0.5):

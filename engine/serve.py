@@ -74,9 +74,9 @@ class UnsupportedFormat(ImageError):
     """Not one of the image formats the server decodes (HTTP 415)."""
 
 
-def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
-    """Decode an uploaded image after checking its header's size; ImageError (-> 4xx) otherwise."""
-    import cv2
+def check_image_header(data: bytes, max_pixels: int) -> tuple:
+    """(width, height) an uploaded image's header declares, within ``max_pixels``; ImageError
+    (-> 4xx) otherwise. Reads the header only: cheap enough for any thread."""
     if not data:
         raise ImageError("empty body: send an image (raw bytes, or the multipart field 'file')")
     size = image_header_size(data)
@@ -87,6 +87,13 @@ def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
         raise ImageError(f"the image header says {w}x{h} pixels")
     if w * h > max_pixels:
         raise LimitExceeded(f"the image has {w}x{h} pixels, more than the limit of {max_pixels}")
+    return w, h
+
+
+def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
+    """Decode an uploaded image after checking its header's size; ImageError (-> 4xx) otherwise."""
+    import cv2
+    check_image_header(data, max_pixels)
     try:
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     except cv2.error:
@@ -256,12 +263,13 @@ def merge_families(per_worker: list) -> list:
     return list(merged.values())
 
 
-def server_timing(marks: list, batch: int) -> str:
+def server_timing(marks: list, batch: int, inline: bool = False) -> str:
     """The ``Server-Timing`` header of one answer: where its milliseconds went, from the monotonic
-    ``marks`` arrival, body read, decoded, batch start, batch end, answer built."""
+    ``marks`` arrival, body read, decoded, batch start, batch end, answer built; the batch size,
+    and ``path;desc=inline`` when it ran on the event loop's thread (an idle device)."""
     names = ("body", "decode", "queue", "batch", "reply")
     parts = [f"{n};dur={(b - a) * 1000.0:.3f}" for n, a, b in zip(names, marks, marks[1:])]
-    return ", ".join(parts + [f"size;desc={batch}"])
+    return ", ".join(parts + [f"size;desc={batch}", f"path;desc={'inline' if inline else 'queued'}"])
 
 
 # -- the application ------------------------------------------------------------------------------
@@ -295,13 +303,15 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_image_request(request: Request, limits: Limits, marks: Optional[list] = None,
-                             inline: bool = False) -> tuple:
-    """(BGR image, thresh, nms, filename) of a ``POST /detect`` request, within ``limits``;
-    HTTPException 400, 413 or 415 otherwise. ``marks`` gets the monotonic time the body was read.
-    The image is decoded on a pool thread (other requests go on meanwhile), or with ``inline`` on
-    this one, which saves the hand-off when no other request is waiting for the event loop (only
-    up to INLINE_PIXELS, so a huge image never holds up the live streams)."""
+def http_status(e: ImageError) -> int:
+    """The HTTP status of a refused image: 413 over a limit, 415 not a format we take, else 400."""
+    return 413 if isinstance(e, LimitExceeded) else 415 if isinstance(e, UnsupportedFormat) else 400
+
+
+async def read_image_body(request: Request, limits: Limits, marks: Optional[list] = None) -> tuple:
+    """(encoded image bytes, thresh, nms, filename) of a ``POST /detect`` request, its header
+    checked against ``limits`` but not decoded; HTTPException 400, 413 or 415 otherwise.
+    ``marks`` gets the monotonic time the body was read."""
     thresh, nms = _fraction(request, "thresh", 0.25), _fraction(request, "nms", 0.45)
     body = await _read_body(request, limits.max_body)
     if marks is not None:
@@ -312,18 +322,33 @@ async def read_image_request(request: Request, limits: Limits, marks: Optional[l
         if ctype.lower().startswith("multipart/form-data"):
             body, filename = multipart_file(body, ctype)
             filename = filename or "request"
-        size = image_header_size(body) if inline else None
-        if size is not None and size[0] * size[1] <= INLINE_PIXELS:
-            image = decode_image(body, limits.max_pixels)
-        else:
-            image = await run_in_threadpool(decode_image, body, limits.max_pixels)
-    except LimitExceeded as e:
-        raise HTTPException(413, str(e)) from None
-    except UnsupportedFormat as e:
-        raise HTTPException(415, str(e)) from None
+        check_image_header(body, limits.max_pixels)
     except ImageError as e:
-        raise HTTPException(400, str(e)) from None
-    return image, thresh, nms, filename
+        raise HTTPException(http_status(e), str(e)) from None
+    return body, thresh, nms, filename
+
+
+async def decode_body(body: bytes, limits: Limits, inline: bool = False) -> np.ndarray:
+    """The BGR image of a checked body (``read_image_body``); HTTPException 400 if it is corrupt.
+    Decoded on a pool thread (other requests go on meanwhile), or with ``inline`` on this one,
+    which saves the hand-off when no other request is waiting for the event loop (only up to
+    INLINE_PIXELS, so a huge image never holds up the live streams)."""
+    try:
+        w, h = check_image_header(body, limits.max_pixels)
+        if inline and w * h <= INLINE_PIXELS:
+            return decode_image(body, limits.max_pixels)
+        # asyncio's own pool: anyio's (run_in_threadpool) scans every task of the loop per call
+        return await asyncio.to_thread(decode_image, body, limits.max_pixels)
+    except ImageError as e:
+        raise HTTPException(http_status(e), str(e)) from None
+
+
+async def read_image_request(request: Request, limits: Limits, marks: Optional[list] = None,
+                             inline: bool = False) -> tuple:
+    """(BGR image, thresh, nms, filename) of a ``POST /detect`` request, within ``limits``;
+    HTTPException 400, 413 or 415 otherwise (``read_image_body``, then ``decode_body``)."""
+    body, thresh, nms, filename = await read_image_body(request, limits, marks)
+    return await decode_body(body, limits, inline), thresh, nms, filename
 
 
 @dataclass
@@ -436,12 +461,17 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         image, thresh, nms, filename = await read_image_request(request, limits, marks, inline=alone)
         marks.append(time.monotonic())
         try:
-            req = fleet.enqueue(image, thresh, nms)
+            # Still alone: an idle device runs it right here (no hand-off to the batch thread and back).
+            req = fleet.enqueue(image, thresh, nms, inline=metrics.in_flight == 1)
         except QueueFull as e:
             return error_response(503, str(e))
         left = limits.timeout - (time.monotonic() - t0)
         try:
-            dets = await asyncio.wait_for(asyncio.wrap_future(req.future), max(0.001, left))
+            if not req.future.done():
+                await asyncio.wait_for(asyncio.wrap_future(req.future), max(0.001, left))
+            elif left < 0:                       # ran inline, and past the time allowed
+                raise asyncio.TimeoutError
+            dets = req.future.result()
         except asyncio.TimeoutError:
             return error_response(504, f"no answer within {limits.timeout:g} s")
         except YoloClError as e:
@@ -450,7 +480,7 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         h, w = image.shape[:2]
         body = json_frame(counter["n"], filename, dets, w, h, fleet.detectors[0].fit)
         marks += [req.started, req.finished, time.monotonic()]
-        return JSONResponse(body, headers={"Server-Timing": server_timing(marks, req.batch)})
+        return JSONResponse(body, headers={"Server-Timing": server_timing(marks, req.batch, req.inline)})
 
     async def proxied(request: Request) -> Response:
         """The answer of worker 0 (which runs the streams) to this GET, streamed through."""
@@ -599,7 +629,8 @@ def address(host: str, port: int) -> str:
 
 def run_app(app: Starlette, sockets: list) -> None:
     """Serve ``app`` on the listening ``sockets`` with uvicorn until SIGINT (KeyboardInterrupt
-    once uvicorn has shut down) or SIGTERM (a clean return)."""
+    once uvicorn has shut down) or SIGTERM (a clean return). uvicorn picks httptools and uvloop
+    when installed (the serve extra): 0.3 ms less per request than h11 and asyncio's own loop."""
     import uvicorn
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
     server = uvicorn.Server(config)

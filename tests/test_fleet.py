@@ -122,6 +122,20 @@ def test_full_queue_refuses_at_once(dets, frames):
         fleet.close()
 
 
+def test_idle_device_answers_inline_the_same_as_a_batch(dets, frames):
+    with Fleet(dets[:1], max_batch=2, max_wait_ms=1000) as fleet:
+        assert fleet.batchers[0].ready.wait(120)
+        alone = fleet.enqueue(frames[0], inline=True)
+        assert alone.inline and alone.future.done() and alone.batch == 1      # ran on this thread
+        first = fleet.enqueue(frames[1])                  # the worker waits up to 1 s for a second
+        second = fleet.enqueue(frames[0], inline=True)    # not idle: queued and batched with it
+        got, _ = second.future.result(60), first.future.result(60)
+        assert not second.inline and second.batch == 2
+        assert fleet.detect(frames[2], timeout=60) is not None                 # idle again
+    want = [d.to_dict() for d in dets[0].detect(frames[0])]
+    assert [d.to_dict() for d in alone.future.result()] == want == [d.to_dict() for d in got]
+
+
 def test_different_thresholds_in_one_batch(dets, frames):
     with Fleet(dets[:1], max_batch=2, max_wait_ms=500) as fleet:
         low, high = fleet.submit(frames[0], 0.05), fleet.submit(frames[0], 0.6)

@@ -86,6 +86,33 @@ def cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def serve_url(cluster):
+    """Ray Serve's HTTP proxy on a free port (one per Ray instance: the tests deploy in turn)."""
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return f"http://127.0.0.1:{port}"
+
+
+def test_one_device_answers_http_itself(cluster, serve_url, cli_json):
+    serve.run(cluster.serve_app(devices=["0"], input_size=SIZE, max_batch=2, max_queue=2), name="yolo-cl",
+              route_prefix="/")
+    try:
+        wait_ready(serve_url)
+        assert set(serve.status().applications["yolo-cl"].deployments) == {"yolo-cl-device-0"}   # no ingress hop
+        want = cli_json["dog.jpg"]["objects"]
+        r = httpx.post(serve_url + "/detect", content=DOG.read_bytes(), timeout=60)
+        assert r.status_code == 200 and r.json()["objects"] == want
+        bad = httpx.post(serve_url + "/detect", content=b"not an image", timeout=60)
+        assert bad.status_code == 415 and set(bad.json()) == {"error"}
+        answers = asyncio.run(_burst(serve_url, DOG.read_bytes(), 30, lambda: None))
+    finally:
+        serve.delete("yolo-cl")             # its replica holds device 0's resource, which the next tests need
+    codes = [c for c, _ in answers]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 4, codes
+    assert all(body["objects"] == want for code, body in answers if code == 200)
+
+
 def test_bulk_folder_over_two_actors(cluster, cli_json, tmp_path):
     folder = tmp_path / "imgs"
     folder.mkdir()
@@ -119,11 +146,9 @@ async def _burst(url: str, data: bytes, n: int, on_started) -> list:
         return await asyncio.gather(*tasks)
 
 
-def test_serve_app_survives_a_killed_replica(cluster, cli_json):
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+def test_serve_app_survives_a_killed_replica(cluster, serve_url, cli_json):
     serve.run(cluster.serve_app(devices=["0", "0"], input_size=SIZE, max_batch=2), name="yolo-cl", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
+    url = serve_url
     wait_ready(url)
     want = cli_json["dog.jpg"]["objects"]
     assert httpx.post(url + "/detect", content=DOG.read_bytes(), timeout=60).json()["objects"] == want

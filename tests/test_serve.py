@@ -78,6 +78,14 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def plain():
+    """A server without streams and a short queue: a lone request runs inline on an idle device."""
+    s = Server("--max-batch", "2", "--max-queue", "2")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
 def tight():
     """A server with small limits: 60 KB bodies, 100k pixels, and no time to answer."""
     s = Server("--max-body-mb", "0.06", "--max-pixels", "100000", "--timeout", "0.000001")
@@ -167,6 +175,22 @@ def test_limits(tight):
     assert_error(*call(tight.url + "/detect", small)[::2], 413, "400x400 pixels")
     ok = cv2.imencode(".jpg", np.zeros((100, 100, 3), np.uint8))[1].tobytes()
     assert_error(*call(tight.url + "/detect", ok)[::2], 504, "no answer within")
+
+
+def test_idle_path_answers_as_the_batched_path_and_a_full_queue_503(plain, cli_json):
+    status, headers, body = call(plain.url + "/detect", DOG.read_bytes())
+    assert status == 200 and "path;desc=inline" in headers["server-timing"], headers["server-timing"]
+    assert json.loads(body)["objects"] == cli_json["objects"]
+    codes: dict = {}
+    for status, answer in asyncio.run(_burst(plain.url, DOG.read_bytes(), 40)):
+        codes[status] = codes.get(status, 0) + 1
+        if status == 200:
+            assert answer["objects"] == cli_json["objects"]
+        else:
+            assert status == 503 and "error" in answer
+    assert set(codes) == {200, 503}, codes                  # a queue of 2 refuses most of 40 at once
+    paths = {call(plain.url + "/detect", DOG.read_bytes())[1]["server-timing"].rsplit("desc=", 1)[1]}
+    assert paths == {"inline"}                               # idle again after the burst
 
 
 # -- streams, page, health, metrics --------------------------------------------------------------

@@ -1,24 +1,28 @@
 """Benchmark ``yolo-cl serve`` and Fleet against the bare Detector on the same device.
 
-Measures, in this order:
+Measures, in this order, and prints every figure the targets of issue 20 are held against:
 
-1. ``Detector.detect_batch`` throughput at ``--batch`` (images/s), and ``Detector.detect``
-   latency (ms, p50) — the device-bound references, in this process;
+1. ``Detector.detect_batch`` throughput at ``--batch`` (images/s, and this process's CPU per
+   image), ``Detector.detect`` latency (ms, p50) and ``cv2.imdecode`` of the request image — the
+   device-bound references, in this process;
 2. ``POST /detect`` on a real ``yolo-cl serve`` subprocess (``--max-batch`` = ``--batch``,
-   ``--workers`` as given): latency one request at a time (p50; minus 1.'s p50 = the added
-   latency per request; the server's own ``Server-Timing`` stages say where it went), then
-   throughput with ``--concurrency`` keep-alive clients spread over ``--client-procs`` processes
-   (images/s, p50/p99, 503s, the server's CPU time per image, and the ratio to 1.'s
-   ``detect_batch`` at the same batch size). 1. and 2. alternate in ``--rounds`` slices of
-   ``--seconds`` in all, so both see the same load on a shared machine;
+   ``--workers`` as given; with ``--ray`` a ``serve --ray`` one too, both up for the whole run):
+   latency one request at a time (p50; minus 1.'s p50 = the added latency per request; the
+   server's own ``Server-Timing`` stages split it into body, decode, queue, batch and reply, and
+   say whether it ran inline on an idle device), then throughput with ``--concurrency``
+   keep-alive clients spread over ``--client-procs`` processes (images/s, p50/p99, 503s, the
+   server's CPU time per image, and the ratio to 1.'s ``detect_batch`` at the same batch size;
+   with ``--ray`` also Ray's over the embedded server's). 1. and 2. alternate in ``--rounds``
+   slices of ``--seconds`` in all, so all see the same load on a shared machine;
 3. ``--streams`` N copies of a video file through one Fleet (every frame, as fast as the
-   device allows) vs one copy alone: total fps and the ratio; with ``--device-processes`` through
-   one process per device (``detect --device-processes``) instead.
+   device allows) vs one copy alone, and vs one stream's device-bound rate (``detect`` back to
+   back on a decoded frame): total fps and the ratios; with ``--device-processes`` through one
+   process per device (``detect --device-processes``) instead.
 
     python tools/bench_serve.py --size 160 --batch 4 --concurrency 32 --seconds 20 --streams 4
     python tools/bench_serve.py --size 416 --batch 8 --workers 1,2,4,8     # on a GPU host: each in turn
     python tools/bench_serve.py --size 416 --batch 8 --devices all --workers 8
-    python tools/bench_serve.py --size 160 --batch 4 --ray --skip streams  # the same load on Ray Serve
+    python tools/bench_serve.py --size 160 --batch 4 --ray --skip streams  # Ray Serve and embedded, alternating
 
 Prints one line per figure and, with ``--json FILE``, writes them all.
 """
@@ -114,16 +118,22 @@ def content_length(head: bytes) -> int:
 
 
 def server_timing(head: bytes) -> dict:
-    """The Server-Timing durations of one answer (ms by stage)."""
+    """The Server-Timing durations of one answer (ms by stage), and ``inline`` 1.0 when the server
+    ran it on its event loop's thread (an idle device), 0.0 when it went through the batch queue."""
     m = re.search(rb"server-timing: *([^\r]*)", head, re.I)
-    return {k.decode(): float(v) for k, v in re.findall(rb"(\w+);dur=([\d.]+)", m.group(1))} if m else {}
+    if not m:
+        return {}
+    stages = {k.decode(): float(v) for k, v in re.findall(rb"(\w+);dur=([\d.]+)", m.group(1))}
+    stages["inline"] = float(b"path;desc=inline" in m.group(1))
+    return stages
 
 
-def paired_latency(det, client, data: bytes, image: np.ndarray, seconds: float) -> tuple:
-    """detect, decoding the encoded image, and POST /detect one at a time, alternating (same
-    conditions): three lists of ms, and the server's Server-Timing stages of each POST. The
-    POST includes the decode, as a client's request does."""
-    dl, sl, cl, stages = [], [], [], []
+def paired_latency(det, clients: dict, data: bytes, image: np.ndarray, seconds: float) -> tuple:
+    """detect, decoding the encoded image, and POST /detect to each server one at a time, in turn
+    (same conditions): lists of ms for detect and the decode, and per server its list of ms and the
+    Server-Timing stages of each answer. The POST includes the decode, as a client's request does."""
+    dl, cl = [], []
+    per = {k: ([], []) for k in clients}
     buf = np.frombuffer(data, np.uint8)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds or len(dl) < 5:
@@ -133,28 +143,29 @@ def paired_latency(det, client, data: bytes, image: np.ndarray, seconds: float) 
         t = time.perf_counter()
         cv2.imdecode(buf, cv2.IMREAD_COLOR)
         cl.append((time.perf_counter() - t) * 1000)
-        if client is not None:
+        for k, client in clients.items():
             t = time.perf_counter()
             status, head, body = client.post("/detect", data)
             assert status == 200, body
-            sl.append((time.perf_counter() - t) * 1000)
-            stages.append(server_timing(head))
-    return dl, sl, cl, stages
+            per[k][0].append((time.perf_counter() - t) * 1000)
+            per[k][1].append(server_timing(head))
+    return dl, cl, per
 
 
-def start_server(args) -> tuple:
+def start_server(args, ray: bool = False) -> tuple:
     port = "0"
-    if args.ray:                             # Ray Serve needs the port named
+    if ray:                                  # Ray Serve needs the port named
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = str(s.getsockname()[1])
     cmd = [sys.executable, "-m", "yolo_cl", "serve", "--port", port, "--max-batch", str(args.batch),
            "--max-queue", str(max(64, 2 * args.concurrency)), "--max-wait-ms", str(args.max_wait_ms)]
     for name, v in (("size", args.size), ("precision", args.precision), ("model", args.model),
-                    ("device", args.device), ("devices", args.devices), ("workers", args.server_workers)):
+                    ("device", args.device), ("devices", args.devices),
+                    ("workers", None if ray else args.server_workers)):
         if v is not None:
             cmd += [f"--{name}", str(v)]
-    if args.ray:
+    if ray:
         cmd.append("--ray")
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     while True:
@@ -257,54 +268,73 @@ def answered_by_worker(url: str) -> list:
     return [int(v) for v in re.findall(r'yolo_cl_requests_total\{code="200"\} (\d+)', text)]
 
 
-def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set) -> dict:
-    """Detector and server measured in alternating rounds, so both see the same machine load."""
-    proc = url = client = pool = None
-    if "serve" not in skip:
-        proc, url = start_server(args)
-        client = RawClient(url)
-        pool = multiprocessing.get_context("spawn").Pool(args.client_procs)
+def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: tuple = ("embedded",)) -> dict:
+    """Detector and the servers of ``kinds`` ("embedded", "ray") measured in alternating rounds, so
+    all see the same machine load. The figures of the first server are at the top level, every
+    server's under its kind; the servers' process trees' CPU time while idle is reported too."""
+    servers, pool = {}, None
     try:
+        if "serve" not in skip:
+            for kind in kinds:
+                proc, url = start_server(args, ray=kind == "ray")
+                servers[kind] = (proc, url, RawClient(url))
+            pool = multiprocessing.get_context("spawn").Pool(args.client_procs)
         det.detect_batch([image] * args.batch)
-        if client is not None:
+        for _, url, _ in servers.values():
             load(pool, args.client_procs, url, data, args.concurrency, 1.0)          # warm-up
         slice_s = args.seconds / args.rounds
-        dn = dt = sn = st = busy = cpu = 0
-        dl, sl, cl, load_lat, stages = [], [], [], [], []
+        dn = dt = dcpu = 0
+        dl, cl = [], []
+        acc = {k: {"n": 0, "t": 0.0, "busy": 0, "cpu": 0.0, "idle_cpu": 0.0, "lat": [], "single": [], "stages": []}
+               for k in servers}
         for _ in range(args.rounds):
+            idle0 = {k: process_cpu_s(p.pid) for k, (p, _, _) in servers.items()}
+            c0 = time.process_time()
             n, t = detector_throughput(det, image, args.batch, slice_s)
-            dn, dt = dn + n, dt + t
-            a, b, c, d = paired_latency(det, client, data, image, slice_s / 2)
+            dn, dt, dcpu = dn + n, dt + t, dcpu + time.process_time() - c0
+            for k, (p, _, _) in servers.items():
+                acc[k]["idle_cpu"] += process_cpu_s(p.pid) - idle0[k]
+            a, c, per = paired_latency(det, {k: cl_ for k, (_, _, cl_) in servers.items()}, data, image, slice_s / 2)
             dl += a
-            sl += b
             cl += c
-            stages += d
-            if client is not None:
+            for k, (single, stages) in per.items():
+                acc[k]["single"] += single
+                acc[k]["stages"] += stages
+            for k, (proc, url, _) in servers.items():
                 c0 = process_cpu_s(proc.pid)
                 n, t, lat, b503 = load(pool, args.client_procs, url, data, args.concurrency, slice_s)
-                cpu += process_cpu_s(proc.pid) - c0
-                sn, st, busy = sn + n, st + t, busy + b503
-                load_lat += lat
+                a_ = acc[k]
+                a_["cpu"] += process_cpu_s(proc.pid) - c0
+                a_["n"], a_["t"], a_["busy"] = a_["n"] + n, a_["t"] + t, a_["busy"] + b503
+                a_["lat"] += lat
         res = {"detect_batch_ips": dn / dt, "detect_p50_ms": statistics.median(dl),
-               "decode_p50_ms": statistics.median(cl)}
-        if client is not None:
-            res.update({"serve_single_p50_ms": statistics.median(sl), "serve_ips": sn / st,
-                        "serve_p50_ms": pct(load_lat, 50), "serve_p99_ms": pct(load_lat, 99), "serve_503": busy,
-                        "concurrency": args.concurrency, "serve_cpu_ms_per_image": 1000 * cpu / max(1, sn),
-                        "serve_single_stages_ms": {k: statistics.median(s.get(k, 0.0) for s in stages)
-                                                   for k in ("body", "decode", "queue", "batch", "reply")},
-                        "serve_single_outside_ms": statistics.median(t - sum(v for k, v in s.items())
-                                                                     for t, s in zip(sl, stages)),
-                        "serve_single_added_ms": statistics.median(t - s.get("batch", 0.0) for t, s in zip(sl, stages))})
-            res["serve_answered_by_worker"] = answered_by_worker(url)
+               "decode_p50_ms": statistics.median(cl), "detect_cpu_ms_per_image": 1000 * dcpu / dn}
+        for k, (_, url, _) in servers.items():
+            a_ = acc[k]
+            sl, stages = a_["single"], a_["stages"]
+            fig = {"serve_single_p50_ms": statistics.median(sl), "serve_ips": a_["n"] / a_["t"],
+                   "serve_p50_ms": pct(a_["lat"], 50), "serve_p99_ms": pct(a_["lat"], 99), "serve_503": a_["busy"],
+                   "concurrency": args.concurrency, "serve_cpu_ms_per_image": 1000 * a_["cpu"] / max(1, a_["n"]),
+                   "serve_idle_cpu_share": a_["idle_cpu"] / dt,          # while detect_batch ran
+                   "serve_single_stages_ms": {s: statistics.median(x.get(s, 0.0) for x in stages)
+                                              for s in ("body", "decode", "queue", "batch", "reply")},
+                   "serve_single_inline_share": sum(x.get("inline", 0) for x in stages) / len(stages),
+                   "serve_single_outside_ms": statistics.median(t - sum(v for n_, v in x.items() if n_ != "inline")
+                                                                for t, x in zip(sl, stages)),
+                   "serve_single_added_ms": statistics.median(t - x.get("batch", 0.0) for t, x in zip(sl, stages)),
+                   "serve_answered_by_worker": [] if k == "ray" else answered_by_worker(url)}
+            res.setdefault("servers", {})[k] = fig
+        if servers:
+            res.update(res["servers"][kinds[0]])
         return res
     finally:
-        if client is not None:
+        for proc, _, client in servers.values():
             client.close()
-            pool.terminate()
-        if proc is not None:
             proc.terminate()
-            proc.wait(60)
+        if pool is not None:
+            pool.terminate()
+        for proc, _, _ in servers.values():
+            proc.wait(120)
 
 
 def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = None) -> dict:
@@ -321,30 +351,72 @@ def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = N
     run(1)                                  # warm-up: compile and cache
     one = run(1)
     many = run(n)
-    return {"stream_1_fps": one, f"streams_{n}_total_fps": many, "streams_ratio": many / one, "streams": n}
+    bound = device_bound_fps(dets[0], clip)
+    return {"stream_1_fps": one, f"streams_{n}_total_fps": many, "streams_ratio": many / one, "streams": n,
+            "stream_device_bound_fps": bound, "streams_over_device_bound": many / bound}
+
+
+def device_bound_fps(det, clip: Path, seconds: float = 3.0) -> float:
+    """One stream's device-bound rate: ``Detector.detect`` back to back on a frame of ``clip``,
+    already decoded (what N streams together are held against)."""
+    cap = cv2.VideoCapture(str(clip))
+    ok, frame = cap.read()
+    cap.release()
+    if not ok:
+        raise SystemExit(f"{clip}: cannot read a frame")
+    det.detect(frame)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        det.detect(frame)
+        n += 1
+    return n / (time.perf_counter() - t0)
 
 
 def print_requests(res: dict, args, workers, devices: int, skip: set) -> None:
-    """The request figures of one server configuration, one line each."""
-    print(f"detect_batch x{args.batch}: {res['detect_batch_ips']:.1f} img/s; detect p50 "
-          f"{res['detect_p50_ms']:.2f} ms (device 0)")
+    """The request figures of one run, one line each: the Detector, then each server."""
+    print(f"detect_batch x{args.batch}: {res['detect_batch_ips']:.1f} img/s ({res['detect_cpu_ms_per_image']:.1f} ms "
+          f"of this process's CPU per image); detect p50 {res['detect_p50_ms']:.2f} ms (device 0); cv2.imdecode of "
+          f"the request p50 {res['decode_p50_ms']:.2f} ms")
     if "serve" in skip:
         return
-    st = res["serve_single_stages_ms"]
-    print(f"POST /detect one at a time: p50 {res['serve_single_p50_ms']:.2f} ms "
-          f"(+{res['serve_single_p50_ms'] - res['detect_p50_ms']:.2f} ms over detect, of which "
-          f"{res['decode_p50_ms']:.2f} ms decoding the JPEG; measured alternately); in the server (p50 ms): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in st.items())
-          + f"; outside it (HTTP, client, scheduling) {res['serve_single_outside_ms']:.2f}; all but the batch "
-          f"{res['serve_single_added_ms']:.2f}")
-    res["serve_ratio"] = res["serve_ips"] / res["detect_batch_ips"]
-    print(f"POST /detect x{args.concurrency} clients ({args.client_procs} client processes), "
-          f"{workers or 'default'} workers, max batch {args.batch}: {res['serve_ips']:.1f} img/s, "
-          f"p50 {res['serve_p50_ms']:.1f} ms, p99 {res['serve_p99_ms']:.1f} ms, {res['serve_503']} answered 503, "
-          f"server CPU {res['serve_cpu_ms_per_image']:.1f} ms/image; {res['serve_ratio']:.2f} x detect_batch "
-          f"x{args.batch} of one device" + (f" ({res['serve_ratio'] / devices:.2f} x per device)"
-                                             if devices > 1 else ""))
-    print(f"answers per server worker (whole run): {res['serve_answered_by_worker']}")
+    print(f"server stack: {http_stack()}")
+    for kind, fig in res["servers"].items():
+        name = "Ray Serve" if kind == "ray" else f"embedded, {workers or 'default'} workers"
+        single = fig["serve_single_p50_ms"]
+        line = (f"[{name}] POST /detect one at a time: p50 {single:.2f} ms (+{single - res['detect_p50_ms']:.2f} ms "
+                f"over detect, measured alternately")
+        if kind == "ray":
+            print(line + ")")
+        else:
+            st = fig["serve_single_stages_ms"]
+            print(line + f"); in the server (p50 ms): " + ", ".join(f"{k} {v:.2f}" for k, v in st.items())
+                  + f"; outside it (HTTP, client, scheduling) {fig['serve_single_outside_ms']:.2f}; "
+                  f"{100 * fig['serve_single_inline_share']:.0f}% ran inline")
+            print(f"[{name}] added latency at low load, all but the batch: {fig['serve_single_added_ms']:.2f} ms = "
+                  f"decode {st['decode']:.2f} + the rest {fig['serve_single_added_ms'] - st['decode']:.2f} "
+                  f"(target: <= 2 ms over Detector.detect)")
+        fig["serve_ratio"] = fig["serve_ips"] / res["detect_batch_ips"]
+        print(f"[{name}] POST /detect x{args.concurrency} clients ({args.client_procs} client processes), max batch "
+              f"{args.batch}: {fig['serve_ips']:.1f} img/s, p50 {fig['serve_p50_ms']:.1f} ms, p99 "
+              f"{fig['serve_p99_ms']:.1f} ms, {fig['serve_503']} answered 503, server CPU "
+              f"{fig['serve_cpu_ms_per_image']:.1f} ms/image (idle: {100 * fig['serve_idle_cpu_share']:.0f}% of a core); "
+              f"{fig['serve_ratio']:.2f} x detect_batch x{args.batch} of one device"
+              + (f" ({fig['serve_ratio'] / devices:.2f} x per device)" if devices > 1 else "") + " (target: >= 0.8)")
+        if fig["serve_answered_by_worker"]:
+            print(f"[{name}] answers per server worker (whole run): {fig['serve_answered_by_worker']}")
+    if "ray" in res["servers"] and "embedded" in res["servers"]:
+        ray_, emb = res["servers"]["ray"], res["servers"]["embedded"]
+        res["ray_over_embedded"] = ray_["serve_ips"] / emb["serve_ips"]
+        print(f"Ray Serve / embedded under the same load: {res['ray_over_embedded']:.2f} x (target: >= 0.8)")
+
+
+def http_stack() -> str:
+    """uvicorn's version and the HTTP parser and event loop it picks here ("auto")."""
+    import importlib.util
+    import uvicorn
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"uvicorn {uvicorn.__version__}, {http}, {loop}"
 
 
 def main() -> None:
@@ -368,7 +440,8 @@ def main() -> None:
                     help="streams: one process per device (detect --device-processes) instead of one Fleet")
     ap.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
     ap.add_argument("--clip", type=Path, default=DEFAULT_CLIP)
-    ap.add_argument("--ray", action="store_true", help="benchmark the server on Ray Serve (serve --ray)")
+    ap.add_argument("--ray", action="store_true",
+                    help="also Ray Serve (serve --ray), alternating with the embedded server in every round")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: detector,serve,streams")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
@@ -386,9 +459,10 @@ def main() -> None:
            "devices": len(dets), "commit": _commit()}
     if not {"detector", "serve"} <= skip:
         runs = []
+        kinds = ("embedded", "ray") if args.ray else ("embedded",)
         for workers in args.workers or [None]:          # each server alternates with its own detect_batch
             args.server_workers = workers
-            run = bench_requests(args, dets[0], image, data, skip)
+            run = bench_requests(args, dets[0], image, data, skip, kinds)
             print_requests(run, args, workers, len(dets), skip)
             runs.append(dict(run, workers=workers))
         res.update(runs[0])
@@ -399,7 +473,9 @@ def main() -> None:
                                  (dict(cfg=model, **opts), specs) if args.device_processes else None))
         print(f"streams ({'one process per device' if args.device_processes else 'one Fleet'}): 1 alone "
               f"{res['stream_1_fps']:.1f} fps; {args.streams} together "
-              f"{res[f'streams_{args.streams}_total_fps']:.1f} fps total ({res['streams_ratio']:.2f} x)")
+              f"{res[f'streams_{args.streams}_total_fps']:.1f} fps total ({res['streams_ratio']:.2f} x one alone, "
+              f"{res['streams_over_device_bound']:.2f} x one stream's device-bound rate, detect back to back on a "
+              f"decoded frame: {res['stream_device_bound_fps']:.1f} fps; target: >= 0.9)")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
 
