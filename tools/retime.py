@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Re-time a network's stored conv configs against alternatives, and keep the faster.
+
+A full re-tune searches every shape again (tens of minutes); when something changes the picture
+-- a new schedule option, or entries tuned on a loaded machine -- this times, for every conv of
+the networks whose config comes from the tuning database, the stored config against each
+``--variants`` alternative, every one first checked against NumPy with the precision's gate, and
+writes the faster per shape key (by at least ``--margin``) into a tuning file (``--out``, default
+the user database). Variants:
+
+  ``heuristic``  the config the heuristic would pick for that conv (any family);
+  ``gather:G``   for the tensor-core family's implicit convs, the stored config with the implicit
+                 B gather ``GA`` G (``ST`` raised to 2, which the gathers need);
+  ``wg:N``       for the CPU family, the stored config with work-groups of N items (``WG``; 0 lets
+                 the driver choose, which on PoCL can leave a core idle: a config tuned by CPU
+                 time never sees that, the events clock does).
+
+    python3 tools/retime.py yolov3 yolov4 --size 416 --precision fp16 --variants gather:1 --out $OUT/r.yaml
+    python tools/retime.py yolov3 --size 416 --variants heuristic --out configs/pocl-cpu.yaml
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+from yolo_cl.bench import random_params
+from yolo_cl.kernels.conv import heuristic_config
+from yolo_cl.kernels.family import tuning_database
+from yolo_cl.kernels.gemm_mma import mode_for
+from yolo_cl.model import load_model
+from yolo_cl.precision import precision_named
+from yolo_cl.runtime import Runtime
+from yolo_cl.tuner import ConvBench
+from yolo_cl.tuning_db import shape_key
+
+
+def variant(name: str, node, cfg: dict, rt, precision, mma: str) -> Optional[dict]:
+    """The alternative ``name`` to stored ``cfg`` for ``node``, or None where it does not apply."""
+    if name == "heuristic":
+        h = heuristic_config(node, rt, 1, precision, mma)
+        return None if h == cfg else h
+    if name.startswith("gather:"):
+        if cfg.get("family") != "mma" or cfg.get("algo") != "implicit":
+            return None
+        return {**cfg, "GA": int(name.split(":")[1]), "ST": max(int(cfg.get("ST", 1)), 2)}
+    if name.startswith("wg:"):
+        wg = int(name.split(":")[1])
+        return None if cfg.get("family") != "cpu" or int(cfg.get("WG", 0)) == wg else {**cfg, "WG": wg}
+    raise SystemExit(f"retime: unknown variant '{name}' (heuristic, gather:G, wg:N)")
+
+
+def retime(models: list, size: int, precision_name: str, variants: list, reps: int, margin: float,
+           clock: str) -> tuple:
+    """(entries {shape key: config + ms}, report lines, the database)."""
+    rt = Runtime(None, profiling=True)
+    precision = precision_named(precision_name)
+    mma = mode_for(rt, precision)
+    db = tuning_database(rt, precision, mma)
+    entries, lines, seen = {}, [], set()
+    for model in models:
+        graph = load_model(model, None, size, params="optional", make_params=random_params).graph
+        for node in graph.nodes:
+            if node.op != "conv":
+                continue
+            key, cfg = shape_key(node, 1), db.lookup(node, 1)
+            if key in seen or not cfg:
+                continue
+            seen.add(key)
+            alts = {v: variant(v, node, cfg, rt, precision, mma) for v in variants}
+            alts = {v: c for v, c in alts.items() if c is not None}
+            if not alts:
+                continue
+            bench = ConvBench(rt, node, 1, precision, rt.queue, seed=1, mma=mma)
+            timed = {}
+            for name, c in [("stored", cfg)] + list(alts.items()):
+                try:
+                    launches = bench.bind(c)
+                    err = bench.check(launches)
+                except Exception as e:     # noqa: BLE001 - a variant that does not build: not a candidate
+                    lines.append(f"{key}: {name} failed: {str(e).splitlines()[0][:120]}")
+                    continue
+                if not err <= precision.tolerance:
+                    lines.append(f"{key}: {name} rejected, relative error {err:.2e}")
+                    continue
+                timed[name] = (bench.time(launches, reps, clock), c)
+            if "stored" not in timed:
+                continue
+            best = min(timed, key=lambda n: timed[n][0])
+            base = timed["stored"][0]
+            lines.append(f"{model} {key}: stored {base:.4f} ms; " +
+                         ", ".join(f"{n} {t:.4f}" for n, (t, _) in timed.items() if n != "stored"))
+            if best != "stored" and timed[best][0] < base * (1 - margin):
+                ms, c = timed[best]
+                entries[key] = {**c, "ms": round(ms, 4), "gflops": round(node.flops / (ms * 1e6), 2)}
+    return entries, lines, db
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--size", type=int, default=416)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--variants", default="heuristic", help="comma-separated: heuristic, gather:G, wg:N")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--clock", default="events", choices=("events", "cpu"))
+    ap.add_argument("--margin", type=float, default=0.03, help="keep a variant only this much faster")
+    ap.add_argument("--out", default="", help="tuning file to write (default: the user database)")
+    a = ap.parse_args(argv)
+    entries, lines, db = retime(a.models, a.size, a.precision, a.variants.split(","), a.reps, a.margin, a.clock)
+    for line in lines:
+        print(line, flush=True)
+    if entries:
+        path = db.record(entries, a.out or None)
+        print(f"{len(entries)} shapes re-timed faster, written to {path}")
+    else:
+        print("no variant faster by the margin: nothing written")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
