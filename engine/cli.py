@@ -168,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--budget", type=float, metavar="SECONDS", help="stop starting new shapes after this long")
     t.add_argument("--db", metavar="FILE", help="database file to write (default: the user cache)")
     t.add_argument("--clock", choices=("events", "cpu"), default="events",
-                   help="events: OpenCL profiling (default); cpu: process CPU time per compute unit, for a CPU "
-                        "device on a machine busy with other work")
+                   help="events: OpenCL profiling (default); cpu: the busiest thread's CPU time (at least the "
+                        "process's per compute unit), for a CPU device on a machine busy with other work")
     t.add_argument("--exhaustive", action="store_true", help="time every legal candidate (slow; the baseline)")
     t.add_argument("--jobs", type=_positive, help="compile this many candidates at once (default: CPUs, at most 16)")
     t.add_argument("--plot", metavar="PNG", help="draw each shape's search (every timing, the best so far) into PNG")

@@ -292,6 +292,38 @@ def test_event_timing_discards_the_warm_up_and_waits_once():
     assert len(finishes) == 1
 
 
+SPIN = """__kernel void spin(__global float* out, const int n) {
+    float x = (float)get_global_id(0);
+    for (int i = 0; i < n; ++i) x = x * 0.999999f + 1.0f;
+    out[get_global_id(0)] = x;
+}"""
+
+
+def test_cpu_clock_sees_a_core_left_idle(rt):
+    """The ``cpu`` clock charges a launch the on-CPU time of the busiest thread: one work-item
+    (one core busy, the others idle) costs about its wall time, not that time divided by the
+    compute units as the process's CPU time alone said; work spread over every core costs about
+    its share. Needs Linux's per-thread schedstat, as the clock does."""
+    from yolo_cl.measure import thread_cpu_ns, time_launches
+    units = int(rt.device.max_compute_units)
+    if units < 2 or not thread_cpu_ns():
+        pytest.fail("this test needs a CPU device of at least 2 compute units on Linux")
+    cl = rt.cl
+    prg = cl.Program(rt.context, SPIN).build()
+    out = rt.alloc(4 * 64 * units, "spin out")
+    one, spread = cl.Kernel(prg, "spin"), cl.Kernel(prg, "spin")
+    n = 1 << 22
+    one.set_args(out, np.int32(n))
+    spread.set_args(out, np.int32(n // (16 * units)))          # the same work over 16 items a core
+    launch = types.SimpleNamespace
+    lone = [launch(kernel=one, gsize=(1,), lsize=(1,))]
+    wide = [launch(kernel=spread, gsize=(16 * units,), lsize=(1,))]
+    q = cl.CommandQueue(rt.context, rt.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    wall = time_launches(rt, q, lone, 3, "events")
+    assert time_launches(rt, q, lone, 3, "cpu") > 0.7 * wall
+    assert time_launches(rt, q, wide, 3, "cpu") < 0.8 * wall
+
+
 def test_fp16_gate(rt, tmp_path):
     """Half storage: no F(4x4) candidates, and real kernels land between the fp32 and fp16 gates."""
     nodes = convs(tmp_path, 12, 12)
