@@ -64,16 +64,22 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_w, float4, as_int4, as_float4)
 #endif
 YC_DEFINE_WINO_TRANSFORMS(yc_bt, yc_at, float)
 
+/* u = B^T d B (BT: a tile's input transform, WT x WT -> WT x WT) and y = A^T m A (AT: its output
+ * transform, WT x WT -> WINO_M x WINO_M), through t, for either element type. */
+#define YC_WINO_FORWARD(BT, d, t, u)                                                             \
+    _Pragma("unroll") for (int j = 0; j < WT; ++j) BT((d) + j, WT, (t) + j, WT);      /* t = B^T d */ \
+    _Pragma("unroll") for (int i = 0; i < WT; ++i) BT((t) + i * WT, 1, (u) + i * WT, 1); /* u = t B */
+#define YC_WINO_INVERSE(AT, m, t, y)                                                             \
+    _Pragma("unroll") for (int j = 0; j < WT; ++j) AT((m) + j, WT, (t) + j, WT);      /* t = A^T m */ \
+    _Pragma("unroll") for (int i = 0; i < WINO_M; ++i) AT((t) + i * WT, 1, (y) + i * WINO_M, 1); /* y = t A */
+
 /* The tail of every input transform: u = B^T d B for the WT x WT input tile d, stored as T2
  * planes of C x P (element xi of the tile at base + xi * C * P). */
 inline void yc_wino_tile_store(const float* d, __global dtype* restrict V, const size_t base, const int C,
                                const int P)
 {
     float t[T2], u[T2];
-    #pragma unroll
-    for (int j = 0; j < WT; ++j) yc_bt(d + j, WT, t + j, WT);        /* columns: t = B^T d */
-    #pragma unroll
-    for (int i = 0; i < WT; ++i) yc_bt(t + i * WT, 1, u + i * WT, 1); /* rows: u = t B */
+    YC_WINO_FORWARD(yc_bt, d, t, u)
     #pragma unroll
     for (int xi = 0; xi < T2; ++xi) ST(V, base + (size_t)xi * C * P, u[xi]);
 }
@@ -104,6 +110,14 @@ __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, c
     yc_wino_tile_store(d, V, (size_t)v_off + ((size_t)b * T2 * C + c) * P + p, C, P);
 }
 
+/* yb (and rb with RESIDUAL): image b's base in the output view (and the residual's). */
+#ifdef RESIDUAL
+#define YC_WINO_OUT_BASES                                                                        \
+    const size_t yb = (size_t)y_off + (size_t)b * y_bstride, rb = (size_t)r_off + (size_t)b * r_bstride;
+#else
+#define YC_WINO_OUT_BASES const size_t yb = (size_t)y_off + (size_t)b * y_bstride;
+#endif
+
 /* Global size (P, F, batch): one work-item per (tile, filter, image). */
 __kernel void yc_wino_output(__global const dtype* restrict Mt, const int m_off, const int F, const int P,
                              const int TW, __global const float* restrict bias,
@@ -118,14 +132,8 @@ __kernel void yc_wino_output(__global const dtype* restrict Mt, const int m_off,
     float m[T2], t[WINO_M * WT], y[WINO_M * WINO_M];
     #pragma unroll
     for (int xi = 0; xi < T2; ++xi) m[xi] = LD(Mt, base + (size_t)xi * F * P);
-    #pragma unroll
-    for (int j = 0; j < WT; ++j) yc_at(m + j, WT, t + j, WT);            /* columns: t = A^T m */
-    #pragma unroll
-    for (int i = 0; i < WINO_M; ++i) yc_at(t + i * WT, 1, y + i * WINO_M, 1); /* rows: y = t A */
-    const size_t yb = (size_t)y_off + (size_t)b * y_bstride;
-#ifdef RESIDUAL
-    const size_t rb = (size_t)r_off + (size_t)b * r_bstride;
-#endif
+    YC_WINO_INVERSE(yc_at, m, t, y)
+    YC_WINO_OUT_BASES
     /* The epilogue a tile row at a time, as one WINO_M-wide vector (the activation vectorises). */
     #pragma unroll
     for (int i = 0; i < WINO_M; ++i) {
@@ -239,10 +247,7 @@ __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off
             YC_STRIDED_LANES(d + i * WT, r, YC_PRIV8, YC_PRIV2)
         }
     }
-    #pragma unroll
-    for (int j = 0; j < WT; ++j) yc_bt_v(d + j, WT, t + j, WT);
-    #pragma unroll
-    for (int i = 0; i < WT; ++i) yc_bt_v(t + i * WT, 1, u + i * WT, 1);
+    YC_WINO_FORWARD(yc_bt_v, d, t, u)
     const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + ty * TW + tx0;
     #pragma unroll
     for (int xi = 0; xi < T2; ++xi) {
@@ -279,16 +284,10 @@ __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_o
             m[xi] = TV_PACK(l);
         }
     }
-    #pragma unroll
-    for (int j = 0; j < WT; ++j) yc_at_v(m + j, WT, t + j, WT);
-    #pragma unroll
-    for (int i = 0; i < WINO_M; ++i) yc_at_v(t + i * WT, 1, y + i * WINO_M, 1);
+    YC_WINO_INVERSE(yc_at_v, m, t, y)
     const float bf = bias[f];
     const int ox0 = tx0 * WINO_M, nx = min(RUN, OW - ox0);
-    const size_t yb = (size_t)y_off + (size_t)b * y_bstride;
-#ifdef RESIDUAL
-    const size_t rb = (size_t)r_off + (size_t)b * r_bstride;
-#endif
+    YC_WINO_OUT_BASES
     /* The epilogue an output row at a time: column j of the group's tiles is one vector (lane k =
      * tile k); the row's RUN outputs interleave them, o[k * WINO_M + j]. */
     #pragma unroll

@@ -176,6 +176,19 @@ def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):
     assert 1e-5 < rel_err(out, reference(A, B, bias)) < 2e-3
 
 
+def conv_case(rng, mode: str, geom: tuple, batch: int, C: int, H: int, W: int, F: int) -> tuple:
+    """A random conv (input, weights and bias rounded for ``mode``): (x, w, bias, (M, N, K), the
+    implicit geometry ``run_gemm`` takes)."""
+    ks, stride, pad, dil, groups = geom
+    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
+    x = rounded(rng.standard_normal((batch, C, H, W)).astype(np.float32), mode)
+    w = rounded(rng.standard_normal((F, C // groups, ks, ks)).astype(np.float32), mode)
+    bias = rng.standard_normal(F).astype(np.float32)
+    geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
+    return x, w, bias, (F // groups, OH * OW, (C // groups) * ks * ks), geo
+
+
 @pytest.mark.parametrize("mode,geom,st", [("f16", (3, 1, 1, 1, 1), 1), ("tf32", (3, 2, 1, 1, 1), 1),
                                           ("f16", (3, 1, 1, 1, 2), 1), ("tf32", (1, 1, 0, 1, 1), 1),
                                           ("f16", (3, 2, 1, 1, 1), 2), ("tf32", (3, 1, 1, 1, 2), 3)],
@@ -185,13 +198,7 @@ def test_implicit_conv(rt, mode, geom, st):
     ks, stride, pad, dil, groups = geom
     rng = np.random.default_rng(3)
     batch, C, H, W, F = 2, 6, 11, 9, 10
-    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
-    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
-    x = rounded(rng.standard_normal((batch, C, H, W)).astype(np.float32), mode)
-    w = rounded(rng.standard_normal((F, C // groups, ks, ks)).astype(np.float32), mode)
-    bias = rng.standard_normal(F).astype(np.float32)
-    M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
-    geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
+    x, w, bias, (M, N, K), geo = conv_case(rng, mode, geom, batch, C, H, W, F)
     cfg = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=st)
     out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo)
     ref = conv_reference(x, w, bias, stride, pad, dil, groups)
@@ -231,16 +238,11 @@ def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
     C, H, W, F = shape
     rng = np.random.default_rng(11)
     batch = 2
-    OH = (H + 2 * pad - dil * (ks - 1) - 1) // stride + 1
-    OW = (W + 2 * pad - dil * (ks - 1) - 1) // stride + 1
-    x = rounded(rng.standard_normal((batch, C, H, W)).astype(np.float32), mode)
-    w = rounded(rng.standard_normal((F, C // groups, ks, ks)).astype(np.float32), mode)
-    bias = rng.standard_normal(F).astype(np.float32)
-    M, N, K = F // groups, OH * OW, (C // groups) * ks * ks
+    x, w, bias, (M, N, K), geo = conv_case(rng, mode, geom, batch, C, H, W, F)
+    OH, OW = geo["OH"], geo["OW"]
     assert gm.why_illegal(cfg, M, N, K, mode, implicit=True) is None
     assert gm.aligned_gather(cfg, C * H * W, (C // groups) * H * W) == cfg     # GA 3 runs as GA 3 here
     R = rounded(rng.standard_normal((batch, F, OH, OW)).astype(np.float32), mode)
-    geo = dict(x=x.shape, KS=ks, SX=stride, SY=stride, PAD=pad, DIL=dil, OH=OH, OW=OW)
     out = run_gemm(rt, cfg, mode, w.reshape(groups, M, K), x, bias, implicit=geo, residual=R.reshape(batch, groups, M, N),
                    act=LEAKY, act2=LEAKY, c_pad=(3, 2))
     ref = conv_reference(x, w, bias, stride, pad, dil, groups)
