@@ -90,10 +90,10 @@ def check_image_header(data: bytes, max_pixels: int) -> tuple:
     return w, h
 
 
-def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
-    """Decode an uploaded image after checking its header's size; ImageError (-> 4xx) otherwise."""
+def decode_image(data: bytes) -> np.ndarray:
+    """Decode an uploaded image whose header ``check_image_header`` passed; ImageError (-> 400)
+    if it is truncated or corrupt."""
     import cv2
-    check_image_header(data, max_pixels)
     try:
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     except cv2.error:
@@ -336,9 +336,9 @@ async def decode_body(body: bytes, limits: Limits, inline: bool = False) -> np.n
     try:
         w, h = check_image_header(body, limits.max_pixels)
         if inline and w * h <= INLINE_PIXELS:
-            return decode_image(body, limits.max_pixels)
+            return decode_image(body)
         # asyncio's own pool: anyio's (run_in_threadpool) scans every task of the loop per call
-        return await asyncio.to_thread(decode_image, body, limits.max_pixels)
+        return await asyncio.to_thread(decode_image, body)
     except ImageError as e:
         raise HTTPException(http_status(e), str(e)) from None
 

@@ -14,20 +14,19 @@ from . import BindContext, Launch, i32
 from ..graph import Node
 
 
-def wino_input(ctx: BindContext, node: Node, m: int, v_off: int, tw: int, P: int, vt: int = 1) -> Launch:
+def wino_input(ctx: BindContext, node: Node, m: int, v_off: int, tw: int, P: int, vt: int = 1,
+               groups: int = 0) -> Launch:
     """The input transform of Winograd conv ``node`` into the workspace at ``v_off``: the plain
-    ``yc_wino_input`` (``yc_wino_input_vt`` with ``vt`` tiles a work-item), or
-    ``yc_wino_input_fused`` where the node reads through folded layers (the launch's
-    ``config["through"]`` then names their ops)."""
+    ``yc_wino_input`` (``yc_wino_input_vt`` with ``vt`` tiles a work-item, over ``groups`` tile
+    groups: ``winograd.tile_groups``), or ``yc_wino_input_fused`` where the node reads through
+    folded layers (the launch's ``config["through"]`` then names their ops)."""
     x = node.inputs[0]
     C = node.attrs["in_c"]
     head = ctx.view(x) + i32(C, x.h, x.w) + [ctx.workspace] + i32(v_off, tw, P, node.attrs["pad"])
     srcs = (node.attrs.get("read_through") or []) if ctx.fold else []
     if not srcs and vt > 1:
         k = ctx.kernel("winograd.cl", "yc_wino_input_vt", ctx.defines(WINO_M=m, WINO_VT=vt), head)
-        groups = P // tw * -(-tw // vt)              # winograd.tile_groups: vt tiles of a tile row each
-        return Launch(k, (groups, C, ctx.batch), None, node, "wino_input",
-                      {"m": m, "vt": vt})
+        return Launch(k, (groups, C, ctx.batch), None, node, "wino_input", {"m": m, "vt": vt})
     if not srcs:
         k = ctx.kernel("winograd.cl", "yc_wino_input", ctx.defines(WINO_M=m), head)
         return Launch(k, (P, C, ctx.batch), None, node, "wino_input", {"m": m})

@@ -402,8 +402,9 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if algo not in ALGOS or (algo == "gemm1x1" and not is_pointwise(node)):
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the mma family")
     lim = device_limits(ctx.rt)
-    if algo == "implicit" and why_illegal(forced_gather(cfg, mode), M, N, K, mode, True, lim) is None:
-        cfg = forced_gather(cfg, mode)
+    forced = forced_gather(cfg, mode) if algo == "implicit" else cfg
+    if forced is not cfg and why_illegal(forced, M, N, K, mode, True, lim) is None:
+        cfg = forced
     reason = why_illegal(cfg, M, N, K, mode, algo == "implicit", lim)
     if reason is not None:
         raise YoloClError(f"mma GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}")

@@ -111,7 +111,8 @@ def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm, vt
     tw = tile_grid(node, m)[1]
     B, ws = ctx.batch, ctx.scratch(workspace_elems(node, ctx.batch, m) * ctx.itemsize)
     v_off, m_off = 0, B * t2 * C * P
-    launches = [fused.wino_input(ctx, node, m, v_off, tw, P, vt)]   # through a folded maxpool/upsample if marked
+    groups = tile_groups(node, m, vt)
+    launches = [fused.wino_input(ctx, node, m, v_off, tw, P, vt, groups)]   # through a folded maxpool/upsample if marked
     gargs = [wts["A"], wts["bias"], ws] + i32(v_off, t2 * C * P, C * P, P) + [ws] + i32(m_off, t2 * M * P, P) + \
         [ws, np.int32(0), np.int32(0)] + i32(M, P, C, t2)
     launches.append(gemm(gargs))
@@ -122,6 +123,6 @@ def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm, vt
     if vt > 1:
         od["WINO_VT"] = vt
     k_out = ctx.kernel("winograd.cl", "yc_wino_output_vt" if vt > 1 else "yc_wino_output", od, oargs)
-    launches.append(Launch(k_out, (tile_groups(node, m, vt), M, B), None, node, "wino_output",
+    launches.append(Launch(k_out, (groups, M, B), None, node, "wino_output",
                            {"m": m, "vt": vt} if vt > 1 else {"m": m}))
     return launches
