@@ -1,8 +1,11 @@
 """What both GEMM families' tests share: the float64 references (GEMM and direct convolution),
 the error measure, B's kernel arguments (a matrix, or a conv input gathered implicitly), and C as a
 NaN-poisoned slice of a larger tensor (as when a conv writes into a concat), read back with a
-check that nothing outside the slice was written."""
+check that nothing outside the slice was written; and a runner for small kernels of ``cl/common.h``'s
+functions, element by element against NumPy."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -97,3 +100,17 @@ class SlicedC:
         end = self.before + G * M
         assert np.isnan(out[:, :self.before]).all() and np.isnan(out[:, end:]).all(), "wrote outside its slice"
         return out[:, self.before:end].reshape(self.shape)
+
+
+def run_common_kernel(rt, src: str, x: np.ndarray, outputs: int = 2) -> list:
+    """Build ``src`` (whose ``__kernel void k(x, out0, out1, ...)`` may use ``cl/common.h``), run
+    it over float32 ``x`` one work-item per element, and return its ``outputs`` float32 arrays."""
+    cl_dir = os.path.join(os.path.dirname(__file__), "..", "cl")
+    prg = rt.cl.Program(rt.context, src).build(options=f"-I{cl_dir}")
+    bufs = [rt.upload(x, "x")] + [rt.alloc(x.nbytes, f"out{i}") for i in range(outputs)]
+    prg.k(rt.queue, x.shape, None, *bufs)
+    outs = [np.empty_like(x) for _ in range(outputs)]
+    for o, b in zip(outs, bufs[1:]):
+        rt.cl.enqueue_copy(rt.queue, o, b)
+    rt.queue.finish()
+    return outs

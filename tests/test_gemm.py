@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gemm_ref import LEAKY, LINEAR, LOGISTIC, MISH, RELU, SlicedC, reference, rel_err
+from gemm_ref import LEAKY, LINEAR, LOGISTIC, MISH, RELU, SlicedC, reference, rel_err, run_common_kernel
 from tiny_cfgs import conv, net_header, shortcut
 from tiny_graphs import conv_nodes
 from yolo_cl.kernels import gemm_cpu as gc
@@ -126,18 +126,11 @@ def test_exp_and_mish_functions(rt):
     """common.h's yc_exp (plain-arithmetic exp) and yc_mish against float64 over [-100, 100]:
     exp within 2e-7 relative where it is not clamped, mish within 2e-6 of Darknet's formula
     (softplus threshold 20: x above it, exp(x) below -20) where it is not tiny."""
-    import os
     src = ('#include "common.h"\n__kernel void k(__global const float* x, __global float* e, __global float* m)'
            '{ const int i = get_global_id(0); e[i] = yc_exp(x[i]); m[i] = yc_mish(x[i]); }')
-    prg = rt.cl.Program(rt.context, src).build(options=f"-I{os.path.join(os.path.dirname(__file__), '..', 'cl')}")
     x = np.concatenate([np.linspace(-100, 100, 20001), np.random.default_rng(1).standard_normal(20000) * 8])
     x = x.astype(np.float32)
-    bufs = [rt.upload(x, "x"), rt.alloc(x.nbytes, "exp"), rt.alloc(x.nbytes, "mish")]
-    prg.k(rt.queue, x.shape, None, *bufs)
-    e, m = np.empty_like(x), np.empty_like(x)
-    rt.cl.enqueue_copy(rt.queue, e, bufs[1])
-    rt.cl.enqueue_copy(rt.queue, m, bufs[2])
-    rt.queue.finish()
+    e, m = run_common_kernel(rt, src, x)
     xd = x.astype(np.float64)
     inside = (xd > -87) & (xd < 88)
     ref_e = np.exp(xd[inside])

@@ -10,12 +10,12 @@ the switch every kernel is built with the defines it had before.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 
 import numpy as np
 import pytest
 
+from gemm_ref import run_common_kernel
 from tiny_cfgs import conv, maxpool, net_header, route, shortcut, upsample, yolo
 from tiny_graphs import TINY_TILE, FixedTuning, conv_nodes, graph_of, local_pick, write_model
 from yolo_cl.errors import YoloClError
@@ -51,7 +51,6 @@ def test_hround_matches_numpy(rt):
            '__kernel void k(__global const float* x, __global float* s, __global float* v)'
            '{ const int i = get_global_id(0); s[i] = yc_hround(x[i]);'
            '  if (i % 8 == 0) vstore8(yc_hround8(vload8(0, x + i)), 0, v + i); }')
-    prg = rt.cl.Program(rt.context, src).build(options=f"-I{os.path.join(os.path.dirname(__file__), '..', 'cl')}")
     rng = np.random.default_rng(3)
     h = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)   # every finite half >= 0
     ties = (h[:-1] + h[1:]) / 2                                                       # the midpoints: ties
@@ -59,12 +58,7 @@ def test_hround_matches_numpy(rt):
                         rng.standard_normal(20000) * 10.0 ** rng.integers(-9, 6, 20000),
                         [65504, 65519.99, 65520, 1e6, -1e6, np.inf, -np.inf, np.nan, 2.0 ** -25, 2.0 ** -26]])
     x = np.concatenate([x, np.zeros(-len(x) % 8)]).astype(np.float32)
-    bufs = [rt.upload(x, "x"), rt.alloc(x.nbytes, "s"), rt.alloc(x.nbytes, "v")]
-    prg.k(rt.queue, x.shape, None, *bufs)
-    s, v = np.empty_like(x), np.empty_like(x)
-    rt.cl.enqueue_copy(rt.queue, s, bufs[1])
-    rt.cl.enqueue_copy(rt.queue, v, bufs[2])
-    rt.queue.finish()
+    s, v = run_common_kernel(rt, src, x)
     with np.errstate(over="ignore"):
         ref = x.astype(np.float16).astype(np.float32)
     np.testing.assert_array_equal(s, ref)
