@@ -14,6 +14,10 @@
 #           instruction, then tools/mma_gather_ab.py: yolov3 416 fp16 device time per 3x3 conv with the
 #           tuned configs and with each implicit gather forced (YOLO_CL_MMA_GATHER=0..3, ST >= 2), in
 #           one process, $GATHER_SETTINGS (default tuned,0,1,2,3); output in $OUT/gather.txt
+#   retime  (under 8 minutes) a batched size, default yolov3 608 batch 8 fp16 ($RT_MODEL $RT_SIZE
+#           $RT_BATCH $RT_PREC): yolo-cl bench before, tools/retime.py --untuned over $RT_VARIANTS (large
+#           tiles by default) into the user database, yolo-cl bench after, the PyTorch peer at the same
+#           size and batch, and tools/bench_host.py's wall / device; outputs in $OUT/retime-*.txt
 # SPLIT_SUM=kernel runs the phases with the in-kernel split-K sum (YOLO_CL_MMA_SPLIT_SUM=kernel),
 # unless its tests fail first. The user tuning database the tune phases write ($YOLO_CL_CACHE/tuning.yaml) is copied to $OUT;
 # RESUME=FILE (a carried earlier one, e.g. .bench/tuning-h100.yaml) starts from it: its shapes are kept, the rest tuned.
@@ -79,5 +83,29 @@ if has gather; then
   timeout 170 python3 tools/mma_gather_ab.py yolov3 --size 416 --precision fp16 --repeat 20 \
     --settings "${GATHER_SETTINGS:-tuned,0,1,2,3}" > "$OUT/gather.txt" 2>&1
   tail -n 60 "$OUT/gather.txt"
+fi
+if has retime; then
+  m=${RT_MODEL:-yolov3} sz=${RT_SIZE:-608} bt=${RT_BATCH:-8} pr=${RT_PREC:-fp16}
+  v=${RT_VARIANTS:-set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2,set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2/GA=1,set:MWG=128/NWG=64/KWG=32/WM=2/WN=2/ST=2/GA=1,set:MWG=64/NWG=128/KWG=32/WM=2/WN=2/ST=2/GA=1,set:MWG=128/NWG=128/KWG=16/WM=2/WN=2/ST=3/GA=1}
+  rbench() {   # TAG
+    timeout 90 python3 -m yolo_cl bench "$m" --size "$sz" --batch "$bt" --precision "$pr" --repeat 10 --peak 63600 \
+      > "$OUT/retime-bench-$1.txt" 2>&1
+    grep -h "device time\|end to end\|launches per" "$OUT/retime-bench-$1.txt"
+  }
+  echo "== retime: bench before ($(date +%T))"; rbench before
+  echo "== retime ($(date +%T))"
+  timeout 300 python3 tools/retime.py "$m" --size "$sz" --batch "$bt" --precision "$pr" --untuned --reps 10 \
+    --variants "$v" > "$OUT/retime.txt" 2>&1
+  tail -n 30 "$OUT/retime.txt"
+  cp "$YOLO_CL_CACHE/tuning.yaml" "$OUT/tuning.yaml" 2>/dev/null
+  echo "== retime: bench after ($(date +%T))"; rbench after
+  echo "== retime: torch ($(date +%T))"
+  python3 .bench/make_weights.py models/cfg/$m.cfg /tmp/w/$m.weights > /dev/null
+  timeout 120 python3 .bench/torch_darknet.py bench "$OUT/retime-torch.json" "x:models/cfg/$m.cfg:/tmp/w/$m.weights:$sz:$bt" \
+    > "$OUT/retime-torch.log" 2>&1
+  tail -n 6 "$OUT/retime-torch.log"
+  echo "== retime: host ($(date +%T))"
+  timeout 90 python3 tools/bench_host.py --models "$m:$sz:$bt" --precision "$pr" --reps 20 --video "" > "$OUT/retime-host.txt" 2>&1
+  tail -n 12 "$OUT/retime-host.txt"
 fi
 echo "== done ($(date +%T))"

@@ -13,10 +13,18 @@ the user database). Variants:
                  B gather ``GA`` G (``ST`` raised to 2, which the gathers need);
   ``wg:N``       for the CPU family, the stored config with work-groups of N items (``WG``; 0 lets
                  the driver choose, which on PoCL can leave a core idle: a config tuned by CPU
-                 time never sees that, the events clock does).
+                 time never sees that, the events clock does);
+  ``set:K=V/K=V`` the stored config with those tunables set (the tensor-core family's ``GA`` only
+                 where the conv is implicit; ``SK`` dropped unless named): e.g. the large tiles
+                 ``set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2`` for batched 608 shapes.
+
+``--untuned`` also times the convs that have no stored entry, against the heuristic's pick as the
+baseline; ``--batch`` times the shapes at that batch (their own keys in the database).
 
     python3 tools/retime.py yolov3 yolov4 --size 416 --precision fp16 --variants gather:1 --out $OUT/r.yaml
     python tools/retime.py yolov3 --size 416 --variants heuristic --out configs/pocl-cpu.yaml
+    python3 tools/retime.py yolov3 --size 608 --batch 8 --precision fp16 --untuned \
+        --variants set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2 --out $OUT/b8.yaml
 """
 from __future__ import annotations
 
@@ -34,11 +42,18 @@ from yolo_cl.tuner import ConvBench
 from yolo_cl.tuning_db import shape_key
 
 
-def variant(name: str, node, cfg: dict, rt, precision, mma: str) -> Optional[dict]:
+def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1) -> Optional[dict]:
     """The alternative ``name`` to stored ``cfg`` for ``node``, or None where it does not apply."""
     if name == "heuristic":
-        h = heuristic_config(node, rt, 1, precision, mma)
+        h = heuristic_config(node, rt, batch, precision, mma)
         return None if h == cfg else h
+    if name.startswith("set:"):
+        sets = dict(kv.split("=", 1) for kv in name[4:].split("/"))
+        c = {k: v for k, v in cfg.items() if k not in ("SK", "SS", "ms", "gflops")}
+        c.update({k: int(v) for k, v in sets.items()})
+        if cfg.get("algo") != "implicit":
+            c.pop("GA", None)
+        return None if c == cfg else c
     if name.startswith("gather:"):
         if cfg.get("family") != "mma" or cfg.get("algo") != "implicit":
             return None
@@ -46,11 +61,11 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str) -> Optional[dic
     if name.startswith("wg:"):
         wg = int(name.split(":")[1])
         return None if cfg.get("family") != "cpu" or int(cfg.get("WG", 0)) == wg else {**cfg, "WG": wg}
-    raise SystemExit(f"retime: unknown variant '{name}' (heuristic, gather:G, wg:N)")
+    raise SystemExit(f"retime: unknown variant '{name}' (heuristic, gather:G, wg:N, set:K=V/...)")
 
 
 def retime(models: list, size: int, precision_name: str, variants: list, reps: int, margin: float,
-           clock: str) -> tuple:
+           clock: str, batch: int = 1, untuned: bool = False) -> tuple:
     """(entries {shape key: config + ms}, report lines, the database)."""
     rt = Runtime(None, profiling=True)
     precision = precision_named(precision_name)
@@ -62,15 +77,17 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
         for node in graph.nodes:
             if node.op != "conv":
                 continue
-            key, cfg = shape_key(node, 1), db.lookup(node, 1)
+            key, cfg = shape_key(node, batch), db.lookup(node, batch)
+            if not cfg and untuned:
+                cfg = heuristic_config(node, rt, batch, precision, mma)
             if key in seen or not cfg:
                 continue
             seen.add(key)
-            alts = {v: variant(v, node, cfg, rt, precision, mma) for v in variants}
+            alts = {v: variant(v, node, cfg, rt, precision, mma, batch) for v in variants}
             alts = {v: c for v, c in alts.items() if c is not None}
             if not alts:
                 continue
-            bench = ConvBench(rt, node, 1, precision, rt.queue, seed=1, mma=mma)
+            bench = ConvBench(rt, node, batch, precision, rt.queue, seed=1, mma=mma)
             timed = {}
             for name, c in [("stored", cfg)] + list(alts.items()):
                 try:
@@ -99,14 +116,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--size", type=int, default=416)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--untuned", action="store_true", help="also time convs without a stored entry (baseline: the heuristic)")
     ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--variants", default="heuristic", help="comma-separated: heuristic, gather:G, wg:N")
+    ap.add_argument("--variants", default="heuristic", help="comma-separated: heuristic, gather:G, wg:N, set:K=V/K=V")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--clock", default="events", choices=("events", "cpu"))
     ap.add_argument("--margin", type=float, default=0.03, help="keep a variant only this much faster")
     ap.add_argument("--out", default="", help="tuning file to write (default: the user database)")
     a = ap.parse_args(argv)
-    entries, lines, db = retime(a.models, a.size, a.precision, a.variants.split(","), a.reps, a.margin, a.clock)
+    entries, lines, db = retime(a.models, a.size, a.precision, a.variants.split(","), a.reps, a.margin, a.clock,
+                                 a.batch, a.untuned)
     for line in lines:
         print(line, flush=True)
     if entries:
