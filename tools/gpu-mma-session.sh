@@ -86,7 +86,7 @@ if has gather; then
 fi
 if has retime; then
   m=${RT_MODEL:-yolov3} sz=${RT_SIZE:-608} bt=${RT_BATCH:-8} pr=${RT_PREC:-fp16}
-  v=${RT_VARIANTS:-set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2,set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2/GA=1,set:MWG=128/NWG=64/KWG=32/WM=2/WN=2/ST=2/GA=1,set:MWG=64/NWG=128/KWG=32/WM=2/WN=2/ST=2/GA=1,set:MWG=128/NWG=128/KWG=16/WM=2/WN=2/ST=3/GA=1}
+  v=${RT_VARIANTS:-set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2,set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2/GA=1,set:MWG=128/NWG=64/KWG=32/WM=2/WN=2/ST=2/GA=1,set:MWG=64/NWG=128/KWG=32/WM=2/WN=2/ST=2/GA=1,set:MWG=128/NWG=128/KWG=16/WM=2/WN=2/ST=3/GA=1,set:MWG=256/NWG=128/KWG=16/WM=4/WN=2/ST=2/GA=1}
   rbench() {   # TAG
     timeout 90 python3 -m yolo_cl bench "$m" --size "$sz" --batch "$bt" --precision "$pr" --repeat 10 --peak 63600 \
       > "$OUT/retime-bench-$1.txt" 2>&1
@@ -94,7 +94,7 @@ if has retime; then
   }
   echo "== retime: bench before ($(date +%T))"; rbench before
   echo "== retime ($(date +%T))"
-  timeout 300 python3 tools/retime.py "$m" --size "$sz" --batch "$bt" --precision "$pr" --untuned --reps 10 \
+  timeout 360 python3 tools/retime.py "$m" --size "$sz" --batch "$bt" --precision "$pr" --untuned --reps 5 --budget "${RT_BUDGET:-270}" \
     --variants "$v" > "$OUT/retime.txt" 2>&1
   tail -n 30 "$OUT/retime.txt"
   cp "$YOLO_CL_CACHE/tuning.yaml" "$OUT/tuning.yaml" 2>/dev/null
