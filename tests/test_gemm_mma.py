@@ -289,6 +289,16 @@ def test_space_legality_and_heuristic():
             sp = gm.space(M, N, K, mode, False, lim)
             assert len(sp) > 20 and all(gm.why_illegal(c, M, N, K, mode, False, lim) is None for c in sp)
             assert gm.why_illegal(gm.heuristic(M, N, K, 1, mode, False, lim), M, N, K, mode, False, lim) is None
+    # wide tiles only where the narrow pick already gives 8 work-groups per compute unit
+    narrow = gm.heuristic(256, 4096, 1152, 1, "f16", True, lim)
+    assert (narrow["MWG"], narrow["NWG"]) == (128, 32) and "GA" not in narrow
+    wide = gm.heuristic(256, 5776, 1152, 8, "f16", True, lim)
+    assert (wide["MWG"], wide["NWG"], wide["WM"] * wide["WN"], wide["GA"]) == (128, 128, 8, gm.WIDE_GATHER)
+    assert gm.why_illegal(wide, 256, 5776, 1152, "f16", True, lim) is None
+    thin = gm.heuristic(32, 92416, 64, 8, "f16", False, lim)
+    assert (thin["MWG"], thin["NWG"], "GA" in thin) == (64, 128, False)
+    tf32 = gm.heuristic(256, 5776, 1152, 8, "tf32", True, lim)          # wide tf32 tiles overflow 48 KB
+    assert tf32["NWG"] == 32 and gm.why_illegal(tf32, 256, 5776, 1152, "tf32", True, lim) is None
     base = dict(MWG=64, NWG=64, KWG=32, WM=2, WN=2)
     assert "K" in gm.why_illegal({**base, "KWG": 8}, 64, 64, 64, "f16")          # f16 mma takes k16
     assert gm.why_illegal({**base, "KWG": 8}, 64, 64, 64, "tf32") is None

@@ -16,7 +16,7 @@
 #           one process, $GATHER_SETTINGS (default tuned,0,1,2,3); output in $OUT/gather.txt
 #   retime  (under 8 minutes) a batched size, default yolov3 608 batch 8 fp16 ($RT_MODEL $RT_SIZE
 #           $RT_BATCH $RT_PREC): yolo-cl bench before, tools/retime.py --untuned over $RT_VARIANTS (large
-#           tiles by default) into the user database, yolo-cl bench after, the PyTorch peer at the same
+#           tiles by default) into the user database (RT_RESUME=FILE: starting from FILE's entries), yolo-cl bench after, the PyTorch peer at the same
 #           size and batch, and tools/bench_host.py's wall / device; outputs in $OUT/retime-*.txt
 # SPLIT_SUM=kernel runs the phases with the in-kernel split-K sum (YOLO_CL_MMA_SPLIT_SUM=kernel),
 # unless its tests fail first. The user tuning database the tune phases write ($YOLO_CL_CACHE/tuning.yaml) is copied to $OUT;
@@ -93,6 +93,7 @@ if has retime; then
     grep -h "device time\|end to end\|launches per" "$OUT/retime-bench-$1.txt"
   }
   echo "== retime: bench before ($(date +%T))"; rbench before
+  [ -n "${RT_RESUME:-}" ] && cp "$RT_RESUME" "$YOLO_CL_CACHE/tuning.yaml"     # earlier entries, kept unless beaten
   echo "== retime ($(date +%T))"
   timeout 360 python3 tools/retime.py "$m" --size "$sz" --batch "$bt" --precision "$pr" --untuned --reps 5 --budget "${RT_BUDGET:-270}" \
     --variants "$v" > "$OUT/retime.txt" 2>&1

@@ -15,7 +15,8 @@ the user database). Variants:
                  the driver choose, which on PoCL can leave a core idle: a config tuned by CPU
                  time never sees that, the events clock does);
   ``set:K=V/K=V`` the stored config with those tunables set (the tensor-core family's ``GA`` only
-                 where the conv is implicit; ``SK`` dropped unless named): e.g. the large tiles
+                 where the conv is implicit; ``SK`` dropped unless named; ``algo=im2col`` switches the
+                 algorithm): e.g. the large tiles
                  ``set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2`` for batched 608 shapes.
 
 ``--untuned`` also times the convs that have no stored entry, against the heuristic's pick as the
@@ -51,8 +52,8 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
     if name.startswith("set:"):
         sets = dict(kv.split("=", 1) for kv in name[4:].split("/"))
         c = {k: v for k, v in cfg.items() if k not in ("SK", "SS", "ms", "gflops")}
-        c.update({k: int(v) for k, v in sets.items()})
-        if cfg.get("algo") != "implicit":
+        c.update({k: int(v) if v.lstrip("-").isdigit() else v for k, v in sets.items()})
+        if c.get("algo") != "implicit":
             c.pop("GA", None)
         return None if c == cfg else c
     if name.startswith("gather:"):

@@ -62,7 +62,8 @@ ALGOS = ("gemm1x1", "im2col", "implicit")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
 GATHERS = (0, 1, 2, 3)          # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs)
-HEURISTIC_GATHER = 0            # the untuned pick's gather (unmeasured on a GPU so far)
+HEURISTIC_GATHER = 0            # the untuned pick's gather (GA 1 pays on deep 3x3 convs, costs on the first ones)
+WIDE_GATHER = 1                 # ... and the wide tiles' (H100, 608 batch 8: 128x128 GA 1 0.27 ms, GA 0 0.34)
 GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" to "3": that gather on every implicit conv (A/B)
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
@@ -347,8 +348,9 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
 def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
               lim: DeviceLimits = DeviceLimits()) -> dict:
     """An untuned pick after the tuned H200 yolov3 winners (BENCHMARKS.md): 128 x 32 tiles of four
-    warps wherever M fills them, smaller tiles for small M, and K split where the tiles alone
-    leave compute units idle."""
+    warps wherever M fills them, smaller tiles for small M, wide tiles (x 128) where even those
+    give 8 work-groups per compute unit, and K split where the tiles alone leave compute units
+    idle."""
     kwg = 64 if mode == "f16" else 32
     prefs = [{"MWG": 128, "NWG": 32, "KWG": kwg, "WM": 4, "WN": 1},
              {"MWG": 64, "NWG": 32, "KWG": 32, "WM": 2, "WN": 2},
@@ -358,6 +360,15 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
     if not legal:
         legal = [min(space(M, N, K, mode, implicit, lim), key=lambda c: c["WM"] * c["WN"])]
     best = next((p for p in legal if round_up(M, p["MWG"]) <= 1.3 * M), legal[-1])
+    if -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z >= 8 * lim.compute_units:
+        # plenty of work (batched or large maps): wider tiles reuse each loaded B column more
+        # (H100, yolov3 608 batch 8: 1.1-2x per conv, BENCHMARKS.md "Batched shapes")
+        wide = {"MWG": 128, "NWG": 128, "KWG": 32, "WM": 2, "WN": 4} if M > 64 else \
+            {"MWG": 64, "NWG": 128, "KWG": 32, "WM": 2, "WN": 2}
+        if why_illegal({**wide, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
+            ga = {"GA": WIDE_GATHER} if implicit and why_illegal(
+                {**wide, "ST": HEURISTIC_STAGES, "GA": WIDE_GATHER}, M, N, K, mode, implicit, lim) is None else {}
+            return {**wide, "ST": HEURISTIC_STAGES, **ga}
     if why_illegal({**best, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
         best = {**best, "ST": HEURISTIC_STAGES}
         if HEURISTIC_GATHER and why_illegal({**best, "GA": HEURISTIC_GATHER}, M, N, K, mode, implicit, lim) is None:
