@@ -95,7 +95,7 @@ if has retime; then
   echo "== retime: bench before ($(date +%T))"; rbench before
   [ -n "${RT_RESUME:-}" ] && cp "$RT_RESUME" "$YOLO_CL_CACHE/tuning.yaml"     # earlier entries, kept unless beaten
   echo "== retime ($(date +%T))"
-  timeout 360 python3 tools/retime.py "$m" --size "$sz" --batch "$bt" --precision "$pr" --untuned --reps 5 --budget "${RT_BUDGET:-270}" \
+  timeout 360 python3 tools/retime.py "$m" --size "$sz" --batch "$bt" --precision "$pr" --untuned --reps 5 --budget "${RT_BUDGET:-270}" --margin "${RT_MARGIN:-0.03}" \
     --variants "$v" > "$OUT/retime.txt" 2>&1
   tail -n 30 "$OUT/retime.txt"
   cp "$YOLO_CL_CACHE/tuning.yaml" "$OUT/tuning.yaml" 2>/dev/null

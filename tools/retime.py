@@ -15,7 +15,8 @@ the user database). Variants:
                  the driver choose, which on PoCL can leave a core idle: a config tuned by CPU
                  time never sees that, the events clock does);
   ``set:K=V/K=V`` the stored config with those tunables set (the tensor-core family's ``GA`` only
-                 where the conv is implicit; ``SK`` dropped unless named; ``algo=im2col`` switches the
+                 where the conv is implicit; ``SK`` dropped unless it or ``SS`` is named -- ``set:SS=1``
+                 times a split config with its sum inside the GEMM launch; ``algo=im2col`` switches the
                  algorithm): e.g. the large tiles
                  ``set:MWG=128/NWG=128/KWG=32/WM=2/WN=4/ST=2`` for batched 608 shapes.
 
@@ -51,7 +52,10 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
         return None if h == cfg else h
     if name.startswith("set:"):
         sets = dict(kv.split("=", 1) for kv in name[4:].split("/"))
-        c = {k: v for k, v in cfg.items() if k not in ("SK", "SS", "ms", "gflops")}
+        if "SS" in sets and int(cfg.get("SK", 1)) < 2:
+            return None                 # the split sum's schedule: only where K is split
+        keep_split = bool({"SK", "SS"} & sets.keys())
+        c = {k: v for k, v in cfg.items() if k not in ("ms", "gflops") and (keep_split or k not in ("SK", "SS"))}
         c.update({k: int(v) if v.lstrip("-").isdigit() else v for k, v in sets.items()})
         if c.get("algo") != "implicit":
             c.pop("GA", None)
