@@ -5,7 +5,8 @@ contexts, each with its own queue). Two kinds of work run on it:
 
 * **streams** (``add_stream``): each source gets its own ``yolo_cl.video`` Pipeline on a
   thread of its own, placed on the device with the fewest streams. Files keep every frame,
-  live sources keep the newest one, as with ``Detector.stream``. Each stream keeps its
+  live sources keep the newest one, as with ``Detector.stream``. On the device path the
+  streams of one device share a ``SharedDevice``, which runs their frames together as one batch. Each stream keeps its
   latest frame, a short ring of per-frame events and its StreamStats, and can write a JSONL
   and an annotated video.
 * **single images** (``submit``): one ``Batcher`` per device gathers concurrent requests for
@@ -31,6 +32,7 @@ import numpy as np
 
 from .darknet_json import json_frame
 from .errors import YoloClError
+from .executor import batch_bucket
 from .preprocess import check_image
 
 EVENT_RING = 256          # per-frame events a stream keeps for slow readers
@@ -206,6 +208,153 @@ class Batcher:
 
 
 # -- streams ------------------------------------------------------------------------------------
+class _Share:
+    """One stream's submission to a SharedDevice: its frames, and their detections once merged and run."""
+
+    __slots__ = ("images", "thresh", "nms", "done", "results", "error")
+
+    def __init__(self, images: list, thresh: float, nms: float) -> None:
+        self.images, self.thresh, self.nms = images, thresh, nms
+        self.done = threading.Event()
+        self.results: Optional[list] = None
+        self.error: Optional[BaseException] = None
+
+
+class SharedDevice:
+    """A Detector shared by several streams, whose frames it runs together.
+
+    Each stream's Pipeline calls ``submit``/``result`` as it would on the Detector (everything else
+    is the Detector's own). A submit thread takes every submission waiting, up to ``max_batch``
+    frames, and makes them one ``Detector.submit`` (one upload set, one network enqueue, one head
+    decode for all); a collect thread waits for each merged batch in order and hands every stream
+    its frames' detections. Four streams then cost the device and the host about one batch of four
+    instead of four batches of one, and no more than ``depth`` merged batches are in flight, so they
+    never outrun the device path's frame slots (which would make a submit wait for an older frame).
+    The device path only: the host path has no frames in flight to merge.
+    """
+
+    def __init__(self, detector, max_batch: int = 8, depth: int = 2, start: bool = True) -> None:
+        self.det = detector
+        self.max_batch, self.depth = max(1, int(max_batch)), max(1, int(depth))
+        self.batches = self.frames = 0      # merged submits made, frames they carried
+        self._queue: collections.deque = collections.deque()
+        self._flight: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=t, name=f"yolo-cl-shared-{n}", daemon=True)
+                         for n, t in (("submit", self._submit_loop), ("collect", self._collect_loop))]
+        for b in dict.fromkeys(batch_bucket(n) for n in range(1, self.max_batch + 1)):
+            self.det.device_path.decoder(self.det.executor(b))     # built now, not on a merged frame
+        if start:
+            self.start()
+
+    def __getattr__(self, name: str):
+        return getattr(self.det, name)
+
+    def start(self) -> None:
+        for t in self._threads:
+            if t.ident is None:
+                t.start()
+
+    def submit(self, images: list, thresh: float = 0.25, nms: float = 0.45) -> _Share:
+        share = _Share(list(images), thresh, nms)
+        with self._cond:
+            if self._closed:
+                raise YoloClError("the detector is shutting down")
+            self._queue.append(share)
+            self._cond.notify_all()
+        return share
+
+    def result(self, share: _Share) -> list:
+        """Detections per frame of ``share`` (waits until its merged batch is read)."""
+        share.done.wait()
+        if share.error is not None:
+            raise share.error
+        return share.results
+
+    def _take(self) -> Optional[list]:
+        with self._cond:
+            while not self._closed and (not self._queue or len(self._flight) >= self.depth):
+                self._cond.wait()
+            if not self._queue:
+                return None
+            first = self._queue[0]
+            taken, n = [], 0
+            while self._queue and n + len(self._queue[0].images) <= self.max_batch \
+                    and (self._queue[0].thresh, self._queue[0].nms) == (first.thresh, first.nms):
+                share = self._queue.popleft()
+                taken.append(share)
+                n += len(share.images)
+            if not taken:                   # one submission larger than max_batch: on its own
+                taken.append(self._queue.popleft())
+            return taken
+
+    def _submit_loop(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                break
+            try:
+                merged = [(self.det.submit([im for s in taken for im in s.images], taken[0].thresh, taken[0].nms),
+                           taken)]
+            except BaseException as e:      # noqa: B902 - find whose frame it was: each on its own
+                if len(taken) == 1:
+                    self._finish(taken[0], error=e)
+                    continue
+                merged = []
+                for share in taken:
+                    try:
+                        merged.append((self.det.submit(share.images, share.thresh, share.nms), [share]))
+                    except BaseException as e1:     # noqa: B902 - this stream's error only
+                        self._finish(share, error=e1)
+            with self._cond:
+                for handle, shares in merged:
+                    self.batches += 1
+                    self.frames += sum(len(s.images) for s in shares)
+                    self._flight.append((handle, shares))
+                self._cond.notify_all()
+        with self._cond:
+            self._flight.append(None)
+            self._cond.notify_all()
+
+    def _collect_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._flight:
+                    self._cond.wait()
+                item = self._flight[0]
+            if item is None:
+                return
+            handle, taken = item
+            try:
+                results, error = self.det.result(handle), None
+            except BaseException as e:      # noqa: B902 - every frame of the batch gets it
+                results, error = None, e
+            with self._cond:
+                self._flight.popleft()
+                self._cond.notify_all()
+            at = 0
+            for share in taken:
+                k = len(share.images)
+                self._finish(share, None if results is None else results[at:at + k], error)
+                at += k
+
+    @staticmethod
+    def _finish(share: _Share, results: Optional[list] = None, error: Optional[BaseException] = None) -> None:
+        share.results, share.error = results, error
+        share.images = None
+        share.done.set()
+
+    def close(self) -> None:
+        """Run what is queued, then stop both threads."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            if t.ident is not None:
+                t.join(30.0)
+
+
 def paced_frames(path: Union[str, Path], loop: bool = True, stop: Optional[threading.Event] = None) -> Iterator:
     """The frames of a video file at the file's own frame rate, from the start again at its end
     when ``loop``: a file that behaves like a camera (for demos, tests and the server)."""
@@ -392,10 +541,12 @@ class Fleet:
     """
 
     def __init__(self, detectors: Sequence, *, max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64,
-                 on_batch: Optional[Callable[[int, float], None]] = None) -> None:
+                 on_batch: Optional[Callable[[int, float], None]] = None, merge_streams: bool = True) -> None:
         if not detectors:
             raise YoloClError("a Fleet needs at least one Detector")
         self.detectors = list(detectors)
+        self.merge_streams = merge_streams
+        self.shared: list = [None] * len(self.detectors)     # per device: its SharedDevice, once a stream needs it
         self.max_queue = max(1, int(max_queue))
         self.batchers = [Batcher(d, max_batch, max_wait_ms, on_batch) for d in self.detectors]
         self.streams: dict = {}
@@ -468,10 +619,20 @@ class Fleet:
             k = min(range(len(self.detectors)), key=lambda i: (self._streams_on(i), i))
             sid = str(self._next_id)
             self._next_id += 1
-            run = StreamRun(sid, source, k, self.detectors[k], thresh=thresh, nms=nms, batch=batch, live=live,
+            run = StreamRun(sid, source, k, self._stream_detector(k), thresh=thresh, nms=nms, batch=batch, live=live,
                             loop=loop, out=out, jsonl=jsonl, name=name)
             self.streams[sid] = run
             return run.start()           # running before the next placement counts it
+
+    def _stream_detector(self, k: int):
+        """What device k's streams run on: its SharedDevice (frames of all its streams merged into
+        batches) on the device path with ``merge_streams``, else the Detector itself."""
+        det = self.detectors[k]
+        if not (self.merge_streams and det.device_preprocess):
+            return det
+        if self.shared[k] is None:
+            self.shared[k] = SharedDevice(det, self.batchers[k].max_batch)
+        return self.shared[k]
 
     def total_fps(self) -> float:
         """Frames per second summed over the streams still running (or all, once all ended)."""
@@ -500,6 +661,9 @@ class Fleet:
             s.join(30.0)
         for b in self.batchers:
             b.close()
+        for sh in self.shared:
+            if sh is not None:
+                sh.close()
 
     def __enter__(self) -> "Fleet":
         return self

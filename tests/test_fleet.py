@@ -20,6 +20,7 @@ import yolo_cl
 from yolo_cl.darknet_json import json_frame
 from yolo_cl.fleet import Fleet, QueueFull, device_specs
 
+from boxes import same_detections
 from clips import read_frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,3 +196,60 @@ def test_json_frame_layout():
     assert f["frame_id"] == 7 and f["filename"] == "x.jpg" and f["resize"] == "stretch"
     assert f["objects"][0]["relative_coordinates"] == {"center_x": 0.275, "center_y": 0.3, "width": 0.45,
                                                        "height": 0.2}
+
+
+# -- streams on the device path: frames of several streams merged into one batch ---------------
+@pytest.fixture(scope="module")
+def device_det():
+    """A Detector on the device path (resize and decode in kernels), as on a GPU."""
+    return yolo_cl.Detector("yolov3-tiny", input_size=SIZE, device_preprocess=True, device_decode=True)
+
+
+def test_shared_device_merges_waiting_submissions_into_one_batch(device_det, frames):
+    from yolo_cl.fleet import SharedDevice
+    shared = SharedDevice(device_det, max_batch=8, start=False)
+    try:
+        groups = [frames[0:1], frames[1:3], frames[3:4]]
+        shares = [shared.submit(g) for g in groups]        # all waiting before the threads start
+        shared.start()
+        got = [shared.result(s) for s in shares]
+    finally:
+        shared.close()
+    assert (shared.batches, shared.frames) == (1, 4)       # one Detector.submit for the three
+    for g, dets_ in zip(groups, got):
+        assert len(dets_) == len(g)
+        for img, d in zip(g, dets_):
+            assert same_detections(d, device_det.detect(img))
+
+
+def test_shared_device_keeps_a_bad_frame_to_its_own_stream(device_det, frames):
+    from yolo_cl.fleet import SharedDevice
+    shared = SharedDevice(device_det, max_batch=8, start=False)
+    try:
+        good, bad = shared.submit([frames[0]]), shared.submit([np.zeros((4, 4, 7), np.uint8)])
+        late = shared.submit([frames[1]])
+        shared.start()
+        with pytest.raises(yolo_cl.YoloClError):
+            shared.result(bad)
+        assert same_detections(shared.result(good)[0], device_det.detect(frames[0]))
+        assert same_detections(shared.result(late)[0], device_det.detect(frames[1]))
+    finally:
+        shared.close()
+
+
+def test_streams_on_one_device_path_share_batches_and_keep_every_frame(device_det, clips, tmp_path):
+    with Fleet([device_det]) as fleet:
+        runs = [fleet.add_stream(str(p), jsonl=tmp_path / f"{p.stem}.jsonl") for p in clips]
+        assert fleet.wait_streams(timeout=120)
+        shared = fleet.shared[0]
+        assert shared is not None and shared.frames == len(clips) * FRAMES
+    for run, clip in zip(runs, clips):
+        assert run.error is None and run.stats.frames == FRAMES, run.summary()
+        lines = (tmp_path / f"{clip.stem}.jsonl").read_text().splitlines()
+        assert [json.loads(x)["frame_id"] for x in lines] == list(range(FRAMES))
+        for line, img in zip(lines, read_frames(clip)):     # the single-frame detections, frame by frame
+            got, want = json.loads(line)["objects"], [d.to_dict() for d in device_det.detect(img)]
+            assert [g["class_id"] for g in got] == [w["class_id"] for w in want]
+            for g, w in zip(got, want):
+                assert abs(g["confidence"] - w["confidence"]) < 1e-3
+                assert np.abs(np.subtract(g["box"], w["box"])).max() < 0.05      # pixels, rounded to 0.01

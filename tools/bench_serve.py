@@ -337,12 +337,13 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
             proc.wait(120)
 
 
-def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = None) -> dict:
+def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = None, merge: bool = True) -> dict:
     """Total fps of n copies of ``clip`` on the Fleet vs one copy alone (every frame, device-bound).
     ``processes`` = (detector options, device specs): a ProcessFleet, one process per device,
-    instead (each stream timed on its own clock, from its first frame)."""
+    instead (each stream timed on its own clock, from its first frame). ``merge``: a device's
+    streams share batches (``Fleet(merge_streams=...)``)."""
     def run(k: int) -> float:
-        with (ProcessFleet(*processes) if processes else Fleet(dets)) as fleet:
+        with (ProcessFleet(*processes) if processes else Fleet(dets, merge_streams=merge)) as fleet:
             runs = [fleet.add_stream(str(clip), live=False) for _ in range(k)]
             fleet.wait_streams()
         frames = sum(r.stats.frames for r in runs)
@@ -436,6 +437,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3, help="alternate detector and server this many times")
     ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--no-merge", action="store_true", help="streams: each stream submits its own frames "
+                    "(Fleet(merge_streams=False)) instead of one batch per device")
     ap.add_argument("--device-processes", action="store_true",
                     help="streams: one process per device (detect --device-processes) instead of one Fleet")
     ap.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
@@ -470,7 +473,8 @@ def main() -> None:
             res["runs"] = runs
     if "streams" not in skip:
         res.update(bench_streams(dets, args.clip, args.streams,
-                                 (dict(cfg=model, **opts), specs) if args.device_processes else None))
+                                 (dict(cfg=model, **opts), specs) if args.device_processes else None,
+                                 merge=not args.no_merge))
         print(f"streams ({'one process per device' if args.device_processes else 'one Fleet'}): 1 alone "
               f"{res['stream_1_fps']:.1f} fps; {args.streams} together "
               f"{res[f'streams_{args.streams}_total_fps']:.1f} fps total ({res['streams_ratio']:.2f} x one alone, "
