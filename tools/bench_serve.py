@@ -337,11 +337,12 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
             proc.wait(120)
 
 
-def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = None, merge: bool = True) -> dict:
+def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = None, merge: bool = True,
+                  rounds: int = 1) -> dict:
     """Total fps of n copies of ``clip`` on the Fleet vs one copy alone (every frame, device-bound).
     ``processes`` = (detector options, device specs): a ProcessFleet, one process per device,
     instead (each stream timed on its own clock, from its first frame). ``merge``: a device's
-    streams share batches (``Fleet(merge_streams=...)``)."""
+    streams share batches (``Fleet(merge_streams=...)``); the median of ``rounds`` runs."""
     def run(k: int) -> float:
         with (ProcessFleet(*processes) if processes else Fleet(dets, merge_streams=merge)) as fleet:
             runs = [fleet.add_stream(str(clip), live=False) for _ in range(k)]
@@ -350,11 +351,36 @@ def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = N
         wall = max(r.stats.seconds for r in runs)
         return frames / wall
     run(1)                                  # warm-up: compile and cache
-    one = run(1)
-    many = run(n)
+    one = statistics.median(run(1) for _ in range(rounds))
+    many = statistics.median(run(n) for _ in range(rounds))
     bound = device_bound_fps(dets[0], clip)
     return {"stream_1_fps": one, f"streams_{n}_total_fps": many, "streams_ratio": many / one, "streams": n,
             "stream_device_bound_fps": bound, "streams_over_device_bound": many / bound}
+
+
+def repeated_clip(clip: Path, times: int) -> Path:
+    """``clip`` played ``times`` times over, as one temporary MPEG-4 file (``clip`` itself for 1)."""
+    if times <= 1:
+        return clip
+    import tempfile
+    cap = cv2.VideoCapture(str(clip))
+    frames = []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(frame)
+    cap.release()
+    if not frames:
+        raise SystemExit(f"{clip}: cannot read a frame")
+    out = Path(tempfile.mkdtemp()) / f"{clip.stem}-x{times}.mp4"
+    h, w = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(out), cv2.VideoWriter_fourcc(*"mp4v"), 30.0, (w, h))
+    for _ in range(times):
+        for f in frames:
+            writer.write(f)
+    writer.release()
+    return out
 
 
 def device_bound_fps(det, clip: Path, seconds: float = 3.0) -> float:
@@ -437,6 +463,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3, help="alternate detector and server this many times")
     ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--stream-rounds", type=int, default=1, help="streams: median of this many runs")
+    ap.add_argument("--clip-repeat", type=int, default=1, help="streams: the clip this many times over, "
+                    "re-encoded once into a temporary file (a short clip is mostly start-up)")
     ap.add_argument("--no-merge", action="store_true", help="streams: each stream submits its own frames "
                     "(Fleet(merge_streams=False)) instead of one batch per device")
     ap.add_argument("--device-processes", action="store_true",
@@ -472,9 +501,10 @@ def main() -> None:
         if len(runs) > 1:
             res["runs"] = runs
     if "streams" not in skip:
-        res.update(bench_streams(dets, args.clip, args.streams,
+        clip = repeated_clip(args.clip, args.clip_repeat)
+        res.update(bench_streams(dets, clip, args.streams,
                                  (dict(cfg=model, **opts), specs) if args.device_processes else None,
-                                 merge=not args.no_merge))
+                                 merge=not args.no_merge, rounds=args.stream_rounds))
         print(f"streams ({'one process per device' if args.device_processes else 'one Fleet'}): 1 alone "
               f"{res['stream_1_fps']:.1f} fps; {args.streams} together "
               f"{res[f'streams_{args.streams}_total_fps']:.1f} fps total ({res['streams_ratio']:.2f} x one alone, "
