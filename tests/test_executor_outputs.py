@@ -212,3 +212,27 @@ def test_threads_forwarding_at_once_keep_their_own_results(pair, monkeypatch):
     for t in threads:
         t.join()
     assert not bad
+
+
+def test_heads_read_as_they_complete_equal_heads_read_at_the_end():
+    """Half storage converts the heads into float32 staging buffers; each is converted right after
+    the launch that completes it and read on a second queue while the network goes on. The same
+    heads as converting and reading all of them after the last launch, for ``run`` and for passes
+    in flight (``submit``: a slot's conversion waits for the other slot's read of its buffer)."""
+    early = Detector("yolov3-tiny", input_size=SIZE, precision="fp16").executor(2, (SIZE, SIZE))
+    late = Detector("yolov3-tiny", input_size=SIZE, precision="fp16").executor(2, (SIZE, SIZE))
+    late.early_reads = False
+    assert early.early_reads
+    marks = sorted(early._read_marks)
+    assert sorted(o for m in marks for o in early._read_marks[m]) == [0, 1]
+    assert marks[0] < len(early.launches) - 1        # the first head leaves before the network ends
+    blobs = frames(2, 4, 21)
+    want = [[h.copy() for h in late.run(b)] for b in blobs]
+    for b, w in zip(blobs, want):
+        assert same(early.run(b), w)
+    early.submit(blobs[0], 0)
+    early.submit(blobs[1], 1)
+    assert same(early.collect(0), want[0])
+    early.submit(blobs[2], 0)
+    assert same(early.collect(1), want[1])
+    assert same(early.collect(0), want[2])
