@@ -115,7 +115,7 @@ __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, c
 #define YC_WINO_OUT_BASES                                                                        \
     const size_t yb = (size_t)y_off + (size_t)b * y_bstride, rb = (size_t)r_off + (size_t)b * r_bstride;
 #else
-#define YC_WINO_OUT_BASES const size_t yb = (size_t)y_off + (size_t)b * y_bstride;
+#define YC_WINO_OUT_BASES const size_t yb = (size_t)y_off + (size_t)b * y_bstride, rb = 0;
 #endif
 
 /* Global size (P, F, batch): one work-item per (tile, filter, image). */
@@ -219,17 +219,12 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_V
     }
 #endif
 
-__kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off, const int x_bstride,
-                               const int C, const int H, const int W,
-                               __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
+/* d = the WT x WT input tiles (lane k: tile tx0 + k) of the tile group whose input corner is
+ * (y0, x0), read from channel plane Xc (H x W), zero outside it. */
+inline void yc_wino_gather_vt(const __global dtype* restrict Xc, const int y0, const int x0, const int H,
+                              const int W, TV* d)
 {
-    const int c = get_global_id(1), b = get_global_id(2);
-    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
-    if (ty * TW >= P) return;
-    const int y0 = ty * WINO_M - PAD, x0 = tx0 * WINO_M - PAD;
     const bool inside_x = x0 >= 0 && x0 + SPAN <= W;
-    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
-    TV d[T2], t[T2], u[T2];
     #pragma unroll
     for (int i = 0; i < WT; ++i) {
         const int y = y0 + i;
@@ -247,6 +242,18 @@ __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off
             YC_STRIDED_LANES(d + i * WT, r, YC_PRIV8, YC_PRIV2)
         }
     }
+}
+
+__kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                               const int C, const int H, const int W,
+                               __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
+{
+    const int c = get_global_id(1), b = get_global_id(2);
+    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
+    if (ty * TW >= P) return;
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    TV d[T2], t[T2], u[T2];
+    yc_wino_gather_vt(Xc, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
     YC_WINO_FORWARD(yc_bt_v, d, t, u)
     const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + ty * TW + tx0;
     #pragma unroll
@@ -258,6 +265,72 @@ __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off
             float l[WINO_VT];
             TV_UNPACK(u[xi], l);
             for (int k = 0; k < n; ++k) ST(V, o + k, l[k]);
+        }
+    }
+}
+
+/* YC_PIXEL_ORDER(o, y, i): o[0 .. WINO_M) = output row i of the group's tiles in pixel order, as
+ * float8 values (pixel q of the row's RUN = tile q / WINO_M, column q % WINO_M), from the tile-lane
+ * vectors y[i * WINO_M + j] (column j of every tile): a transpose by swizzles (WINO_VT 8 only). */
+#if WINO_M == 2
+#define YC_PIXEL_ORDER(o, y, i) {                                                                \
+        const float8 c0 = (y)[(i) * 2], c1 = (y)[(i) * 2 + 1];                                   \
+        (o)[0] = (float8)(c0.s0, c1.s0, c0.s1, c1.s1, c0.s2, c1.s2, c0.s3, c1.s3);               \
+        (o)[1] = (float8)(c0.s4, c1.s4, c0.s5, c1.s5, c0.s6, c1.s6, c0.s7, c1.s7);               \
+    }
+#else
+#define YC_PIXEL_ORDER(o, y, i) {                                                                \
+        const float8 c0 = (y)[(i) * 4], c1 = (y)[(i) * 4 + 1], c2 = (y)[(i) * 4 + 2], c3 = (y)[(i) * 4 + 3]; \
+        const float8 l01 = (float8)(c0.s0, c1.s0, c0.s1, c1.s1, c0.s2, c1.s2, c0.s3, c1.s3);     \
+        const float8 h01 = (float8)(c0.s4, c1.s4, c0.s5, c1.s5, c0.s6, c1.s6, c0.s7, c1.s7);     \
+        const float8 l23 = (float8)(c2.s0, c3.s0, c2.s1, c3.s1, c2.s2, c3.s2, c2.s3, c3.s3);     \
+        const float8 h23 = (float8)(c2.s4, c3.s4, c2.s5, c3.s5, c2.s6, c3.s6, c2.s7, c3.s7);     \
+        (o)[0] = (float8)(l01.s01, l23.s01, l01.s23, l23.s23);                                   \
+        (o)[1] = (float8)(l01.s45, l23.s45, l01.s67, l23.s67);                                   \
+        (o)[2] = (float8)(h01.s01, h23.s01, h01.s23, h23.s23);                                   \
+        (o)[3] = (float8)(h01.s45, h23.s45, h01.s67, h23.s67);                                   \
+    }
+#endif
+
+/* The epilogue of a tile group's output channel, y = its WINO_M x WINO_M output values (lane k:
+ * tile tx0 + k) before the bias: bias bf, ACT, with RESIDUAL the shortcut from R (rb + plane) and
+ * ACT2, stored into the plane at yb + plane of the output view. An output row at a time, put in
+ * pixel order first (the epilogue is element-wise), so a full row is WINO_M vector loads/stores. */
+inline void yc_wino_store_vt(const TV* y, const float bf, const size_t plane, const int ty, const int tx0,
+                             __global dtype* restrict Y, const size_t yb, const int OH, const int OW,
+                             __global const dtype* restrict R, const size_t rb)
+{
+    const int ox0 = tx0 * WINO_M, nx = min(RUN, OW - ox0);
+    #pragma unroll
+    for (int i = 0; i < WINO_M; ++i) {
+        const int oy = ty * WINO_M + i;
+        if (oy >= OH) break;
+        const size_t pix = plane + (size_t)oy * OW + ox0;
+        TV o[WINO_M];
+        YC_PIXEL_ORDER(o, y, i)
+        float l[RUN];
+        if (nx == RUN) {
+            #pragma unroll
+            for (int j = 0; j < WINO_M; ++j) {
+                TV v = yc_act_tv(o[j] + (TV)(bf), ACT);
+#ifdef RESIDUAL
+                v = yc_act_tv(v + TV_GLD(R, rb + pix + j * WINO_VT), ACT2);
+#endif
+                TV_GST(Y, yb + pix + j * WINO_VT, v);
+            }
+        } else {                              /* a row's last group: nx < RUN columns, through private memory */
+#ifdef RESIDUAL
+            for (int q = 0; q < RUN; ++q) l[q] = q < nx ? LD(R, rb + pix + q) : 0.0f;
+#endif
+            #pragma unroll
+            for (int j = 0; j < WINO_M; ++j) {
+                TV v = yc_act_tv(o[j] + (TV)(bf), ACT);
+#ifdef RESIDUAL
+                v = yc_act_tv(v + TV_PACK(l + j * WINO_VT), ACT2);
+#endif
+                TV_UNPACK(v, l + j * WINO_VT);
+            }
+            for (int q = 0; q < nx; ++q) ST(Y, yb + pix + q, l[q]);
         }
     }
 }
@@ -285,43 +358,69 @@ __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_o
         }
     }
     YC_WINO_INVERSE(yc_at_v, m, t, y)
-    const float bf = bias[f];
-    const int ox0 = tx0 * WINO_M, nx = min(RUN, OW - ox0);
     YC_WINO_OUT_BASES
-    /* The epilogue an output row at a time: column j of the group's tiles is one vector (lane k =
-     * tile k); the row's RUN outputs interleave them, o[k * WINO_M + j]. */
-    #pragma unroll
-    for (int i = 0; i < WINO_M; ++i) {
-        const int oy = ty * WINO_M + i;
-        if (oy >= OH) break;
-        const size_t pix = (size_t)f * OH * OW + (size_t)oy * OW + ox0;
-        float o[RUN];
-#ifdef RESIDUAL
-        if (nx == RUN) {
-            #pragma unroll
-            for (int q = 0; q < RUN; ++q) o[q] = LD(R, rb + pix + q);
-        } else {
-            for (int q = 0; q < RUN; ++q) o[q] = q < nx ? LD(R, rb + pix + q) : 0.0f;
-        }
+    yc_wino_store_vt(y, bias[f], (size_t)f * OH * OW, ty, tx0, Y, yb, OH, OW, R, rb);
+}
+
+/* The fused CPU Winograd conv (WF_C defined: the input channels; WF_KB the register block): one
+ * work-item takes a tile group (WINO_VT neighbouring tiles of one tile row, lane k = tile tx0 + k)
+ * and KBS blocks of WF_KB output channels; it transforms all WF_C input channels of its tiles into
+ * private memory (V, T2 x WF_C vectors), then per block and transform point multiplies them by the
+ * pre-transformed weights (U packed [T2][MB][WF_C][WF_KB], float, MB = ceil(F / WF_KB): a block's
+ * weights for one point are contiguous) with WF_KB accumulator vectors and broadcast weights, and
+ * inverse-transforms the block's outputs straight into the output view with the epilogue of
+ * yc_wino_output_vt. One launch per conv, and V and the products never leave the core's caches.
+ * Global size (groups, ceil(MB / KBS), batch), work-groups of one item. */
+#ifdef WF_C
+#ifndef WF_KB
+#define WF_KB 8
 #endif
+__kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                            const int H, const int W, const int PAD, const int TW,
+                            __global const float* restrict U, __global const float* restrict bias, const int F,
+                            const int KBS, __global dtype* restrict Y, const int y_off, const int y_bstride,
+                            const int OH, const int OW,
+                            __global const dtype* restrict R, const int r_off, const int r_bstride)
+{
+    const int b = get_global_id(2);
+    const int th = (OH + WINO_M - 1) / WINO_M, MB = (F + WF_KB - 1) / WF_KB;
+    YC_TILE_GROUP(get_global_id(0), TW, th * TW, ty, tx0, n)
+    if (ty >= th) return;
+    const int kb0 = get_global_id(1) * KBS, kb1 = min(kb0 + KBS, MB);
+    const __global dtype* Xb = X + x_off + (size_t)b * x_bstride;
+    TV V[T2 * WF_C];
+    for (int c = 0; c < WF_C; ++c) {
+        TV d[T2], t[T2], u[T2];
+        yc_wino_gather_vt(Xb + (size_t)c * H * W, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
+        YC_WINO_FORWARD(yc_bt_v, d, t, u)
         #pragma unroll
-        for (int j = 0; j < WINO_M; ++j) {
-            TV v = yc_act_tv(y[i * WINO_M + j] + (TV)(bf), ACT);
-#ifdef RESIDUAL
+        for (int xi = 0; xi < T2; ++xi) V[xi * WF_C + c] = u[xi];
+    }
+    YC_WINO_OUT_BASES
+    for (int kb = kb0; kb < kb1; ++kb) {
+        TV Mk[WF_KB * T2];                    /* the block's products, T2 per output channel */
+        for (int xi = 0; xi < T2; ++xi) {
+            const __global float* u = U + ((size_t)xi * MB + kb) * WF_C * WF_KB;
+            const TV* v = V + xi * WF_C;
+            TV a[WF_KB];
             #pragma unroll
-            for (int k = 0; k < WINO_VT; ++k) l[k] = o[k * WINO_M + j];
-            v = yc_act_tv(v + TV_PACK(l), ACT2);
-#endif
-            TV_UNPACK(v, l);
+            for (int k = 0; k < WF_KB; ++k) a[k] = (TV)(0.0f);
+            for (int c = 0; c < WF_C; ++c) {
+                const TV x = v[c];
+                #pragma unroll
+                for (int k = 0; k < WF_KB; ++k) a[k] = (TV)(u[c * WF_KB + k]) * x + a[k];
+            }
             #pragma unroll
-            for (int k = 0; k < WINO_VT; ++k) o[k * WINO_M + j] = l[k];
+            for (int k = 0; k < WF_KB; ++k) Mk[k * T2 + xi] = a[k];
         }
-        if (nx == RUN) {
-            #pragma unroll
-            for (int q = 0; q < RUN; ++q) ST(Y, yb + pix + q, o[q]);
-        } else {
-            for (int q = 0; q < nx; ++q) ST(Y, yb + pix + q, o[q]);
+        for (int k = 0; k < WF_KB; ++k) {
+            const int f = kb * WF_KB + k;
+            if (f >= F) break;
+            TV t[WINO_M * WT], y[WINO_M * WINO_M];
+            YC_WINO_INVERSE(yc_at_v, Mk + k * T2, t, y)
+            yc_wino_store_vt(y, bias[f], (size_t)f * OH * OW, ty, tx0, Y, yb, OH, OW, R, rb);
         }
     }
 }
+#endif
 #endif

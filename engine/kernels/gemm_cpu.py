@@ -24,6 +24,11 @@ GEMM, batched over the (m+2)^2 transform points: F(2x2) does 2.25x and F(4x4) 4x
 multiplies than the direct GEMM. Its transforms run ``VT`` (default ``WINO_VT``, 8) neighbouring
 tiles to a work-item as SIMD lanes (``yc_wino_*_vt``: contiguous row loads and swizzles instead
 of one gather per element; ``VT`` 1 keeps the one-tile kernels the GPU family uses).
+``kernel`` ``fused`` runs it as one launch (``yc_wino_fused``: a work-item transforms a group of
+8 tiles' input channels into private memory, multiplies them by ``KB`` output channels' weights
+at a time and inverse-transforms them into the output), for layers of few input channels::
+
+    {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1}
 """
 from __future__ import annotations
 
@@ -47,6 +52,14 @@ MAX_ACC = 128                 # accumulator floats per work-item: 16 AVX registe
 MAX_BLOCK = 16                # largest TM / TN
 WINO_VT = 8                   # Winograd transforms: tiles per work-item, as SIMD lanes (cl/winograd.cl)
 WINO_VTS = (1, 8)             # legal VT: the one-tile kernels, or 8 lanes (yc_wino_input_vt swizzles 8)
+# The fused Winograd's tunables (cl/winograd.cl ``yc_wino_fused``, 8 tiles a work-item): KB output
+# channels per register block (KB accumulator vectors), the output channels cut into KS slices
+# (work-items along dimension 1; each slice transforms the input again). A work-item keeps its
+# tiles' transformed input in private memory, (m+2)^2 * C vectors of 8 floats: at most
+# FUSED_MAX_PRIVATE bytes, which bounds C.
+FUSED_KBS = (4, 6, 8, 12)
+FUSED_KSS = (1, 2, 4)
+FUSED_MAX_PRIVATE = 96 * 1024
 
 
 def round_up(x: int, r: int) -> int:
@@ -287,7 +300,29 @@ def candidates(node: Node, rt, batch: int = 1, precision: Precision = FP32) -> l
             M, N, K, G = gemm_shape(node, head)
             out.extend(c for c in ({**head, **c} for c in space(M, N, K, max_work_group(rt), *simd(rt)))
                        if conv_illegal(node, c) is None)
+            if m is not None:
+                out.extend(fused_space(node, m))
     return out
+
+
+def fused_illegal(node: Node, cfg: dict) -> Optional[str]:
+    """Why fused Winograd config ``cfg`` cannot run ``node``, or None."""
+    m, kb, ks = cfg.get("m", 2), cfg.get("KB"), cfg.get("KS", 1)
+    if kb not in FUSED_KBS or ks not in FUSED_KSS:
+        return f"fused Winograd needs KB in {FUSED_KBS} and KS in {FUSED_KSS}, not KB={kb} KS={ks}"
+    private = (m + 2) ** 2 * node.attrs["in_c"] * WINO_VT * 4
+    if private > FUSED_MAX_PRIVATE:
+        return f"fused Winograd over {node.attrs['in_c']} channels needs {private} bytes of private memory"
+    if ks > 1 and -(-node.attrs["filters"] // kb) < ks:
+        return f"KS={ks} slices of {node.attrs['filters']} filters in blocks of {kb} leave a slice empty"
+    return None
+
+
+def fused_space(node: Node, m: int) -> list:
+    """The fused Winograd's legal configs for ``node`` with tile size ``m``."""
+    head = {"family": FAMILY, "algo": "winograd", "m": m, "kernel": "fused"}
+    return [c for c in ({**head, "KB": kb, "KS": ks} for kb in FUSED_KBS for ks in FUSED_KSS)
+            if fused_illegal(node, c) is None]
 
 
 # Stride-1 convs with K up to this (3x3 over 16 channels) run the implicit GEMM untuned: on the
@@ -375,6 +410,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     reason = KERNEL_FAMILY.why_illegal(node, cfg, ctx.rt)
     if reason is not None:
         raise YoloClError(reason)
+    if algo == "winograd" and cfg.get("kernel") == "fused":
+        return _bind_wino_fused(ctx, node, cfg)
     M, N, K, G = gemm_shape(node, cfg)
     if algo == "winograd":
         return _bind_winograd(ctx, node, cfg)
@@ -426,12 +463,33 @@ def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     return winograd.transform_launches(ctx, node, m, wts, gemm, int(cfg.get("VT", WINO_VT)))
 
 
+def _bind_wino_fused(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """The fused Winograd conv: one launch, no workspace; weights U packed [T2][MB][C][KB] in float."""
+    a, x, out = node.attrs, node.inputs[0], node.output
+    m, kb, ks = int(cfg.get("m", 2)), int(cfg["KB"]), int(cfg.get("KS", 1))
+    F, C = a["filters"], a["in_c"]
+
+    def pack() -> np.ndarray:
+        U = winograd.filter_transform(a["weights"], m)
+        return pack_weights(U.reshape(-1, C).astype(np.float32), (m + 2) ** 2, kb, np.float32)
+    wts = packed_upload(ctx, node, (node.layers[0], FAMILY, "winograd-fused", m, kb), pack, "Winograd weights")
+    th, tw, _ = winograd.tile_grid(node, m)
+    mb = -(-F // kb)
+    kbs = -(-mb // ks)
+    d = {**epilogue_defines(ctx, node), "WINO_M": m, "WINO_VT": WINO_VT, "WF_C": C, "WF_KB": kb}
+    args = ctx.view(x) + i32(x.h, x.w, a["pad"], tw) + [wts["A"], wts["bias"]] + i32(F, kbs) + \
+        ctx.view(out) + i32(out.h, out.w) + residual_args(ctx, node)
+    k = ctx.kernel("winograd.cl", "yc_wino_fused", d, args)
+    return [Launch(k, (winograd.tile_groups(node, m, WINO_VT), -(-mb // kbs), ctx.batch), (1, 1, 1), node,
+                   "wino_fused", dict(cfg), node.flops * ctx.batch)]
+
+
 class CpuGemm:
     """The kernel-family interface (see ``family.py``) of the CPU GEMM and its Winograd."""
 
     name = FAMILY
     tensor_cores = False
-    derived, schedule, block = (), ("KU", "WG", "ORD"), ("VW", "NV", "m")
+    derived, schedule, block = (), ("KU", "WG", "ORD", "KS"), ("VW", "NV", "m", "KB")
 
     def offered(self, rt, mma: str) -> bool:
         return rt.is_cpu and not mma
@@ -448,6 +506,8 @@ class CpuGemm:
             return f"algorithm '{algo}' of the CPU GEMM family cannot run {node.describe()}"
         if algo == "winograd" and cfg.get("m", 2) not in winograd.TILE_SIZES:
             return f"Winograd tile size m={cfg.get('m')} is not one of {winograd.TILE_SIZES}"
+        if algo == "winograd" and cfg.get("kernel") == "fused":
+            return fused_illegal(node, cfg)
         if algo == "winograd" and cfg.get("VT", WINO_VT) not in WINO_VTS:
             return f"Winograd transform lanes VT={cfg.get('VT')} is not one of {WINO_VTS}"
         M, N, K, G = gemm_shape(node, cfg)
