@@ -313,16 +313,31 @@ def fused_illegal(node: Node, cfg: dict) -> Optional[str]:
     private = (m + 2) ** 2 * node.attrs["in_c"] * WINO_VT * 4
     if private > FUSED_MAX_PRIVATE:
         return f"fused Winograd over {node.attrs['in_c']} channels needs {private} bytes of private memory"
-    if ks > 1 and -(-node.attrs["filters"] // kb) < ks:
-        return f"KS={ks} slices of {node.attrs['filters']} filters in blocks of {kb} leave a slice empty"
     return None
 
 
+def fused_slices(filters: int, kb: int, ks: int) -> tuple:
+    """(register blocks per work-item, work-items along dimension 1): ``filters`` in blocks of
+    ``kb`` cut into ``ks`` slices, or fewer where there are fewer blocks."""
+    mb = -(-filters // kb)
+    per = -(-mb // ks)
+    return per, -(-mb // per)
+
+
 def fused_space(node: Node, m: int) -> list:
-    """The fused Winograd's legal configs for ``node`` with tile size ``m``."""
+    """The fused Winograd's legal configs for ``node`` with tile size ``m`` (a KS that slices the
+    filters no finer than a smaller one is left out)."""
     head = {"family": FAMILY, "algo": "winograd", "m": m, "kernel": "fused"}
-    return [c for c in ({**head, "KB": kb, "KS": ks} for kb in FUSED_KBS for ks in FUSED_KSS)
-            if fused_illegal(node, c) is None]
+    out = []
+    for kb in FUSED_KBS:
+        seen = set()
+        for ks in FUSED_KSS:
+            c = {**head, "KB": kb, "KS": ks}
+            slices = fused_slices(node.attrs["filters"], kb, ks)
+            if slices not in seen and fused_illegal(node, c) is None:
+                out.append(c)
+            seen.add(slices)
+    return out
 
 
 # Stride-1 convs with K up to this (3x3 over 16 channels) run the implicit GEMM untuned: on the
@@ -473,14 +488,13 @@ def _bind_wino_fused(ctx: BindContext, node: Node, cfg: dict) -> list:
         U = winograd.filter_transform(a["weights"], m)
         return pack_weights(U.reshape(-1, C).astype(np.float32), (m + 2) ** 2, kb, np.float32)
     wts = packed_upload(ctx, node, (node.layers[0], FAMILY, "winograd-fused", m, kb), pack, "Winograd weights")
-    th, tw, _ = winograd.tile_grid(node, m)
-    mb = -(-F // kb)
-    kbs = -(-mb // ks)
+    tw = winograd.tile_grid(node, m)[1]
+    kbs, slices = fused_slices(F, kb, ks)
     d = {**epilogue_defines(ctx, node), "WINO_M": m, "WINO_VT": WINO_VT, "WF_C": C, "WF_KB": kb}
     args = ctx.view(x) + i32(x.h, x.w, a["pad"], tw) + [wts["A"], wts["bias"]] + i32(F, kbs) + \
         ctx.view(out) + i32(out.h, out.w) + residual_args(ctx, node)
     k = ctx.kernel("winograd.cl", "yc_wino_fused", d, args)
-    return [Launch(k, (winograd.tile_groups(node, m, WINO_VT), -(-mb // kbs), ctx.batch), (1, 1, 1), node,
+    return [Launch(k, (winograd.tile_groups(node, m, WINO_VT), slices, ctx.batch), (1, 1, 1), node,
                    "wino_fused", dict(cfg), node.flops * ctx.batch)]
 
 
