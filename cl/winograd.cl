@@ -165,14 +165,17 @@ __kernel void yc_wino_output(__global const dtype* restrict Mt, const int m_off,
 #endif
 #if WINO_VT > 1
 #define TV CAT(float, WINO_VT)
-#define TV_PACK(l) CAT(vload, WINO_VT)(0, l)          /* private lanes -> vector */
-#define TV_UNPACK(v, l) CAT(vstore, WINO_VT)(v, 0, l) /* vector -> private lanes */
+/* A TV at any float's address: one unaligned vector load or store, where PoCL's vloadN/vstoreN
+ * are out-of-line calls. */
+typedef TV yc_tv_u __attribute__((aligned(4)));
+#define TV_PACK(l) (*(const yc_tv_u*)(l))                /* private lanes -> vector */
+#define TV_UNPACK(v, l) (*(yc_tv_u*)(l) = (v))           /* vector -> private lanes */
 #ifdef HALF_STORAGE
 #define TV_GLD(p, i) CAT(vload_half, WINO_VT)(0, (p) + (i))
 #define TV_GST(p, i, v) CAT(vstore_half, WINO_VT)(v, 0, (p) + (i))
 #else
-#define TV_GLD(p, i) CAT(vload, WINO_VT)(0, (p) + (i))
-#define TV_GST(p, i, v) CAT(vstore, WINO_VT)(v, 0, (p) + (i))
+#define TV_GLD(p, i) (*(const __global yc_tv_u*)((p) + (i)))
+#define TV_GST(p, i, v) (*(__global yc_tv_u*)((p) + (i)) = (v))
 #endif
 #define SPAN (WINO_VT * WINO_M + 2)       /* input columns a group's tiles read */
 #define RUN (WINO_VT * WINO_M)            /* output columns a group's tiles write */
@@ -185,6 +188,8 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_V
     const int ty = (g) / gw_, tx0 = ((g) - ty * gw_) * WINO_VT;                                  \
     const int n = min(WINO_VT, (TW) - tx0);
 
+typedef float8 yc_f8_u __attribute__((aligned(4)));     /* a float8 at any float's address */
+
 /* s[j] = lanes k of row[j + k * WINO_M], j < WT: one input row's values for the WT tile columns
  * of 8 neighbouring tiles, from contiguous loads (ROW8: 8 floats at 8 * i, ROW2: 2 at i) and
  * swizzles (WINO_VT 8 only). */
@@ -192,11 +197,11 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_V
 #define YC_ROW8(row, i) vload_half8((i), (row))
 #define YC_ROW2(row, i) vload_half2(0, (row) + (i))
 #else
-#define YC_ROW8(row, i) vload8((i), (row))
-#define YC_ROW2(row, i) vload2(0, (row) + (i))
+#define YC_ROW8(row, i) (*(const __global yc_f8_u*)((row) + 8 * (i)))
+#define YC_ROW2(row, i) ((float2)((row)[i], (row)[(i) + 1]))
 #endif
-#define YC_PRIV8(row, i) vload8((i), (row))
-#define YC_PRIV2(row, i) vload2(0, (row) + (i))
+#define YC_PRIV8(row, i) (*(const yc_f8_u*)((row) + 8 * (i)))
+#define YC_PRIV2(row, i) ((float2)((row)[i], (row)[(i) + 1]))
 #if WINO_M == 2
 #define YC_STRIDED_LANES(s, row, ROW8, ROW2) {                                                   \
         const float8 v0 = ROW8(row, 0), v1 = ROW8(row, 1);                                       \

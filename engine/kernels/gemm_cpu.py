@@ -364,12 +364,28 @@ POINTWISE_MIN_N = 512
 POINTWISE_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2, "KU": 4, "WG": 1, "ORD": 1}
 
 
+# Winograd-able convs over FUSED_MIN_C to FUSED_MAX_C input channels run the fused Winograd untuned,
+# with the largest tile the precision allows and FUSED_BLOCK: per conv (events clock, idle, best of
+# 5 rounds), it took 0.40-0.71x the time of the shipped unfused or implicit entries on every such
+# shape of yolov3-tiny, yolov4-tiny, yolov3 and yolov4 at 416, where the transforms' traffic and
+# launches dominate the unfused Winograd's few-channel layers. Over 3 channels (the first conv) it
+# lost to the implicit GEMM (0.99-7.5 ms against 1.2-4.0), and past 64 channels F(4x4)'s tiles do
+# not fit private memory while F(2x2)'s lost to the unfused F(4x4) (1.4-1.6x).
+FUSED_MIN_C, FUSED_MAX_C = 16, 64
+FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
+
+
 def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
-    """The untuned choice for a conv on a CPU: the cost model's best algorithm and block
-    (Winograd with the tile sizes ``precision`` allows, as in the tuner's candidates)."""
+    """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MIN_C``), else
+    the cost model's best algorithm and block (Winograd with the tile sizes ``precision`` allows,
+    as in the tuner's candidates)."""
     best, best_cost = None, None
     algos = conv_algos(node)
     M, N, K, G = conv_gemm_shape(node)
+    if "winograd" in algos and FUSED_MIN_C <= node.attrs["in_c"] <= FUSED_MAX_C:
+        cfg = {"family": FAMILY, "algo": "winograd", "m": max(precision.winograd_tiles), **FUSED_BLOCK}
+        if fused_illegal(node, cfg) is None:
+            return cfg
     if algos == ["gemm1x1"] and N >= POINTWISE_MIN_N:
         cfg = {"family": FAMILY, "algo": "gemm1x1", **POINTWISE_BLOCK}
         if why_illegal(cfg, M, N, K) is None:
@@ -396,9 +412,24 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) ->
     return best
 
 
+def fused_cost(node: Node, cfg: dict, batch: int = 1, threads: int = 2) -> float:
+    """``cost``'s units for the fused Winograd: per work-item (8 tiles) the multiplies, a step of
+    KB FMAs and KB + 1 loads per transform point, channel and block, the input transform of every
+    channel (again in every slice) and the inverse transform and epilogue of every filter."""
+    m, kb, ks = int(cfg.get("m", 2)), cfg["KB"], cfg.get("KS", 1)
+    t2, C, F = (m + 2) ** 2, node.attrs["in_c"], node.attrs["filters"]
+    per, slices = fused_slices(F, kb, ks)
+    items = winograd.tile_groups(node, m, WINO_VT) * slices * batch
+    step = max(kb, 0.75 * (kb + 1)) + 1.5
+    work = items * (t2 * C * per * step + 8.0 * t2 * C + 6.0 * per * kb * (t2 + m * m))
+    return work / min(1.0, items / (4 * threads))
+
+
 def conv_cost(node: Node, cfg: dict, batch: int = 1) -> float:
     """``cost`` for a conv config, plus the passes around the GEMM: im2col (a K x N write and
     read), Winograd's transforms (T2 x (K + M) x N values, each several adds)."""
+    if cfg.get("kernel") == "fused":
+        return fused_cost(node, cfg, batch)
     M, N, K, G = gemm_shape(node, cfg)
     c = cost(cfg, M, N, K, batch * G)
     if cfg["algo"] == "implicit":
