@@ -364,25 +364,26 @@ POINTWISE_MIN_N = 512
 POINTWISE_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2, "KU": 4, "WG": 1, "ORD": 1}
 
 
-# Winograd-able convs over FUSED_MIN_C to FUSED_MAX_C input channels run the fused Winograd untuned,
-# with the largest tile the precision allows and FUSED_BLOCK: per conv (events clock, idle, best of
-# 5 rounds), it took 0.40-0.71x the time of the shipped unfused or implicit entries on every such
-# shape of yolov3-tiny, yolov4-tiny, yolov3 and yolov4 at 416, where the transforms' traffic and
-# launches dominate the unfused Winograd's few-channel layers. Over 3 channels (the first conv) it
-# lost to the implicit GEMM (0.99-7.5 ms against 1.2-4.0), and past 64 channels F(4x4)'s tiles do
-# not fit private memory while F(2x2)'s lost to the unfused F(4x4) (1.4-1.6x).
-FUSED_MIN_C, FUSED_MAX_C = 16, 64
+# Winograd-able convs over at most FUSED_MAX_C input channels run the fused Winograd untuned, with
+# the largest tile the precision allows and FUSED_BLOCK: per conv (events clock, idle, best of 5
+# interleaved rounds) it took 0.38-0.75x the time of the shipped unfused-Winograd or implicit
+# entries on every such shape over 16-64 channels of yolov3-tiny, yolov4-tiny, yolov3 and yolov4
+# at 416, where the transforms' traffic and launches dominate the unfused Winograd's layers; over 3
+# channels (the first conv) 0.73x (yolov3-tiny) to 0.97x (yolov4, where mish dominates). Past 64
+# channels F(4x4)'s tiles do not fit private memory, and F(2x2)'s lost to the unfused F(4x4)
+# (1.4-1.6x).
+FUSED_MAX_C = 64
 FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
 
 
 def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
-    """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MIN_C``), else
+    """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MAX_C``), else
     the cost model's best algorithm and block (Winograd with the tile sizes ``precision`` allows,
     as in the tuner's candidates)."""
     best, best_cost = None, None
     algos = conv_algos(node)
     M, N, K, G = conv_gemm_shape(node)
-    if "winograd" in algos and FUSED_MIN_C <= node.attrs["in_c"] <= FUSED_MAX_C:
+    if "winograd" in algos and node.attrs["in_c"] <= FUSED_MAX_C:
         cfg = {"family": FAMILY, "algo": "winograd", "m": max(precision.winograd_tiles), **FUSED_BLOCK}
         if fused_illegal(node, cfg) is None:
             return cfg
