@@ -297,3 +297,39 @@ def test_cpu_fused_winograd_legality(rt, net):
     deep = graph_of(path).nodes[0]
     assert "private memory" in gc.KERNEL_FAMILY.why_illegal(deep, cfg, rt)        # 36 x 128 x 8 floats
     assert gc.KERNEL_FAMILY.why_illegal(deep, dict(cfg, m=2), rt) is None         # 16 x 128 x 8
+
+
+def test_cpu_fused_winograd_yolov3_tiny_heads(rt):
+    """yolov3-tiny with its real weights on a real image at 416: the two heads with every 3x3
+    stride-1 conv on the fused Winograd equal those with the unfused one (F(4x4) both), and the
+    NumPy forward pass."""
+    import cv2
+    from pathlib import Path
+    from yolo_cl.kernels import gemm_cpu as gc
+    root = Path(__file__).resolve().parents[1]
+    cfg, wts = str(root / "models" / "yolov3-tiny.cfg"), str(root / "models" / "yolov3-tiny.weights")
+    img = cv2.imread(str(root.parent / "shared" / "images" / "dog.jpg"))
+    blob = cv2.dnn.blobFromImage(img, 1 / 255.0, (416, 416), swapRB=True, crop=False)
+    graph = graph_of(cfg, wts)
+
+    fused = {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1}
+    can_fuse = [n for n in graph.nodes if n.op == "conv" and winograd.applicable(n) and gc.fused_illegal(n, fused) is None]
+
+    def pick(kind):
+        def p(node):
+            if not winograd.applicable(node):
+                return gc.heuristic_config(node)
+            if kind == "fused" and node in can_fuse:
+                return fused
+            return {"family": "cpu", "algo": "winograd", "m": 4, **CPU_GEMM}     # past 85 channels in both
+        return p
+    heads = {}
+    for kind in ("fused", "unfused"):
+        ex = Executor(rt, graph, batch=1, precision=FP32, tuning=FixedTuning(pick(kind)))
+        fused_launches = sum(l.name == "wino_fused" for l in ex.launches)
+        assert fused_launches == (len(can_fuse) if kind == "fused" else 0) and len(can_fuse) >= 4
+        heads[kind] = ex.run(blob)
+    ref = list(forward_numpy(cfg, wts, blob, keep="heads").values())
+    assert len(heads["fused"]) == len(ref) == 2
+    for f, u, r in zip(heads["fused"], heads["unfused"], ref):
+        assert rel(f, u) < 1e-5 and rel(f, r) < 2e-4
