@@ -299,22 +299,24 @@ __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off
 
 /* The epilogue of a tile group's output channel, y = its WINO_M x WINO_M output values (lane k:
  * tile tx0 + k) before the bias: bias bf, ACT, with RESIDUAL the shortcut from R (rb + plane) and
- * ACT2, stored into the plane at yb + plane of the output view. An output row at a time, put in
- * pixel order first (the epilogue is element-wise), so a full row is WINO_M vector loads/stores. */
+ * ACT2, stored into the plane at yb + plane of the output view, for lanes k0 <= k < k1 (tx0 may be
+ * negative when k0 > 0: the fused kernel's groups that continue on the next tile row). An output
+ * row at a time, put in pixel order first (the epilogue is element-wise), so a full row is
+ * WINO_M vector loads/stores. */
 inline void yc_wino_store_vt(const TV* y, const float bf, const size_t plane, const int ty, const int tx0,
-                             __global dtype* restrict Y, const size_t yb, const int OH, const int OW,
-                             __global const dtype* restrict R, const size_t rb)
+                             const int k0, const int k1, __global dtype* restrict Y, const size_t yb,
+                             const int OH, const int OW, __global const dtype* restrict R, const size_t rb)
 {
-    const int ox0 = tx0 * WINO_M, nx = min(RUN, OW - ox0);
+    const int ox0 = tx0 * WINO_M, qa = k0 * WINO_M, nx = min(k1 * WINO_M, OW - ox0);
     #pragma unroll
     for (int i = 0; i < WINO_M; ++i) {
         const int oy = ty * WINO_M + i;
         if (oy >= OH) break;
-        const size_t pix = plane + (size_t)oy * OW + ox0;
+        const size_t pix = plane + (size_t)oy * OW + ox0;     /* modulo 2^64 where ox0 < 0: q >= qa is in the row */
         TV o[WINO_M];
         YC_PIXEL_ORDER(o, y, i)
-        float l[RUN];
-        if (nx == RUN) {
+        float l[WINO_VT];
+        if (qa == 0 && nx == RUN) {
             #pragma unroll
             for (int j = 0; j < WINO_M; ++j) {
                 TV v = yc_act_tv(o[j] + (TV)(bf), ACT);
@@ -323,19 +325,26 @@ inline void yc_wino_store_vt(const TV* y, const float bf, const size_t plane, co
 #endif
                 TV_GST(Y, yb + pix + j * WINO_VT, v);
             }
-        } else {                              /* a row's last group: nx < RUN columns, through private memory */
-#ifdef RESIDUAL
-            for (int q = 0; q < RUN; ++q) l[q] = q < nx ? LD(R, rb + pix + q) : 0.0f;
-#endif
+        } else {                              /* part of a row, columns qa <= q < nx: whole vectors inside it */
             #pragma unroll
             for (int j = 0; j < WINO_M; ++j) {
+                const int q0 = j * WINO_VT, inside = q0 >= qa && q0 + WINO_VT <= nx;
                 TV v = yc_act_tv(o[j] + (TV)(bf), ACT);
 #ifdef RESIDUAL
-                v = yc_act_tv(v + TV_PACK(l + j * WINO_VT), ACT2);
+                if (inside) {
+                    v = yc_act_tv(v + TV_GLD(R, rb + pix + q0), ACT2);
+                } else {
+                    for (int q = 0; q < WINO_VT; ++q) l[q] = q0 + q >= qa && q0 + q < nx ? LD(R, rb + pix + q0 + q) : 0.0f;
+                    v = yc_act_tv(v + TV_PACK(l), ACT2);
+                }
 #endif
-                TV_UNPACK(v, l + j * WINO_VT);
+                if (inside) {
+                    TV_GST(Y, yb + pix + q0, v);
+                } else {
+                    TV_UNPACK(v, l);
+                    for (int q = max(qa - q0, 0); q < min(nx - q0, WINO_VT); ++q) ST(Y, yb + pix + q0 + q, l[q]);
+                }
             }
-            for (int q = 0; q < nx; ++q) ST(Y, yb + pix + q, l[q]);
         }
     }
 }
@@ -364,22 +373,27 @@ __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_o
     }
     YC_WINO_INVERSE(yc_at_v, m, t, y)
     YC_WINO_OUT_BASES
-    yc_wino_store_vt(y, bias[f], (size_t)f * OH * OW, ty, tx0, Y, yb, OH, OW, R, rb);
+    yc_wino_store_vt(y, bias[f], (size_t)f * OH * OW, ty, tx0, 0, WINO_VT, Y, yb, OH, OW, R, rb);
 }
 
 /* The fused CPU Winograd conv (WF_C defined: the input channels; WF_KB the register block): one
- * work-item takes a tile group (WINO_VT neighbouring tiles of one tile row, lane k = tile tx0 + k)
- * and KBS blocks of WF_KB output channels; it transforms all WF_C input channels of its tiles into
- * private memory (V, T2 x WF_C vectors), then per block and transform point multiplies them by the
- * pre-transformed weights (U packed [T2][MB][WF_C][WF_KB], float, MB = ceil(F / WF_KB): a block's
- * weights for one point are contiguous) with WF_KB accumulator vectors and broadcast weights, and
- * inverse-transforms the block's outputs straight into the output view with the epilogue of
- * yc_wino_output_vt. One launch per conv, and V and the products never leave the core's caches.
- * Global size (groups, ceil(MB / KBS), batch), work-groups of one item. */
+ * work-item takes a tile group (WINO_VT consecutive tiles in row-major order, lane k = tile
+ * p0 + k, continuing on the next tile row where a row ends, so no lane idles but in the last
+ * group) and KBS blocks of WF_KB output channels; it transforms all WF_C input channels of its
+ * tiles into private memory (V, T2 x WF_C vectors), then per block and transform point multiplies
+ * them by the pre-transformed weights (U packed [T2][MB][WF_C][WF_KB], float, MB = ceil(F / WF_KB):
+ * a block's weights for one point are contiguous) with WF_KB accumulator vectors and broadcast
+ * weights, and inverse-transforms the block's outputs straight into the output view with the
+ * epilogue of yc_wino_output_vt. One launch per conv, and V and the products never leave the
+ * core's caches. Global size (ceil(TH * TW / WINO_VT), ceil(MB / KBS), batch), work-groups of one. */
 #ifdef WF_C
 #ifndef WF_KB
 #define WF_KB 8
 #endif
+/* Lanes k >= k of each later tile row r (first tile 0 at lane k): the rows a group continues on. */
+#define YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, TH)                                                   \
+    for (int r = (ty) + 1, k = (TW) - (tx0); k < WINO_VT && r < (TH); ++r, k += (TW))
+
 __kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
                             const int H, const int W, const int PAD, const int TW,
                             __global const float* restrict U, __global const float* restrict bias, const int F,
@@ -389,14 +403,23 @@ __kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, c
 {
     const int b = get_global_id(2);
     const int th = (OH + WINO_M - 1) / WINO_M, MB = (F + WF_KB - 1) / WF_KB;
-    YC_TILE_GROUP(get_global_id(0), TW, th * TW, ty, tx0, n)
-    if (ty >= th) return;
+    const int p0 = get_global_id(0) * WINO_VT;
+    if (p0 >= th * TW) return;
+    const int ty = p0 / TW, tx0 = p0 - ty * TW;
     const int kb0 = get_global_id(1) * KBS, kb1 = min(kb0 + KBS, MB);
     const __global dtype* Xb = X + x_off + (size_t)b * x_bstride;
+    const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
     TV V[T2 * WF_C];
     for (int c = 0; c < WF_C; ++c) {
+        const __global dtype* Xc = Xb + (size_t)c * H * W;
         TV d[T2], t[T2], u[T2];
-        yc_wino_gather_vt(Xb + (size_t)c * H * W, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
+        yc_wino_gather_vt(Xc, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
+        YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, th) {
+            yc_wino_gather_vt(Xc, r * WINO_M - PAD, -k * WINO_M - PAD, H, W, t);
+            const int8 next = lane >= (int8)(k);
+            #pragma unroll
+            for (int i = 0; i < T2; ++i) d[i] = next ? t[i] : d[i];
+        }
         YC_WINO_FORWARD(yc_bt_v, d, t, u)
         #pragma unroll
         for (int xi = 0; xi < T2; ++xi) V[xi * WF_C + c] = u[xi];
@@ -423,7 +446,10 @@ __kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, c
             if (f >= F) break;
             TV t[WINO_M * WT], y[WINO_M * WINO_M];
             YC_WINO_INVERSE(yc_at_v, Mk + k * T2, t, y)
-            yc_wino_store_vt(y, bias[f], (size_t)f * OH * OW, ty, tx0, Y, yb, OH, OW, R, rb);
+            const size_t plane = (size_t)f * OH * OW;
+            yc_wino_store_vt(y, bias[f], plane, ty, tx0, 0, min(WINO_VT, TW - tx0), Y, yb, OH, OW, R, rb);
+            YC_FOR_NEXT_ROWS(r, kr, ty, tx0, TW, th)
+                yc_wino_store_vt(y, bias[f], plane, r, -kr, kr, min(WINO_VT, kr + TW), Y, yb, OH, OW, R, rb);
         }
     }
 }

@@ -25,7 +25,7 @@ multiplies than the direct GEMM. Its transforms run ``VT`` (default ``WINO_VT``,
 tiles to a work-item as SIMD lanes (``yc_wino_*_vt``: contiguous row loads and swizzles instead
 of one gather per element; ``VT`` 1 keeps the one-tile kernels the GPU family uses).
 ``kernel`` ``fused`` runs it as one launch (``yc_wino_fused``: a work-item transforms a group of
-8 tiles' input channels into private memory, multiplies them by ``KB`` output channels' weights
+8 consecutive tiles' input channels into private memory, multiplies them by ``KB`` output channels' weights
 at a time and inverse-transforms them into the output), for layers of few input channels::
 
     {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1}
@@ -324,6 +324,12 @@ def fused_slices(filters: int, kb: int, ks: int) -> tuple:
     return per, -(-mb // per)
 
 
+def fused_groups(node: Node, m: int) -> int:
+    """Work-items along dimension 0 of the fused Winograd: groups of WINO_VT consecutive tiles in
+    row-major order (a group continues on the next tile row, so only the last may be partial)."""
+    return -(-winograd.tile_grid(node, m)[2] // WINO_VT)
+
+
 def fused_space(node: Node, m: int) -> list:
     """The fused Winograd's legal configs for ``node`` with tile size ``m`` (a KS that slices the
     filters no finer than a smaller one is left out)."""
@@ -420,7 +426,7 @@ def fused_cost(node: Node, cfg: dict, batch: int = 1, threads: int = 2) -> float
     m, kb, ks = int(cfg.get("m", 2)), cfg["KB"], cfg.get("KS", 1)
     t2, C, F = (m + 2) ** 2, node.attrs["in_c"], node.attrs["filters"]
     per, slices = fused_slices(F, kb, ks)
-    items = winograd.tile_groups(node, m, WINO_VT) * slices * batch
+    items = fused_groups(node, m) * slices * batch
     step = max(kb, 0.75 * (kb + 1)) + 1.5
     work = items * (t2 * C * per * step + 8.0 * t2 * C + 6.0 * per * kb * (t2 + m * m))
     return work / min(1.0, items / (4 * threads))
@@ -526,7 +532,7 @@ def _bind_wino_fused(ctx: BindContext, node: Node, cfg: dict) -> list:
     args = ctx.view(x) + i32(x.h, x.w, a["pad"], tw) + [wts["A"], wts["bias"]] + i32(F, kbs) + \
         ctx.view(out) + i32(out.h, out.w) + residual_args(ctx, node)
     k = ctx.kernel("winograd.cl", "yc_wino_fused", d, args)
-    return [Launch(k, (winograd.tile_groups(node, m, WINO_VT), slices, ctx.batch), (1, 1, 1), node,
+    return [Launch(k, (fused_groups(node, m), slices, ctx.batch), (1, 1, 1), node,
                    "wino_fused", dict(cfg), node.flops * ctx.batch)]
 
 
