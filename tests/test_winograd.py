@@ -291,12 +291,12 @@ def test_cpu_fused_winograd_legality(rt, net):
     assert {c["m"] for c in fused} == set(FP32.winograd_tiles)
     assert all(gc.KERNEL_FAMILY.why_illegal(node, c, rt) is None for c in fused)
     assert gc.KERNEL_FAMILY.workspace_bytes(node, cfg, 1, FP32) == 0
-    path = tempfile.mkdtemp() + "/c128.cfg"
+    path = tempfile.mkdtemp() + "/c160.cfg"
     with open(path, "w") as f:
-        f.write(net_header(9, 7, channels=128) + conv(4))
+        f.write(net_header(9, 7, channels=160) + conv(4))
     deep = graph_of(path).nodes[0]
-    assert "private memory" in gc.KERNEL_FAMILY.why_illegal(deep, cfg, rt)        # 36 x 128 x 8 floats
-    assert gc.KERNEL_FAMILY.why_illegal(deep, dict(cfg, m=2), rt) is None         # 16 x 128 x 8
+    assert "private memory" in gc.KERNEL_FAMILY.why_illegal(deep, cfg, rt)        # 36 x 160 x 8 floats
+    assert gc.KERNEL_FAMILY.why_illegal(deep, dict(cfg, m=2), rt) is None         # 16 x 160 x 8
 
 
 def test_cpu_fused_winograd_yolov3_tiny_heads(rt):
@@ -321,7 +321,7 @@ def test_cpu_fused_winograd_yolov3_tiny_heads(rt):
                 return gc.heuristic_config(node)
             if kind == "fused" and node in can_fuse:
                 return fused
-            return {"family": "cpu", "algo": "winograd", "m": 4, **CPU_GEMM}     # past 85 channels in both
+            return {"family": "cpu", "algo": "winograd", "m": 4, **CPU_GEMM}     # past 142 channels in both
         return p
     heads = {}
     for kind in ("fused", "unfused"):

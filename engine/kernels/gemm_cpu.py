@@ -56,10 +56,11 @@ WINO_VTS = (1, 8)             # legal VT: the one-tile kernels, or 8 lanes (yc_w
 # channels per register block (KB accumulator vectors), the output channels cut into KS slices
 # (work-items along dimension 1; each slice transforms the input again). A work-item keeps its
 # tiles' transformed input in private memory, (m+2)^2 * C vectors of 8 floats: at most
-# FUSED_MAX_PRIVATE bytes, which bounds C.
+# FUSED_MAX_PRIVATE bytes (PoCL keeps private arrays on its worker threads' stacks), which bounds
+# C (142 channels at F(4x4)).
 FUSED_KBS = (4, 6, 8, 12)
 FUSED_KSS = (1, 2, 4)
-FUSED_MAX_PRIVATE = 96 * 1024
+FUSED_MAX_PRIVATE = 160 * 1024
 
 
 def round_up(x: int, r: int) -> int:
@@ -370,26 +371,30 @@ POINTWISE_MIN_N = 512
 POINTWISE_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2, "KU": 4, "WG": 1, "ORD": 1}
 
 
-# Winograd-able convs over at most FUSED_MAX_C input channels run the fused Winograd untuned, with
-# the largest tile the precision allows and FUSED_BLOCK: per conv (events clock, idle, best of 5
-# interleaved rounds) it took 0.38-0.75x the time of the shipped unfused-Winograd or implicit
-# entries on every such shape over 16-64 channels of yolov3-tiny, yolov4-tiny, yolov3 and yolov4
-# at 416, where the transforms' traffic and launches dominate the unfused Winograd's layers; over 3
-# channels (the first conv) 0.73x (yolov3-tiny) to 0.97x (yolov4, where mish dominates). Past 64
-# channels F(4x4)'s tiles do not fit private memory, and F(2x2)'s lost to the unfused F(4x4)
-# (1.4-1.6x).
+# Winograd-able convs over at most FUSED_MAX_C input channels, or FUSED_WIDE_C over at least
+# FUSED_WIDE_MIN_N output pixels, run the fused Winograd untuned, with the largest tile the
+# precision allows and FUSED_BLOCK. Per conv (events clock, idle, best of 5 interleaved rounds) it
+# took 0.38-0.75x the time of the shipped unfused-Winograd or implicit entries on every such shape
+# over 16-64 channels of yolov3-tiny, yolov4-tiny, yolov3 and yolov4 at 416, where the transforms'
+# traffic and launches dominate the unfused Winograd's layers; over 3 channels (the first conv)
+# 0.73x (yolov3-tiny) to 0.97x (yolov4, where mish dominates). Over 128 channels it won at 38x38
+# and larger (416: yolov3's 128 -> 256 at 52x52 0.73x, yolov4-tiny's 128 -> 128 0.76x; 608:
+# 0.58-0.85x) and lost at 26x26 (1.1-1.2x: 49 tiles make 7 work-items for 2 cores).
 FUSED_MAX_C = 64
+FUSED_WIDE_C, FUSED_WIDE_MIN_N = 128, 1024
 FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
 
 
 def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
-    """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MAX_C``), else
+    """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MAX_C``,
+    ``FUSED_WIDE_C``), else
     the cost model's best algorithm and block (Winograd with the tile sizes ``precision`` allows,
     as in the tuner's candidates)."""
     best, best_cost = None, None
     algos = conv_algos(node)
     M, N, K, G = conv_gemm_shape(node)
-    if "winograd" in algos and node.attrs["in_c"] <= FUSED_MAX_C:
+    cin = node.attrs["in_c"]
+    if "winograd" in algos and (cin <= FUSED_MAX_C or (cin <= FUSED_WIDE_C and N >= FUSED_WIDE_MIN_N)):
         cfg = {"family": FAMILY, "algo": "winograd", "m": max(precision.winograd_tiles), **FUSED_BLOCK}
         if fused_illegal(node, cfg) is None:
             return cfg
