@@ -6,7 +6,8 @@
  *   GEMM            Mt[b][xi][f][p] = sum_c U[xi][f][c] * V[b][xi][c][p]
  *   yc_wino_output  Y = A^T Mt A per tile, fused with the conv epilogue (bias, ACT, residual + ACT2),
  *                   written into the output view (which may be a concat slice).
- * Matrices are Lavin & Gray's. Tiles are numbered row-major over a TH x TW grid.
+ * Matrices are Lavin & Gray's. Tiles are numbered row-major over a TH x TW grid. On a CPU the
+ * three can be one kernel, yc_wino_fused (at the end), which keeps V and Mt in private memory.
  */
 #include "common.h"
 
@@ -188,8 +189,6 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_V
     const int ty = (g) / gw_, tx0 = ((g) - ty * gw_) * WINO_VT;                                  \
     const int n = min(WINO_VT, (TW) - tx0);
 
-typedef float8 yc_f8_u __attribute__((aligned(4)));     /* a float8 at any float's address */
-
 /* s[j] = lanes k of row[j + k * WINO_M], j < WT: one input row's values for the WT tile columns
  * of 8 neighbouring tiles, from contiguous loads (ROW8: 8 floats at 8 * i, ROW2: 2 at i) and
  * swizzles (WINO_VT 8 only). */
@@ -197,10 +196,10 @@ typedef float8 yc_f8_u __attribute__((aligned(4)));     /* a float8 at any float
 #define YC_ROW8(row, i) vload_half8((i), (row))
 #define YC_ROW2(row, i) vload_half2(0, (row) + (i))
 #else
-#define YC_ROW8(row, i) (*(const __global yc_f8_u*)((row) + 8 * (i)))
+#define YC_ROW8(row, i) (*(const __global yc_tv_u*)((row) + 8 * (i)))
 #define YC_ROW2(row, i) ((float2)((row)[i], (row)[(i) + 1]))
 #endif
-#define YC_PRIV8(row, i) (*(const yc_f8_u*)((row) + 8 * (i)))
+#define YC_PRIV8(row, i) (*(const yc_tv_u*)((row) + 8 * (i)))
 #define YC_PRIV2(row, i) ((float2)((row)[i], (row)[(i) + 1]))
 #if WINO_M == 2
 #define YC_STRIDED_LANES(s, row, ROW8, ROW2) {                                                   \

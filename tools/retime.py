@@ -49,7 +49,9 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str) -> Optional[dic
         return {**cfg, "GA": int(name.split(":")[1]), "ST": max(int(cfg.get("ST", 1)), 2)}
     if name.startswith("wg:"):
         wg = int(name.split(":")[1])
-        return None if cfg.get("family") != "cpu" or int(cfg.get("WG", 0)) == wg else {**cfg, "WG": wg}
+        if cfg.get("family") != "cpu" or cfg.get("kernel") == "fused" or int(cfg.get("WG", 0)) == wg:
+            return None                # (the fused Winograd's work-groups are always of one item)
+        return {**cfg, "WG": wg}
     if name.startswith("fused:"):
         c = {"family": "cpu", "algo": "winograd", "m": max(precision.winograd_tiles), "kernel": "fused",
              "KB": int(name.split(":")[1]), "KS": 1}

@@ -387,9 +387,8 @@ FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
 
 def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
     """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MAX_C``,
-    ``FUSED_WIDE_C``), else
-    the cost model's best algorithm and block (Winograd with the tile sizes ``precision`` allows,
-    as in the tuner's candidates)."""
+    ``FUSED_WIDE_C``), the fixed rules below, else the cost model's best algorithm and block
+    (Winograd with the tile sizes ``precision`` allows, as in the tuner's candidates)."""
     best, best_cost = None, None
     algos = conv_algos(node)
     M, N, K, G = conv_gemm_shape(node)
