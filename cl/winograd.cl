@@ -6,7 +6,8 @@
  *   GEMM            Mt[b][xi][f][p] = sum_c U[xi][f][c] * V[b][xi][c][p]
  *   yc_wino_output  Y = A^T Mt A per tile, fused with the conv epilogue (bias, ACT, residual + ACT2),
  *                   written into the output view (which may be a concat slice).
- * Matrices are Lavin & Gray's. Tiles are numbered row-major over a TH x TW grid.
+ * Matrices are Lavin & Gray's. Tiles are numbered row-major over a TH x TW grid. On a CPU the
+ * three can be one kernel, yc_wino_fused (at the end), which keeps V and Mt in private memory.
  */
 #include "common.h"
 
@@ -115,7 +116,7 @@ __kernel void yc_wino_input(__global const dtype* restrict X, const int x_off, c
 #define YC_WINO_OUT_BASES                                                                        \
     const size_t yb = (size_t)y_off + (size_t)b * y_bstride, rb = (size_t)r_off + (size_t)b * r_bstride;
 #else
-#define YC_WINO_OUT_BASES const size_t yb = (size_t)y_off + (size_t)b * y_bstride;
+#define YC_WINO_OUT_BASES const size_t yb = (size_t)y_off + (size_t)b * y_bstride, rb = 0;
 #endif
 
 /* Global size (P, F, batch): one work-item per (tile, filter, image). */
@@ -165,14 +166,17 @@ __kernel void yc_wino_output(__global const dtype* restrict Mt, const int m_off,
 #endif
 #if WINO_VT > 1
 #define TV CAT(float, WINO_VT)
-#define TV_PACK(l) CAT(vload, WINO_VT)(0, l)          /* private lanes -> vector */
-#define TV_UNPACK(v, l) CAT(vstore, WINO_VT)(v, 0, l) /* vector -> private lanes */
+/* A TV at any float's address: one unaligned vector load or store, where PoCL's vloadN/vstoreN
+ * are out-of-line calls. */
+typedef TV yc_tv_u __attribute__((aligned(4)));
+#define TV_PACK(l) (*(const yc_tv_u*)(l))                /* private lanes -> vector */
+#define TV_UNPACK(v, l) (*(yc_tv_u*)(l) = (v))           /* vector -> private lanes */
 #ifdef HALF_STORAGE
 #define TV_GLD(p, i) CAT(vload_half, WINO_VT)(0, (p) + (i))
 #define TV_GST(p, i, v) CAT(vstore_half, WINO_VT)(v, 0, (p) + (i))
 #else
-#define TV_GLD(p, i) CAT(vload, WINO_VT)(0, (p) + (i))
-#define TV_GST(p, i, v) CAT(vstore, WINO_VT)(v, 0, (p) + (i))
+#define TV_GLD(p, i) (*(const __global yc_tv_u*)((p) + (i)))
+#define TV_GST(p, i, v) (*(__global yc_tv_u*)((p) + (i)) = (v))
 #endif
 #define SPAN (WINO_VT * WINO_M + 2)       /* input columns a group's tiles read */
 #define RUN (WINO_VT * WINO_M)            /* output columns a group's tiles write */
@@ -192,11 +196,11 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_V
 #define YC_ROW8(row, i) vload_half8((i), (row))
 #define YC_ROW2(row, i) vload_half2(0, (row) + (i))
 #else
-#define YC_ROW8(row, i) vload8((i), (row))
-#define YC_ROW2(row, i) vload2(0, (row) + (i))
+#define YC_ROW8(row, i) (*(const __global yc_tv_u*)((row) + 8 * (i)))
+#define YC_ROW2(row, i) ((float2)((row)[i], (row)[(i) + 1]))
 #endif
-#define YC_PRIV8(row, i) vload8((i), (row))
-#define YC_PRIV2(row, i) vload2(0, (row) + (i))
+#define YC_PRIV8(row, i) (*(const yc_tv_u*)((row) + 8 * (i)))
+#define YC_PRIV2(row, i) ((float2)((row)[i], (row)[(i) + 1]))
 #if WINO_M == 2
 #define YC_STRIDED_LANES(s, row, ROW8, ROW2) {                                                   \
         const float8 v0 = ROW8(row, 0), v1 = ROW8(row, 1);                                       \
@@ -219,17 +223,12 @@ YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_V
     }
 #endif
 
-__kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off, const int x_bstride,
-                               const int C, const int H, const int W,
-                               __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
+/* d = the WT x WT input tiles (lane k: tile tx0 + k) of the tile group whose input corner is
+ * (y0, x0), read from channel plane Xc (H x W), zero outside it. */
+inline void yc_wino_gather_vt(const __global dtype* restrict Xc, const int y0, const int x0, const int H,
+                              const int W, TV* d)
 {
-    const int c = get_global_id(1), b = get_global_id(2);
-    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
-    if (ty * TW >= P) return;
-    const int y0 = ty * WINO_M - PAD, x0 = tx0 * WINO_M - PAD;
     const bool inside_x = x0 >= 0 && x0 + SPAN <= W;
-    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
-    TV d[T2], t[T2], u[T2];
     #pragma unroll
     for (int i = 0; i < WT; ++i) {
         const int y = y0 + i;
@@ -247,6 +246,18 @@ __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off
             YC_STRIDED_LANES(d + i * WT, r, YC_PRIV8, YC_PRIV2)
         }
     }
+}
+
+__kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                               const int C, const int H, const int W,
+                               __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
+{
+    const int c = get_global_id(1), b = get_global_id(2);
+    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
+    if (ty * TW >= P) return;
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    TV d[T2], t[T2], u[T2];
+    yc_wino_gather_vt(Xc, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
     YC_WINO_FORWARD(yc_bt_v, d, t, u)
     const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + ty * TW + tx0;
     #pragma unroll
@@ -258,6 +269,81 @@ __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off
             float l[WINO_VT];
             TV_UNPACK(u[xi], l);
             for (int k = 0; k < n; ++k) ST(V, o + k, l[k]);
+        }
+    }
+}
+
+/* YC_PIXEL_ORDER(o, y, i): o[0 .. WINO_M) = output row i of the group's tiles in pixel order, as
+ * float8 values (pixel q of the row's RUN = tile q / WINO_M, column q % WINO_M), from the tile-lane
+ * vectors y[i * WINO_M + j] (column j of every tile): a transpose by swizzles (WINO_VT 8 only). */
+#if WINO_M == 2
+#define YC_PIXEL_ORDER(o, y, i) {                                                                \
+        const float8 c0 = (y)[(i) * 2], c1 = (y)[(i) * 2 + 1];                                   \
+        (o)[0] = (float8)(c0.s0, c1.s0, c0.s1, c1.s1, c0.s2, c1.s2, c0.s3, c1.s3);               \
+        (o)[1] = (float8)(c0.s4, c1.s4, c0.s5, c1.s5, c0.s6, c1.s6, c0.s7, c1.s7);               \
+    }
+#else
+#define YC_PIXEL_ORDER(o, y, i) {                                                                \
+        const float8 c0 = (y)[(i) * 4], c1 = (y)[(i) * 4 + 1], c2 = (y)[(i) * 4 + 2], c3 = (y)[(i) * 4 + 3]; \
+        const float8 l01 = (float8)(c0.s0, c1.s0, c0.s1, c1.s1, c0.s2, c1.s2, c0.s3, c1.s3);     \
+        const float8 h01 = (float8)(c0.s4, c1.s4, c0.s5, c1.s5, c0.s6, c1.s6, c0.s7, c1.s7);     \
+        const float8 l23 = (float8)(c2.s0, c3.s0, c2.s1, c3.s1, c2.s2, c3.s2, c2.s3, c3.s3);     \
+        const float8 h23 = (float8)(c2.s4, c3.s4, c2.s5, c3.s5, c2.s6, c3.s6, c2.s7, c3.s7);     \
+        (o)[0] = (float8)(l01.s01, l23.s01, l01.s23, l23.s23);                                   \
+        (o)[1] = (float8)(l01.s45, l23.s45, l01.s67, l23.s67);                                   \
+        (o)[2] = (float8)(h01.s01, h23.s01, h01.s23, h23.s23);                                   \
+        (o)[3] = (float8)(h01.s45, h23.s45, h01.s67, h23.s67);                                   \
+    }
+#endif
+
+/* The epilogue of a tile group's output channel, y = its WINO_M x WINO_M output values (lane k:
+ * tile tx0 + k) before the bias: bias bf, ACT, with RESIDUAL the shortcut from R (rb + plane) and
+ * ACT2, stored into the plane at yb + plane of the output view, for lanes k0 <= k < k1 (tx0 may be
+ * negative when k0 > 0: the fused kernel's groups that continue on the next tile row). An output
+ * row at a time, put in pixel order first (the epilogue is element-wise), so a full row is
+ * WINO_M vector loads/stores. */
+inline void yc_wino_store_vt(const TV* y, const float bf, const size_t plane, const int ty, const int tx0,
+                             const int k0, const int k1, __global dtype* restrict Y, const size_t yb,
+                             const int OH, const int OW, __global const dtype* restrict R, const size_t rb)
+{
+    const int ox0 = tx0 * WINO_M, qa = k0 * WINO_M, nx = min(k1 * WINO_M, OW - ox0);
+    #pragma unroll
+    for (int i = 0; i < WINO_M; ++i) {
+        const int oy = ty * WINO_M + i;
+        if (oy >= OH) break;
+        const size_t pix = plane + (size_t)oy * OW + ox0;     /* modulo 2^64 where ox0 < 0: q >= qa is in the row */
+        TV o[WINO_M];
+        YC_PIXEL_ORDER(o, y, i)
+        float l[WINO_VT];
+        if (qa == 0 && nx == RUN) {
+            #pragma unroll
+            for (int j = 0; j < WINO_M; ++j) {
+                TV v = yc_act_tv(o[j] + (TV)(bf), ACT);
+#ifdef RESIDUAL
+                v = yc_act_tv(v + TV_GLD(R, rb + pix + j * WINO_VT), ACT2);
+#endif
+                TV_GST(Y, yb + pix + j * WINO_VT, v);
+            }
+        } else {                              /* part of a row, columns qa <= q < nx: whole vectors inside it */
+            #pragma unroll
+            for (int j = 0; j < WINO_M; ++j) {
+                const int q0 = j * WINO_VT, inside = q0 >= qa && q0 + WINO_VT <= nx;
+                TV v = yc_act_tv(o[j] + (TV)(bf), ACT);
+#ifdef RESIDUAL
+                if (inside) {
+                    v = yc_act_tv(v + TV_GLD(R, rb + pix + q0), ACT2);
+                } else {
+                    for (int q = 0; q < WINO_VT; ++q) l[q] = q0 + q >= qa && q0 + q < nx ? LD(R, rb + pix + q0 + q) : 0.0f;
+                    v = yc_act_tv(v + TV_PACK(l), ACT2);
+                }
+#endif
+                if (inside) {
+                    TV_GST(Y, yb + pix + q0, v);
+                } else {
+                    TV_UNPACK(v, l);
+                    for (int q = max(qa - q0, 0); q < min(nx - q0, WINO_VT); ++q) ST(Y, yb + pix + q0 + q, l[q]);
+                }
+            }
         }
     }
 }
@@ -285,43 +371,86 @@ __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_o
         }
     }
     YC_WINO_INVERSE(yc_at_v, m, t, y)
-    const float bf = bias[f];
-    const int ox0 = tx0 * WINO_M, nx = min(RUN, OW - ox0);
     YC_WINO_OUT_BASES
-    /* The epilogue an output row at a time: column j of the group's tiles is one vector (lane k =
-     * tile k); the row's RUN outputs interleave them, o[k * WINO_M + j]. */
-    #pragma unroll
-    for (int i = 0; i < WINO_M; ++i) {
-        const int oy = ty * WINO_M + i;
-        if (oy >= OH) break;
-        const size_t pix = (size_t)f * OH * OW + (size_t)oy * OW + ox0;
-        float o[RUN];
-#ifdef RESIDUAL
-        if (nx == RUN) {
-            #pragma unroll
-            for (int q = 0; q < RUN; ++q) o[q] = LD(R, rb + pix + q);
-        } else {
-            for (int q = 0; q < RUN; ++q) o[q] = q < nx ? LD(R, rb + pix + q) : 0.0f;
-        }
+    yc_wino_store_vt(y, bias[f], (size_t)f * OH * OW, ty, tx0, 0, WINO_VT, Y, yb, OH, OW, R, rb);
+}
+
+/* The fused CPU Winograd conv (WF_C defined: the input channels; WF_KB the register block): one
+ * work-item takes a tile group (WINO_VT consecutive tiles in row-major order, lane k = tile
+ * p0 + k, continuing on the next tile row where a row ends, so no lane idles but in the last
+ * group) and KBS blocks of WF_KB output channels; it transforms all WF_C input channels of its
+ * tiles into private memory (V, T2 x WF_C vectors), then per block and transform point multiplies
+ * them by the pre-transformed weights (U packed [T2][MB][WF_C][WF_KB], float, MB = ceil(F / WF_KB):
+ * a block's weights for one point are contiguous) with WF_KB accumulator vectors and broadcast
+ * weights, and inverse-transforms the block's outputs straight into the output view with the
+ * epilogue of yc_wino_output_vt. One launch per conv, and V and the products never leave the
+ * core's caches. Global size (ceil(TH * TW / WINO_VT), ceil(MB / KBS), batch), work-groups of one. */
+#ifdef WF_C
+#ifndef WF_KB
+#define WF_KB 8
 #endif
+/* Lanes k >= k of each later tile row r (first tile 0 at lane k): the rows a group continues on. */
+#define YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, TH)                                                   \
+    for (int r = (ty) + 1, k = (TW) - (tx0); k < WINO_VT && r < (TH); ++r, k += (TW))
+
+__kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                            const int H, const int W, const int PAD, const int TW,
+                            __global const float* restrict U, __global const float* restrict bias, const int F,
+                            const int KBS, __global dtype* restrict Y, const int y_off, const int y_bstride,
+                            const int OH, const int OW,
+                            __global const dtype* restrict R, const int r_off, const int r_bstride)
+{
+    const int b = get_global_id(2);
+    const int th = (OH + WINO_M - 1) / WINO_M, MB = (F + WF_KB - 1) / WF_KB;
+    const int p0 = get_global_id(0) * WINO_VT;
+    if (p0 >= th * TW) return;
+    const int ty = p0 / TW, tx0 = p0 - ty * TW;
+    const int kb0 = get_global_id(1) * KBS, kb1 = min(kb0 + KBS, MB);
+    const __global dtype* Xb = X + x_off + (size_t)b * x_bstride;
+    const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
+    TV V[T2 * WF_C];
+    for (int c = 0; c < WF_C; ++c) {
+        const __global dtype* Xc = Xb + (size_t)c * H * W;
+        TV d[T2], t[T2], u[T2];
+        yc_wino_gather_vt(Xc, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
+        YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, th) {
+            yc_wino_gather_vt(Xc, r * WINO_M - PAD, -k * WINO_M - PAD, H, W, t);
+            const int8 next = lane >= (int8)(k);
+            #pragma unroll
+            for (int i = 0; i < T2; ++i) d[i] = next ? t[i] : d[i];
+        }
+        YC_WINO_FORWARD(yc_bt_v, d, t, u)
         #pragma unroll
-        for (int j = 0; j < WINO_M; ++j) {
-            TV v = yc_act_tv(y[i * WINO_M + j] + (TV)(bf), ACT);
-#ifdef RESIDUAL
+        for (int xi = 0; xi < T2; ++xi) V[xi * WF_C + c] = u[xi];
+    }
+    YC_WINO_OUT_BASES
+    for (int kb = kb0; kb < kb1; ++kb) {
+        TV Mk[WF_KB * T2];                    /* the block's products, T2 per output channel */
+        for (int xi = 0; xi < T2; ++xi) {
+            const __global float* u = U + ((size_t)xi * MB + kb) * WF_C * WF_KB;
+            const TV* v = V + xi * WF_C;
+            TV a[WF_KB];
             #pragma unroll
-            for (int k = 0; k < WINO_VT; ++k) l[k] = o[k * WINO_M + j];
-            v = yc_act_tv(v + TV_PACK(l), ACT2);
-#endif
-            TV_UNPACK(v, l);
+            for (int k = 0; k < WF_KB; ++k) a[k] = (TV)(0.0f);
+            for (int c = 0; c < WF_C; ++c) {
+                const TV x = v[c];
+                #pragma unroll
+                for (int k = 0; k < WF_KB; ++k) a[k] = (TV)(u[c * WF_KB + k]) * x + a[k];
+            }
             #pragma unroll
-            for (int k = 0; k < WINO_VT; ++k) o[k * WINO_M + j] = l[k];
+            for (int k = 0; k < WF_KB; ++k) Mk[k * T2 + xi] = a[k];
         }
-        if (nx == RUN) {
-            #pragma unroll
-            for (int q = 0; q < RUN; ++q) ST(Y, yb + pix + q, o[q]);
-        } else {
-            for (int q = 0; q < nx; ++q) ST(Y, yb + pix + q, o[q]);
+        for (int k = 0; k < WF_KB; ++k) {
+            const int f = kb * WF_KB + k;
+            if (f >= F) break;
+            TV t[WINO_M * WT], y[WINO_M * WINO_M];
+            YC_WINO_INVERSE(yc_at_v, Mk + k * T2, t, y)
+            const size_t plane = (size_t)f * OH * OW;
+            yc_wino_store_vt(y, bias[f], plane, ty, tx0, 0, min(WINO_VT, TW - tx0), Y, yb, OH, OW, R, rb);
+            YC_FOR_NEXT_ROWS(r, kr, ty, tx0, TW, th)
+                yc_wino_store_vt(y, bias[f], plane, r, -kr, kr, min(WINO_VT, kr + TW), Y, yb, OH, OW, R, rb);
         }
     }
 }
+#endif
 #endif

@@ -277,9 +277,10 @@ def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
         for precision in (FP32, FP16):
             half = precision.half
             cfg = gc.heuristic_config(node, 2, precision)
-            M, N, K, G = gc.gemm_shape(node, cfg)
             assert cfg["algo"] in gc.conv_algos(node)
-            assert gc.why_illegal(cfg, M, N, K) is None and gc.conv_illegal(node, cfg) is None, cfg
+            assert gc.KERNEL_FAMILY.why_illegal(node, cfg, rt) is None, cfg
+            fused = cfg.get("kernel") == "fused"
+            assert fused == (node.attrs["size"] == 3 and d == 1 and g == 1 and c <= gc.FUSED_MAX_C), cfg
             assert not (half and cfg.get("m", 2) != 2), cfg
             bench = ConvBench(rt, node, 2, precision, rt.queue, seed=5)
             err = bench.check(bench.bind(cfg))
@@ -289,14 +290,18 @@ def test_heuristic_is_legal_and_correct(rt, tmp_path, c, k, d, g):
 def test_heuristic_large_maps(rt, tmp_path):
     """Over large maps the heuristic's fixed rules apply and compute the conv: a 1x1 conv over at
     least POINTWISE_MIN_N pixels gets POINTWISE_BLOCK (here with ragged rows: 10 filters in 4-row
-    blocks), a 3x3 over 32 channels and IMPLICIT_LARGE_N pixels the implicit GEMM; on smaller
-    maps neither rule applies."""
+    blocks), a dilated 3x3 (no Winograd) over 32 channels and IMPLICIT_LARGE_N pixels the implicit
+    GEMM; on smaller maps neither rule applies. A plain 3x3 over 32 channels gets the fused
+    Winograd on either."""
     from yolo_cl.tuner import ConvBench
     for (w, h), large in (((256, 128), True), ((24, 10), False)):
-        conv3, conv1 = conv_nodes(tmp_path / "net.cfg", conv_net(32, 3, 1, 1, w, h))
+        conv3, conv1 = conv_nodes(tmp_path / "net.cfg", conv_net(32, 3, 2, 1, w, h))
         assert (w * h >= gc.IMPLICIT_LARGE_N) == large and (w * h >= gc.POINTWISE_MIN_N) == large
         c3, c1 = gc.heuristic_config(conv3), gc.heuristic_config(conv1)
-        assert (c3["algo"] == "implicit") == large, c3
+        rule = {"family": "cpu", "algo": "implicit", **gc.IMPLICIT_BLOCK, **gc.HEURISTIC_FIXED}
+        assert (c3 == rule) == large, c3
+        plain = conv_nodes(tmp_path / "plain.cfg", conv_net(32, 3, 1, 1, w, h))[0]
+        assert gc.heuristic_config(plain) == {"family": "cpu", "algo": "winograd", "m": 4, **gc.FUSED_BLOCK}
         assert ({k: c1[k] for k in gc.POINTWISE_BLOCK if k in c1} == gc.POINTWISE_BLOCK) == large, c1
         for node, cfg in ((conv3, c3), (conv1, c1)):
             bench = ConvBench(rt, node, 1, FP32, rt.queue, seed=7)

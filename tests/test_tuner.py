@@ -183,8 +183,7 @@ def test_search_is_legal_correct_and_within_budget(rt, tmp_path):
         r = tuner.search(node)
         assert 0 < r.timed <= max(1, int(0.25 * r.candidates)), (r.timed, r.candidates)
         assert r.config in tuner.candidates(node)
-        M, N, K, _ = gemm_cpu.gemm_shape(node, r.config)
-        assert gemm_cpu.why_illegal(r.config, M, N, K) is None
+        assert gemm_cpu.KERNEL_FAMILY.why_illegal(node, r.config, rt) is None
         bench = tmod.ConvBench(rt, node, 1, FP32, tuner.queue, seed=5)
         assert bench.check(bench.bind(r.config)) < 1e-4
         assert 0 < r.ms < float("inf")

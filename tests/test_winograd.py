@@ -206,3 +206,130 @@ def test_cpu_transform_lanes_are_checked(rt, net):
     cfg = {"family": "cpu", "algo": "winograd", "m": 4, **CPU_GEMM}
     assert gc.KERNEL_FAMILY.why_illegal(node, dict(cfg, VT=8), rt) is None
     assert "VT=16" in gc.KERNEL_FAMILY.why_illegal(node, dict(cfg, VT=16), rt)
+
+
+def fused_pick(m, kb, ks):
+    """Every Winograd-able conv on the CPU family's fused Winograd, the rest on im2col."""
+    def pick(node):
+        if winograd.applicable(node):
+            return {"family": "cpu", "algo": "winograd", "m": m, "kernel": "fused", "KB": kb, "KS": ks}
+        return dict(CPU_IM2COL)
+    return pick
+
+
+def unfused_pick(m):
+    def pick(node):
+        if winograd.applicable(node):
+            return {"family": "cpu", "algo": "winograd", "m": m, **CPU_GEMM}
+        return dict(CPU_IM2COL)
+    return pick
+
+
+@pytest.mark.parametrize("m,kb,ks,half", [(4, 8, 1, False), (2, 6, 2, False), (4, 12, 2, False), (4, 4, 1, True),
+                                          (2, 8, 1, True)])
+@pytest.mark.parametrize("which", ["net", "wide"])
+def test_cpu_fused_winograd(rt, net, wide, m, kb, ks, half, which):
+    """The fused CPU Winograd (``yc_wino_fused``: transform, multiply and inverse transform of a
+    tile group in one work-item) against the NumPy forward pass and against the unfused Winograd of
+    the same tile size: filter counts (13, 11, 9, 5...) that are not multiples of the register block
+    KB, output channels split into KS slices, odd widths and heights (partial tile groups and tile
+    rows), a residual with mish then leaky, a conv written into a concat slice, half storage,
+    batch 2. One launch per conv, no transform launches and no workspace."""
+    graph, blob, ref = net if which == "net" else wide
+    ex, out = run(rt, graph, blob, fused_pick(m, kb, ks), half=half)
+    names = [l.name for l in ex.launches]
+    assert names.count("wino_fused") == sum(winograd.applicable(n) for n in graph.nodes if n.op == "conv") >= 3
+    assert not {"wino_input", "wino_gemm", "wino_output"} & set(names)
+    err = rel(out, ref)
+    assert err < (5e-3 if half else 2e-4)
+    unfused = run(rt, graph, blob, unfused_pick(m), half=half)[1]
+    print(f"fused F({m}x{m}) {'fp16' if half else 'fp32'}: {err:.2e} vs NumPy, unfused {rel(unfused, ref):.2e}")
+    if half:        # the unfused kernels round V and the products to half in the workspace, the fused never
+        assert err <= rel(unfused, ref)
+    else:           # the same sums in the same order, but for the GEMM's contractions
+        assert rel(out, unfused) < 2e-6
+
+
+# Every activation but stair (a step function: a rounding difference at a step would be a jump).
+ACTS = ("linear", "leaky", "relu", "relu6", "logistic", "tanh", "mish", "swish", "hard_mish", "elu", "selu",
+        "gelu", "hardtan", "lhtan", "ramp", "plse", "loggy", "relie", "revleaky")
+
+
+def test_cpu_fused_winograd_activations(rt):
+    """Each activation in the fused Winograd's epilogue, one conv per activation over a shared
+    input, against NumPy: the same net with linear convs (same weights) through the NumPy forward
+    pass, then np_darknet's activation."""
+    import np_darknet
+
+    def text(acts):
+        return net_header(19, 11) + conv(6) + "".join(conv(5, act=a, bn=0) + route(0) for a in acts)
+    folder = tempfile.mkdtemp()
+    cfg_lin, wts = write_model(folder, "lin", text(["linear"] * len(ACTS)), seed=3)
+    cfg = folder + "/acts.cfg"
+    with open(cfg, "w") as f:
+        f.write(text(ACTS))
+    keep = [1 + 2 * i for i in range(len(ACTS))]
+    blob = np.random.default_rng(8).uniform(-1, 1, (1, 3, 11, 19)).astype(np.float32)
+    z = forward_numpy(cfg_lin, wts, blob, keep=keep)
+    ex, _ = run(rt, graph_of(cfg, wts, keep=keep), blob, fused_pick(4, 4, 1))
+    outs = ex.run(blob)
+    assert sum(l.name == "wino_fused" for l in ex.launches) == len(ACTS) + 1
+    for act, i, out in zip(ACTS, keep, outs):
+        assert rel(out, np_darknet.activate(z[i], act)) < 2e-4, act
+
+
+def test_cpu_fused_winograd_legality(rt, net):
+    """Register blocks and slices outside the declared tunables, and channel counts whose
+    transformed tiles would not fit private memory, are refused with the reason; the candidates
+    hold only legal fused configs, for every tile size, and the fused config needs no workspace."""
+    from yolo_cl.kernels import gemm_cpu as gc
+    node = next(n for n in net[0].nodes if n.op == "conv" and winograd.applicable(n))
+    cfg = {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1}
+    assert gc.KERNEL_FAMILY.why_illegal(node, cfg, rt) is None
+    assert "KB=5" in gc.KERNEL_FAMILY.why_illegal(node, dict(cfg, KB=5), rt)
+    fused = [c for c in gc.KERNEL_FAMILY.candidates(node, rt, 1, FP32, "") if c.get("kernel") == "fused"]
+    assert {c["m"] for c in fused} == set(FP32.winograd_tiles)
+    assert all(gc.KERNEL_FAMILY.why_illegal(node, c, rt) is None for c in fused)
+    assert gc.KERNEL_FAMILY.workspace_bytes(node, cfg, 1, FP32) == 0
+    path = tempfile.mkdtemp() + "/c160.cfg"
+    with open(path, "w") as f:
+        f.write(net_header(9, 7, channels=160) + conv(4))
+    deep = graph_of(path).nodes[0]
+    assert "private memory" in gc.KERNEL_FAMILY.why_illegal(deep, cfg, rt)        # 36 x 160 x 8 floats
+    assert gc.KERNEL_FAMILY.why_illegal(deep, dict(cfg, m=2), rt) is None         # 16 x 160 x 8
+
+
+def test_cpu_fused_winograd_yolov3_tiny_heads(rt):
+    """yolov3-tiny with its real weights on a real image at 416: the two heads with every 3x3
+    stride-1 conv on the fused Winograd equal those with the unfused one (F(4x4) both), and the
+    NumPy forward pass."""
+    import cv2
+    from pathlib import Path
+    from yolo_cl.kernels import gemm_cpu as gc
+    root = Path(__file__).resolve().parents[1]
+    cfg, wts = str(root / "models" / "yolov3-tiny.cfg"), str(root / "models" / "yolov3-tiny.weights")
+    img = cv2.imread(str(root.parent / "shared" / "images" / "dog.jpg"))
+    blob = cv2.dnn.blobFromImage(img, 1 / 255.0, (416, 416), swapRB=True, crop=False)
+    graph = graph_of(cfg, wts)
+
+    fused = {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1}
+    can_fuse = [n for n in graph.nodes if n.op == "conv" and winograd.applicable(n) and gc.fused_illegal(n, fused) is None]
+
+    def pick(kind):
+        def p(node):
+            if not winograd.applicable(node):
+                return gc.heuristic_config(node)
+            if kind == "fused" and node in can_fuse:
+                return fused
+            return {"family": "cpu", "algo": "winograd", "m": 4, **CPU_GEMM}     # past 142 channels in both
+        return p
+    heads = {}
+    for kind in ("fused", "unfused"):
+        ex = Executor(rt, graph, batch=1, precision=FP32, tuning=FixedTuning(pick(kind)))
+        fused_launches = sum(l.name == "wino_fused" for l in ex.launches)
+        assert fused_launches == (len(can_fuse) if kind == "fused" else 0) and len(can_fuse) >= 4
+        heads[kind] = ex.run(blob)
+    ref = list(forward_numpy(cfg, wts, blob, keep="heads").values())
+    assert len(heads["fused"]) == len(ref) == 2
+    for f, u, r in zip(heads["fused"], heads["unfused"], ref):
+        assert rel(f, u) < 1e-5 and rel(f, r) < 2e-4

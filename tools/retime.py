@@ -6,7 +6,7 @@ A full re-tune searches every shape again (tens of minutes); when something chan
 the networks whose config comes from the tuning database, the stored config against each
 ``--variants`` alternative, every one first checked against NumPy with the precision's gate, and
 writes the faster per shape key (by at least ``--margin``) into a tuning file (``--out``, default
-the user database). Variants:
+the user database). Each config's time is its best over ``--rounds`` round-robin timings. Variants:
 
   ``heuristic``  the config the heuristic would pick for that conv (any family);
   ``gather:G``   for the tensor-core family's implicit convs, the stored config with the implicit
@@ -14,6 +14,8 @@ the user database). Variants:
   ``wg:N``       for the CPU family, the stored config with work-groups of N items (``WG``; 0 lets
                  the driver choose, which on PoCL can leave a core idle: a config tuned by CPU
                  time never sees that, the events clock does);
+  ``fused:KB``   for a CPU-family conv Winograd applies to, the fused Winograd (one launch) with
+                 register block KB, the precision's largest tile and one slice, where legal;
   ``set:K=V/K=V`` the stored config with those tunables set (the tensor-core family's ``GA`` only
                  where the conv is implicit; ``SK`` dropped unless it or ``SS`` is named -- ``set:SS=1``
                  times a split config with its sum inside the GEMM launch; ``algo=im2col`` switches the
@@ -36,7 +38,9 @@ from typing import Optional
 
 from yolo_cl.bench import random_params
 from yolo_cl.kernels.conv import heuristic_config
+from yolo_cl.kernels import winograd
 from yolo_cl.kernels.family import tuning_database
+from yolo_cl.kernels.gemm_cpu import fused_illegal
 from yolo_cl.kernels.gemm_mma import mode_for
 from yolo_cl.model import load_model
 from yolo_cl.precision import precision_named
@@ -66,19 +70,27 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
         return {**cfg, "GA": int(name.split(":")[1]), "ST": max(int(cfg.get("ST", 1)), 2)}
     if name.startswith("wg:"):
         wg = int(name.split(":")[1])
-        return None if cfg.get("family") != "cpu" or int(cfg.get("WG", 0)) == wg else {**cfg, "WG": wg}
-    raise SystemExit(f"retime: unknown variant '{name}' (heuristic, gather:G, wg:N, set:K=V/...)")
+        if cfg.get("family") != "cpu" or cfg.get("kernel") == "fused" or int(cfg.get("WG", 0)) == wg:
+            return None                # (the fused Winograd's work-groups are always of one item)
+        return {**cfg, "WG": wg}
+    if name.startswith("fused:"):
+        c = {"family": "cpu", "algo": "winograd", "m": max(precision.winograd_tiles), "kernel": "fused",
+             "KB": int(name.split(":")[1]), "KS": 1}
+        if cfg.get("family") != "cpu" or not winograd.applicable(node) or fused_illegal(node, c) is not None:
+            return None
+        return None if cfg == c else c
+    raise SystemExit(f"retime: unknown variant '{name}' (heuristic, gather:G, wg:N, fused:KB, set:K=V/...)")
 
 
 def retime(models: list, size: int, precision_name: str, variants: list, reps: int, margin: float,
-           clock: str, batch: int = 1, untuned: bool = False, budget: float = 0.0,
+           clock: str, batch: int = 1, untuned: bool = False, budget: float = 0.0, rounds: int = 3,
            log=print) -> tuple:
     """(entries {shape key: config + ms}, the database); each shape's line goes to ``log`` as it is timed.
 
-    Batches above 2 are gated against NumPy at batch 2 (the same config and shape: the batch only
-    repeats the tiles along Z, and 2 exercises that stride) and timed at the full batch, so that a
-    608 batch-8 reference does not take minutes per shape. ``budget`` > 0 stops starting new
-    shapes after that many seconds."""
+    Each config's time is its best over ``rounds`` round-robin timings. Batches above 2 are gated
+    against NumPy at batch 2 (the same config and shape: the batch only repeats the tiles along Z,
+    and 2 exercises that stride) and timed at the full batch, so that a 608 batch-8 reference does
+    not take minutes per shape. ``budget`` > 0 stops starting new shapes after that many seconds."""
     rt = Runtime(None, profiling=True)
     precision = precision_named(precision_name)
     mma = mode_for(rt, precision)
@@ -105,18 +117,27 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
             gate = ConvBench(rt, node, min(batch, 2), precision, rt.queue, seed=1, mma=mma)
             bench = gate if batch <= 2 else ConvBench(rt, node, batch, precision, rt.queue, seed=1,
                                                       reference=False, mma=mma)
-            timed = {}
+            bound = {}
             for name, c in [("stored", cfg)] + list(alts.items()):
                 try:
-                    err = gate.check(gate.bind(c))
-                    launches = bench.bind(c) if bench is not gate else None
+                    launches = gate.bind(c)
+                    err = gate.check(launches)
+                    if bench is not gate:
+                        launches = bench.bind(c)
                 except Exception as e:     # noqa: BLE001 - a variant that does not build: not a candidate
                     log(f"{key}: {name} failed: {str(e).splitlines()[0][:120]}")
                     continue
                 if not err <= precision.tolerance:
                     log(f"{key}: {name} rejected, relative error {err:.2e}")
                     continue
-                timed[name] = (bench.time(launches or gate.bind(c), reps, clock), c)
+                bound[name] = (launches, c)
+            # Round-robin rounds, each config's best kept: on a CPU a config timed once, right
+            # after binding, read up to 2x slower than the same config a few rounds later.
+            timed = {}
+            for _ in range(rounds):
+                for name, (launches, c) in bound.items():
+                    t = bench.time(launches, reps, clock)
+                    timed[name] = (min(t, timed.get(name, (t,))[0]), c)
             if "stored" not in timed:
                 continue
             best = min(timed, key=lambda n: timed[n][0])
@@ -136,15 +157,16 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--untuned", action="store_true", help="also time convs without a stored entry (baseline: the heuristic)")
     ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--variants", default="heuristic", help="comma-separated: heuristic, gather:G, wg:N, set:K=V/K=V")
+    ap.add_argument("--variants", default="heuristic", help="comma-separated: heuristic, gather:G, wg:N, fused:KB, set:K=V/K=V")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3, help="times each config is timed, round-robin; the best counts")
     ap.add_argument("--clock", default="events", choices=("events", "cpu"))
     ap.add_argument("--margin", type=float, default=0.03, help="keep a variant only this much faster")
     ap.add_argument("--budget", type=float, default=0.0, help="seconds after which no new shape is started (0: none)")
     ap.add_argument("--out", default="", help="tuning file to write (default: the user database)")
     a = ap.parse_args(argv)
     entries, db = retime(a.models, a.size, a.precision, a.variants.split(","), a.reps, a.margin, a.clock,
-                         a.batch, a.untuned, a.budget, lambda line: print(line, flush=True))
+                         a.batch, a.untuned, a.budget, a.rounds, lambda line: print(line, flush=True))
     if entries:
         path = db.record(entries, a.out or None)
         print(f"{len(entries)} shapes re-timed faster, written to {path}")

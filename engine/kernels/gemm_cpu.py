@@ -24,6 +24,11 @@ GEMM, batched over the (m+2)^2 transform points: F(2x2) does 2.25x and F(4x4) 4x
 multiplies than the direct GEMM. Its transforms run ``VT`` (default ``WINO_VT``, 8) neighbouring
 tiles to a work-item as SIMD lanes (``yc_wino_*_vt``: contiguous row loads and swizzles instead
 of one gather per element; ``VT`` 1 keeps the one-tile kernels the GPU family uses).
+``kernel`` ``fused`` runs it as one launch (``yc_wino_fused``: a work-item transforms a group of
+8 consecutive tiles' input channels into private memory, multiplies them by ``KB`` output channels' weights
+at a time and inverse-transforms them into the output), for layers of few input channels::
+
+    {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1}
 """
 from __future__ import annotations
 
@@ -47,6 +52,15 @@ MAX_ACC = 128                 # accumulator floats per work-item: 16 AVX registe
 MAX_BLOCK = 16                # largest TM / TN
 WINO_VT = 8                   # Winograd transforms: tiles per work-item, as SIMD lanes (cl/winograd.cl)
 WINO_VTS = (1, 8)             # legal VT: the one-tile kernels, or 8 lanes (yc_wino_input_vt swizzles 8)
+# The fused Winograd's tunables (cl/winograd.cl ``yc_wino_fused``, 8 tiles a work-item): KB output
+# channels per register block (KB accumulator vectors), the output channels cut into KS slices
+# (work-items along dimension 1; each slice transforms the input again). A work-item keeps its
+# tiles' transformed input in private memory, (m+2)^2 * C vectors of 8 floats: at most
+# FUSED_MAX_PRIVATE bytes (PoCL keeps private arrays on its worker threads' stacks), which bounds
+# C (142 channels at F(4x4)).
+FUSED_KBS = (4, 6, 8, 12)
+FUSED_KSS = (1, 2, 4)
+FUSED_MAX_PRIVATE = 160 * 1024
 
 
 def round_up(x: int, r: int) -> int:
@@ -287,6 +301,49 @@ def candidates(node: Node, rt, batch: int = 1, precision: Precision = FP32) -> l
             M, N, K, G = gemm_shape(node, head)
             out.extend(c for c in ({**head, **c} for c in space(M, N, K, max_work_group(rt), *simd(rt)))
                        if conv_illegal(node, c) is None)
+            if m is not None:
+                out.extend(fused_space(node, m))
+    return out
+
+
+def fused_illegal(node: Node, cfg: dict) -> Optional[str]:
+    """Why fused Winograd config ``cfg`` cannot run ``node``, or None."""
+    m, kb, ks = cfg.get("m", 2), cfg.get("KB"), cfg.get("KS", 1)
+    if kb not in FUSED_KBS or ks not in FUSED_KSS:
+        return f"fused Winograd needs KB in {FUSED_KBS} and KS in {FUSED_KSS}, not KB={kb} KS={ks}"
+    private = (m + 2) ** 2 * node.attrs["in_c"] * WINO_VT * 4
+    if private > FUSED_MAX_PRIVATE:
+        return f"fused Winograd over {node.attrs['in_c']} channels needs {private} bytes of private memory"
+    return None
+
+
+def fused_slices(filters: int, kb: int, ks: int) -> tuple:
+    """(register blocks per work-item, work-items along dimension 1): ``filters`` in blocks of
+    ``kb`` cut into ``ks`` slices, or fewer where there are fewer blocks."""
+    mb = -(-filters // kb)
+    per = -(-mb // ks)
+    return per, -(-mb // per)
+
+
+def fused_groups(node: Node, m: int) -> int:
+    """Work-items along dimension 0 of the fused Winograd: groups of WINO_VT consecutive tiles in
+    row-major order (a group continues on the next tile row, so only the last may be partial)."""
+    return -(-winograd.tile_grid(node, m)[2] // WINO_VT)
+
+
+def fused_space(node: Node, m: int) -> list:
+    """The fused Winograd's legal configs for ``node`` with tile size ``m`` (a KS that slices the
+    filters no finer than a smaller one is left out)."""
+    head = {"family": FAMILY, "algo": "winograd", "m": m, "kernel": "fused"}
+    out = []
+    for kb in FUSED_KBS:
+        seen = set()
+        for ks in FUSED_KSS:
+            c = {**head, "KB": kb, "KS": ks}
+            slices = fused_slices(node.attrs["filters"], kb, ks)
+            if slices not in seen and fused_illegal(node, c) is None:
+                out.append(c)
+            seen.add(slices)
     return out
 
 
@@ -314,12 +371,32 @@ POINTWISE_MIN_N = 512
 POINTWISE_BLOCK = {"kernel": "nv", "TM": 4, "VW": 8, "NV": 2, "KU": 4, "WG": 1, "ORD": 1}
 
 
+# Winograd-able convs over at most FUSED_MAX_C input channels, or FUSED_WIDE_C over at least
+# FUSED_WIDE_MIN_N output pixels, run the fused Winograd untuned, with the largest tile the
+# precision allows and FUSED_BLOCK. Per conv (events clock, idle, best of 5 interleaved rounds) it
+# took 0.38-0.75x the time of the shipped unfused-Winograd or implicit entries on every such shape
+# over 16-64 channels of yolov3-tiny, yolov4-tiny, yolov3 and yolov4 at 416, where the transforms'
+# traffic and launches dominate the unfused Winograd's layers; over 3 channels (the first conv)
+# 0.73x (yolov3-tiny) to 0.97x (yolov4, where mish dominates). Over 128 channels it won at 38x38
+# and larger (416: yolov3's 128 -> 256 at 52x52 0.73x, yolov4-tiny's 128 -> 128 0.76x; 608:
+# 0.58-0.85x) and lost at 26x26 (1.1-1.2x: 49 tiles make 7 work-items for 2 cores).
+FUSED_MAX_C = 64
+FUSED_WIDE_C, FUSED_WIDE_MIN_N = 128, 1024
+FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
+
+
 def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
-    """The untuned choice for a conv on a CPU: the cost model's best algorithm and block
+    """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MAX_C``,
+    ``FUSED_WIDE_C``), the fixed rules below, else the cost model's best algorithm and block
     (Winograd with the tile sizes ``precision`` allows, as in the tuner's candidates)."""
     best, best_cost = None, None
     algos = conv_algos(node)
     M, N, K, G = conv_gemm_shape(node)
+    cin = node.attrs["in_c"]
+    if "winograd" in algos and (cin <= FUSED_MAX_C or (cin <= FUSED_WIDE_C and N >= FUSED_WIDE_MIN_N)):
+        cfg = {"family": FAMILY, "algo": "winograd", "m": max(precision.winograd_tiles), **FUSED_BLOCK}
+        if fused_illegal(node, cfg) is None:
+            return cfg
     if algos == ["gemm1x1"] and N >= POINTWISE_MIN_N:
         cfg = {"family": FAMILY, "algo": "gemm1x1", **POINTWISE_BLOCK}
         if why_illegal(cfg, M, N, K) is None:
@@ -346,9 +423,24 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) ->
     return best
 
 
+def fused_cost(node: Node, cfg: dict, batch: int = 1, threads: int = 2) -> float:
+    """``cost``'s units for the fused Winograd: per work-item (8 tiles) the multiplies, a step of
+    KB FMAs and KB + 1 loads per transform point, channel and block, the input transform of every
+    channel (again in every slice) and the inverse transform and epilogue of every filter."""
+    m, kb, ks = int(cfg.get("m", 2)), cfg["KB"], cfg.get("KS", 1)
+    t2, C, F = (m + 2) ** 2, node.attrs["in_c"], node.attrs["filters"]
+    per, slices = fused_slices(F, kb, ks)
+    items = fused_groups(node, m) * slices * batch
+    step = max(kb, 0.75 * (kb + 1)) + 1.5
+    work = items * (t2 * C * per * step + 8.0 * t2 * C + 6.0 * per * kb * (t2 + m * m))
+    return work / min(1.0, items / (4 * threads))
+
+
 def conv_cost(node: Node, cfg: dict, batch: int = 1) -> float:
     """``cost`` for a conv config, plus the passes around the GEMM: im2col (a K x N write and
     read), Winograd's transforms (T2 x (K + M) x N values, each several adds)."""
+    if cfg.get("kernel") == "fused":
+        return fused_cost(node, cfg, batch)
     M, N, K, G = gemm_shape(node, cfg)
     c = cost(cfg, M, N, K, batch * G)
     if cfg["algo"] == "implicit":
@@ -375,6 +467,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     reason = KERNEL_FAMILY.why_illegal(node, cfg, ctx.rt)
     if reason is not None:
         raise YoloClError(reason)
+    if algo == "winograd" and cfg.get("kernel") == "fused":
+        return _bind_wino_fused(ctx, node, cfg)
     M, N, K, G = gemm_shape(node, cfg)
     if algo == "winograd":
         return _bind_winograd(ctx, node, cfg)
@@ -426,12 +520,32 @@ def _bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     return winograd.transform_launches(ctx, node, m, wts, gemm, int(cfg.get("VT", WINO_VT)))
 
 
+def _bind_wino_fused(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """The fused Winograd conv: one launch, no workspace; weights U packed [T2][MB][C][KB] in float."""
+    a, x, out = node.attrs, node.inputs[0], node.output
+    m, kb, ks = int(cfg.get("m", 2)), int(cfg["KB"]), int(cfg.get("KS", 1))
+    F, C = a["filters"], a["in_c"]
+
+    def pack() -> np.ndarray:
+        U = winograd.filter_transform(a["weights"], m)
+        return pack_weights(U.reshape(-1, C).astype(np.float32), (m + 2) ** 2, kb, np.float32)
+    wts = packed_upload(ctx, node, (node.layers[0], FAMILY, "winograd-fused", m, kb), pack, "Winograd weights")
+    tw = winograd.tile_grid(node, m)[1]
+    kbs, slices = fused_slices(F, kb, ks)
+    d = {**epilogue_defines(ctx, node), "WINO_M": m, "WINO_VT": WINO_VT, "WF_C": C, "WF_KB": kb}
+    args = ctx.view(x) + i32(x.h, x.w, a["pad"], tw) + [wts["A"], wts["bias"]] + i32(F, kbs) + \
+        ctx.view(out) + i32(out.h, out.w) + residual_args(ctx, node)
+    k = ctx.kernel("winograd.cl", "yc_wino_fused", d, args)
+    return [Launch(k, (fused_groups(node, m), slices, ctx.batch), (1, 1, 1), node,
+                   "wino_fused", dict(cfg), node.flops * ctx.batch)]
+
+
 class CpuGemm:
     """The kernel-family interface (see ``family.py``) of the CPU GEMM and its Winograd."""
 
     name = FAMILY
     tensor_cores = False
-    derived, schedule, block = (), ("KU", "WG", "ORD"), ("VW", "NV", "m")
+    derived, schedule, block = (), ("KU", "WG", "ORD", "KS"), ("VW", "NV", "m", "KB")
 
     def offered(self, rt, mma: str) -> bool:
         return rt.is_cpu and not mma
@@ -448,6 +562,8 @@ class CpuGemm:
             return f"algorithm '{algo}' of the CPU GEMM family cannot run {node.describe()}"
         if algo == "winograd" and cfg.get("m", 2) not in winograd.TILE_SIZES:
             return f"Winograd tile size m={cfg.get('m')} is not one of {winograd.TILE_SIZES}"
+        if algo == "winograd" and cfg.get("kernel") == "fused":
+            return fused_illegal(node, cfg)
         if algo == "winograd" and cfg.get("VT", WINO_VT) not in WINO_VTS:
             return f"Winograd transform lanes VT={cfg.get('VT')} is not one of {WINO_VTS}"
         M, N, K, G = gemm_shape(node, cfg)

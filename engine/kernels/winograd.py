@@ -70,8 +70,8 @@ def scratch_elems(node: Node, batch: int, cfg: Optional[dict] = None) -> int:
     algo = None if cfg is None else cfg.get("algo")
     if algo == "im2col":
         return im2col_elems(node, batch)
-    if algo == "winograd":
-        return workspace_elems(node, batch, int(cfg.get("m", 2)))
+    if algo == "winograd":      # the fused kernel (a CPU family's) keeps V and the products in private memory
+        return 0 if cfg.get("kernel") == "fused" else workspace_elems(node, batch, int(cfg.get("m", 2)))
     if cfg is not None:
         return 0
     wino = max(workspace_elems(node, batch, m) for m in TILE_SIZES) if applicable(node) else 0
