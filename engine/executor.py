@@ -343,16 +343,9 @@ class Executor:
 
     def run_staged(self, profile: bool = False, eager: bool = False) -> list:
         """``run`` for an input already written into the arena (by the preprocessing kernel)."""
-        if self.early_reads and not (profile or eager):
-            events = []
-            hosts, lent = self._take_set(self._spare)
-            if not lent:
-                self._spare = hosts
-            reads = self._enqueue_with_reads(hosts)
-        else:
-            events = self.enqueue(profile, eager)
-            hosts, lent, reads = self._read_heads()
+        hosts, lent = self._run_set()
         try:
+            events, reads = self._enqueue_pass(hosts, profile, eager)
             self.rt.queue.finish()
             reads[-1].wait()
         except BaseException:
@@ -363,12 +356,20 @@ class Executor:
         self.events = events
         return self._hand_out(hosts, lent)
 
-    def _read_heads(self) -> tuple:
-        """(set, lent, read events): ``run``'s reads enqueued into a lent set or the spare one."""
+    def _enqueue_pass(self, hosts: list, profile: bool = False, eager: bool = False) -> tuple:
+        """Enqueue the plan and the heads' way into ``hosts``: (per-launch events when ``profile``,
+        read events). Each head leaves as soon as it is complete where ``early_reads``, except
+        under ``profile``/``eager``, which time or re-bind the plain launch list; else all after it."""
+        if self.early_reads and not (profile or eager):
+            return [], self._enqueue_with_reads(hosts)
+        return self.enqueue(profile, eager), self._enqueue_reads(hosts)
+
+    def _run_set(self) -> tuple:
+        """(set, lent): the set ``run`` reads into, lent from the pool or the spare one."""
         hosts, lent = self._take_set(self._spare)
         if not lent:
             self._spare = hosts
-        return hosts, lent, self._enqueue_reads(hosts)
+        return hosts, lent
 
     def run_steps(self, blob: np.ndarray) -> tuple:
         """``run`` with the queue waited on after each step, for a breakdown of where its wall time
@@ -394,7 +395,8 @@ class Executor:
         lap("enqueue")
         q.finish()
         lap("device")
-        hosts, lent, reads = self._read_heads()
+        hosts, lent = self._run_set()
+        reads = self._enqueue_reads(hosts)
         q.finish()
         del reads
         lap("read")
@@ -416,11 +418,7 @@ class Executor:
         if not st["lent"]:
             st["spare"] = st["out"]
         # Read events are kept until collected: pyopencl waits for a dropped one holding the GIL.
-        if self.early_reads:
-            st["reads"] = self._enqueue_with_reads(st["out"])
-        else:
-            self.enqueue()
-            st["reads"] = self._enqueue_reads(st["out"])
+        st["reads"] = self._enqueue_pass(st["out"])[1]
         self.rt.queue.flush()          # a driver may hold commands back until a flush or a wait
         return st["reads"][-1]
 
