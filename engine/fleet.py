@@ -209,15 +209,13 @@ class Batcher:
 
 # -- streams ------------------------------------------------------------------------------------
 class _Share:
-    """One stream's submission to a SharedDevice: its frames, and their detections once merged and run."""
+    """One stream's submission to a SharedDevice: its frames, and a Future of their detections."""
 
-    __slots__ = ("images", "thresh", "nms", "done", "results", "error")
+    __slots__ = ("images", "thresh", "nms", "future")
 
     def __init__(self, images: list, thresh: float, nms: float) -> None:
         self.images, self.thresh, self.nms = images, thresh, nms
-        self.done = threading.Event()
-        self.results: Optional[list] = None
-        self.error: Optional[BaseException] = None
+        self.future: Future = Future()
 
 
 class SharedDevice:
@@ -267,10 +265,7 @@ class SharedDevice:
 
     def result(self, share: _Share) -> list:
         """Detections per frame of ``share`` (waits until its merged batch is read)."""
-        share.done.wait()
-        if share.error is not None:
-            raise share.error
-        return share.results
+        return share.future.result()
 
     def _take(self) -> Optional[list]:
         with self._cond:
@@ -341,9 +336,11 @@ class SharedDevice:
 
     @staticmethod
     def _finish(share: _Share, results: Optional[list] = None, error: Optional[BaseException] = None) -> None:
-        share.results, share.error = results, error
         share.images = None
-        share.done.set()
+        if error is not None:
+            share.future.set_exception(error)
+        else:
+            share.future.set_result(results)
 
     def close(self) -> None:
         """Run what is queued, then stop both threads."""
