@@ -4,8 +4,13 @@ NVIDIA's OpenCL C compiler accepts inline PTX, and ``mma.sync`` reaches the tens
 inputs with fp32 accumulation (``m16n8k16``) for the ``fp16`` precision (half storage), TF32
 inputs (``m16n8k8``) for ``tf32`` (float storage). A config is a dict of the kernel's tunables::
 
-    {"family": "mma", "algo": "im2col" | "gemm1x1" | "implicit",
+    {"family": "mma", "algo": "im2col" | "gemm1x1" | "implicit" | "winograd",
      "MWG": 128, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "SK": 1, "ST": 2}
+
+``winograd`` (3x3 stride-1 convs; with ``"m": 2`` or 4) runs ``cl/winograd.cl``'s input and output
+transforms (``winograd.transform_launches``) around this family's GEMM batched over the (m+2)^2
+transform points (A = the transformed filters, B = the transformed input: an explicit B, so the
+cp.async ring copies it without a gather), never split (the workspace holds V and the products).
 
 ``ST`` (optional, default 1) is the number of local-memory stages: 1 keeps one buffer and
 prefetches the next tile into registers (two barriers per k-step); 2 to 4 run a ring of
@@ -46,7 +51,7 @@ from typing import Optional
 import numpy as np
 
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               packed_upload, residual_args)
+               packed_upload, residual_args, winograd)
 from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
                          round_up, scratch_bytes, split_k, tile_defines)
 from ..errors import YoloClError
@@ -58,7 +63,7 @@ MPAD, KPAD = 256, 64            # A is padded to these: every MWG divides MPAD, 
 TUNABLES = ("MWG", "NWG", "KWG", "WM", "WN")
 STAGES = (1, 2, 3)              # local-memory stages the search tries (the kernel takes up to 4)
 HEURISTIC_STAGES = 2            # the untuned pick's stages
-ALGOS = ("gemm1x1", "im2col", "implicit")
+ALGOS = ("gemm1x1", "im2col", "implicit", "winograd")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
 GATHERS = (0, 1, 2, 3)          # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs)
@@ -383,16 +388,24 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
 
 # -- conv binding ----------------------------------------------------------------------------
 def conv_algos(node: Node) -> list:
-    """Algorithms of this family that can run ``node``."""
-    return ["gemm1x1", "implicit", "im2col"] if is_pointwise(node) else ["implicit", "im2col"]
+    """Algorithms of this family that can run ``node`` (the first is the heuristic's)."""
+    algos = ["gemm1x1", "implicit", "im2col"] if is_pointwise(node) else ["implicit", "im2col"]
+    return algos + (["winograd"] if winograd.applicable(node) else [])
 
 
-def candidates(node: Node, rt, mode: str, batch: int = 1) -> list:
-    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device in ``mode``."""
+def candidates(node: Node, rt, mode: str, batch: int = 1, tiles: tuple = (2,)) -> list:
+    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device in ``mode``;
+    Winograd with each tile size of ``tiles`` (the precision's accurate ones), never split."""
     M, N, K, G = conv_gemm_shape(node)
     lim = device_limits(rt)
-    return [{"algo": algo, "family": FAMILY, **c}
-            for algo in conv_algos(node) for c in space(M, N, K, mode, algo == "implicit", lim)]
+    out = [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) if algo != "winograd"
+           for c in space(M, N, K, mode, algo == "implicit", lim)]
+    if winograd.applicable(node):
+        for m in tiles:
+            Mw, P, C, _ = winograd.gemm_shape(node, m)
+            out += [{"algo": "winograd", "m": m, "family": FAMILY, **c}
+                    for c in space(Mw, P, C, mode, False, lim) if split_k(c) == 1]
+    return out
 
 
 def heuristic_config(node: Node, mode: str, batch: int = 1, lim: DeviceLimits = DeviceLimits()) -> dict:
@@ -412,6 +425,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         raise YoloClError("the tensor-core family is not available on this device and precision")
     if algo not in ALGOS or (algo == "gemm1x1" and not is_pointwise(node)):
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the mma family")
+    if algo == "winograd":
+        return bind_winograd(ctx, node, cfg)
     lim = device_limits(ctx.rt)
     forced = forced_gather(cfg, mode) if algo == "implicit" else cfg
     if forced is not cfg and why_illegal(forced, M, N, K, mode, True, lim) is None:
@@ -452,6 +467,30 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     return launches
 
 
+def bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """Input transform, this family's GEMM over the (m+2)^2 points (U = G g G^T packed per point
+    as A), output transform + the conv's epilogue."""
+    m, mode = int(cfg.get("m", 2)), ctx.mma
+    if not winograd.applicable(node) or m not in winograd.TILE_SIZES:
+        raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
+    M, P, C, t2 = winograd.gemm_shape(node, m)
+    cfg = {k: v for k, v in cfg.items() if k not in ("SK", "SS")}     # the workspace holds V and the products
+    reason = why_illegal(cfg, M, P, C, mode, False, device_limits(ctx.rt))
+    if reason is not None:
+        raise YoloClError(f"mma Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
+
+    def pack() -> np.ndarray:
+        return pack_weights(winograd.filter_transform(node.attrs["weights"], m).reshape(t2 * M, C), t2, mode)
+    wts = packed_upload(ctx, node, (node.layers[0], mode, FAMILY, "winograd", m), pack, "Winograd weights")
+    d = defines(ctx.defines(NO_BIAS=True), cfg, M, P, C, mode, b_vector(cfg, mode, False, P, t2 * C * P, C * P))
+
+    def gemm(gargs: list) -> Launch:
+        gs, ls = sizes(cfg, M, P, ctx.batch * t2)
+        return Launch(ctx.kernel("gemm_mma.cl", "yc_gemm_mma", d, gargs), gs, ls, node, "wino_gemm", dict(cfg),
+                      node.flops * ctx.batch)
+    return winograd.transform_launches(ctx, node, m, wts, gemm)
+
+
 class MmaGemm:
     """The kernel-family interface (see ``family.py``) of the tensor-core GEMM."""
 
@@ -463,7 +502,7 @@ class MmaGemm:
         return bool(mma)
 
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
-        return [] if is_depthwise(node) else candidates(node, rt, mma, batch)
+        return [] if is_depthwise(node) else candidates(node, rt, mma, batch, precision.winograd_tiles)
 
     def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, mma, batch)
@@ -471,6 +510,8 @@ class MmaGemm:
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
         if cfg["algo"] not in conv_algos(node):
             return f"algorithm '{cfg['algo']}' cannot run this layer in the mma family"
+        if cfg["algo"] == "winograd" and int(cfg.get("m", 2)) not in winograd.TILE_SIZES:
+            return f"Winograd tile size {cfg.get('m')} is not one of {winograd.TILE_SIZES}"
         return None
 
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
