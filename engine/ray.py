@@ -185,7 +185,8 @@ class Ingress:
 def serve_app(model="yolov3-tiny", weights=None, *, devices: Sequence = (None,), replicas: int = 1,
               max_batch: int = 8, max_wait_ms: float = 0.0, max_queue: int = 64, limits=None, **detector_opts):
     """The Ray Serve application: one deployment per entry of ``devices`` (device specs as for
-    ``Detector(device=...)``; entry K's replicas need the resource ``yolo_cl_device_K``), and an
+    ``Detector(device=...)``; each of entry K's ``replicas`` replicas takes 1/replicas of the
+    resource ``yolo_cl_device_K``, so they fit on one node's device as on several nodes), and an
     ingress in front of them when there are several. One device's deployment is the ingress
     itself: one hop (and one pass of the image through Ray) less per request."""
     from .serve import Limits
@@ -194,7 +195,8 @@ def serve_app(model="yolov3-tiny", weights=None, *, devices: Sequence = (None,),
     deps = [DeviceDetector.options(name=f"yolo-cl-device-{k}", num_replicas=replicas,
                                    # the ingress (one device: this one) refuses past max_in_flight itself
                                    max_ongoing_requests=max(2 * max_batch, 16) if len(devices) > 1 else 1000,
-                                   ray_actor_options={"num_cpus": 0, "resources": {RESOURCE.format(k): 1}})
+                                   # a device's replicas share its one unit: several fit on one node
+                                   ray_actor_options={"num_cpus": 0, "resources": {RESOURCE.format(k): 1 / replicas}})
             for k in range(len(devices))]
     if len(devices) == 1:
         return deps[0].bind(model, weights, devices[0], detector_opts, max_batch, max_wait_ms, limits,

@@ -95,11 +95,14 @@ def serve_url(cluster):
 
 
 def test_one_device_answers_http_itself(cluster, serve_url, cli_json):
-    serve.run(cluster.serve_app(devices=["0"], input_size=SIZE, max_batch=2, max_queue=2), name="yolo-cl",
-              route_prefix="/")
+    serve.run(cluster.serve_app(devices=["0"], replicas=2, input_size=SIZE, max_batch=2, max_queue=2),
+              name="yolo-cl", route_prefix="/")
     try:
         wait_ready(serve_url)
-        assert set(serve.status().applications["yolo-cl"].deployments) == {"yolo-cl-device-0"}   # no ingress hop
+        deployments = serve.status().applications["yolo-cl"].deployments
+        assert set(deployments) == {"yolo-cl-device-0"}   # no ingress hop
+        # both replicas share the device's one resource unit (a whole unit each would leave one pending)
+        assert deployments["yolo-cl-device-0"].replica_states == {"RUNNING": 2}
         want = cli_json["dog.jpg"]["objects"]
         r = httpx.post(serve_url + "/detect", content=DOG.read_bytes(), timeout=60)
         assert r.status_code == 200 and r.json()["objects"] == want

@@ -6,7 +6,7 @@ Measures, in this order, and prints every figure the targets of issue 20 are hel
    image), ``Detector.detect`` latency (ms, p50) and ``cv2.imdecode`` of the request image — the
    device-bound references, in this process;
 2. ``POST /detect`` on a real ``yolo-cl serve`` subprocess (``--max-batch`` = ``--batch``,
-   ``--workers`` as given; with ``--ray`` a ``serve --ray`` one too, both up for the whole run):
+   ``--workers`` as given; with ``--ray`` a ``serve --ray`` one too, with as many ``--replicas``, both up for the whole run):
    latency one request at a time (p50; minus 1.'s p50 = the added latency per request; the
    server's own ``Server-Timing`` stages split it into body, decode, queue, batch and reply, and
    say whether it ran inline on an idle device), then throughput with ``--concurrency``
@@ -162,7 +162,7 @@ def start_server(args, ray: bool = False) -> tuple:
            "--max-queue", str(max(64, 2 * args.concurrency)), "--max-wait-ms", str(args.max_wait_ms)]
     for name, v in (("size", args.size), ("precision", args.precision), ("model", args.model),
                     ("device", args.device), ("devices", args.devices),
-                    ("workers", None if ray else args.server_workers)):
+                    ("replicas" if ray else "workers", args.server_workers)):
         if v is not None:
             cmd += [f"--{name}", str(v)]
     if ray:
@@ -456,7 +456,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
     ap.add_argument("--workers", type=lambda v: [int(w) for w in v.split(",")], default=None,
-                    help="serve --workers; a list (1,2,4) measures each in turn (default: the server's)")
+                    help="serve --workers (and --ray's --replicas); a list (1,2,4) measures each in turn (default: the server's)")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)),
                     help="processes the --concurrency clients are spread over (default: cores/4, 1 to 8)")
