@@ -498,3 +498,19 @@ def test_winograd_on_tensor_cores(rt, tmp_path, precision, m, st):
     out = ex.run(blob)[0]
     assert rel_err(out, ref) < 2e-2
     assert gm.KERNEL_FAMILY.why_illegal(ex.graph.nodes[0], {"algo": "winograd", "m": 6, **tile}, rt) is not None
+
+
+def test_winograd_candidates_only_when_asked(rt, tmp_path):
+    """The tuner's space leaves Winograd out (it lost on every measured shape); asked for tile
+    sizes, the family lists legal unsplit Winograd configs of the transformed GEMM's shape."""
+    from tiny_graphs import conv_nodes
+    from yolo_cl.kernels import winograd
+    node = conv_nodes(tmp_path / "w.cfg", WINO_CFG)[0]
+    assert winograd.applicable(node)
+    assert not any(c["algo"] == "winograd" for c in gm.KERNEL_FAMILY.candidates(node, rt, 1, FP16, "f16"))
+    wino = [c for c in gm.candidates(node, rt, "f16", 1, (2, 4)) if c["algo"] == "winograd"]
+    assert {c["m"] for c in wino} == {2, 4} and all(gm.split_k(c) == 1 for c in wino)
+    lim = gm.device_limits(rt)
+    for c in wino:
+        M, P, C, _ = winograd.gemm_shape(node, c["m"])
+        assert gm.why_illegal(c, M, P, C, "f16", False, lim) is None

@@ -11,6 +11,8 @@ inputs (``m16n8k8``) for ``tf32`` (float storage). A config is a dict of the ker
 transforms (``winograd.transform_launches``) around this family's GEMM batched over the (m+2)^2
 transform points (A = the transformed filters, B = the transformed input: an explicit B, so the
 cp.async ring copies it without a gather), never split (the workspace holds V and the products).
+Neither the heuristic nor the tuner picks it: it lost to the implicit GEMM on an H100 (the
+transforms' memory round trips cost more than the multiplies saved); configs that name it run.
 
 ``ST`` (optional, default 1) is the number of local-memory stages: 1 keeps one buffer and
 prefetches the next tile into registers (two barriers per k-step); 2 to 4 run a ring of
@@ -393,9 +395,12 @@ def conv_algos(node: Node) -> list:
     return algos + (["winograd"] if winograd.applicable(node) else [])
 
 
-def candidates(node: Node, rt, mode: str, batch: int = 1, tiles: tuple = (2,)) -> list:
-    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device in ``mode``;
-    Winograd with each tile size of ``tiles`` (the precision's accurate ones), never split."""
+def candidates(node: Node, rt, mode: str, batch: int = 1, tiles: tuple = ()) -> list:
+    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device in ``mode``, and
+    Winograd's (never split) for each tile size of ``tiles``. The tuner passes none: on an H100
+    Winograd lost to the implicit GEMM on every yolov3 shape (BENCHMARKS.md, seventh GPU session),
+    and its smaller GEMM would rank its configs first in the search's cost order; a config naming
+    it (``tools/retime.py``'s ``set:algo=winograd/m=2``) still runs."""
     M, N, K, G = conv_gemm_shape(node)
     lim = device_limits(rt)
     out = [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) if algo != "winograd"
@@ -502,7 +507,7 @@ class MmaGemm:
         return bool(mma)
 
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
-        return [] if is_depthwise(node) else candidates(node, rt, mma, batch, precision.winograd_tiles)
+        return [] if is_depthwise(node) else candidates(node, rt, mma, batch)
 
     def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, mma, batch)
