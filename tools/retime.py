@@ -24,6 +24,9 @@ the user database). Each config's time is its best over ``--rounds`` round-robin
 
 ``--untuned`` also times the convs that have no stored entry, against the heuristic's pick as the
 baseline; ``--batch`` times the shapes at that batch (their own keys in the database).
+``--only NAME`` times only each config's launches of that name and writes nothing: with
+``--only gemm_mma`` an ``algo=im2col`` variant's time is its GEMM alone, i.e. what a conv whose
+B needs no gather could take.
 
     python3 tools/retime.py yolov3 yolov4 --size 416 --precision fp16 --variants gather:1 --out $OUT/r.yaml
     python tools/retime.py yolov3 --size 416 --variants heuristic --out configs/pocl-cpu.yaml
@@ -84,13 +87,15 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
 
 def retime(models: list, size: int, precision_name: str, variants: list, reps: int, margin: float,
            clock: str, batch: int = 1, untuned: bool = False, budget: float = 0.0, rounds: int = 3,
-           log=print) -> tuple:
+           log=print, only: str = "") -> tuple:
     """(entries {shape key: config + ms}, the database); each shape's line goes to ``log`` as it is timed.
 
     Each config's time is its best over ``rounds`` round-robin timings. Batches above 2 are gated
     against NumPy at batch 2 (the same config and shape: the batch only repeats the tiles along Z,
     and 2 exercises that stride) and timed at the full batch, so that a 608 batch-8 reference does
-    not take minutes per shape. ``budget`` > 0 stops starting new shapes after that many seconds."""
+    not take minutes per shape. ``budget`` > 0 stops starting new shapes after that many seconds.
+    ``only``: time only each config's launches of that name (e.g. ``gemm_mma``: an im2col
+    variant's GEMM without its im2col), a measurement: no entries are returned."""
     rt = Runtime(None, profiling=True)
     precision = precision_named(precision_name)
     mma = mode_for(rt, precision)
@@ -136,7 +141,7 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
             timed = {}
             for _ in range(rounds):
                 for name, (launches, c) in bound.items():
-                    t = bench.time(launches, reps, clock)
+                    t = bench.time([l for l in launches if l.name == only] if only else launches, reps, clock)
                     timed[name] = (min(t, timed.get(name, (t,))[0]), c)
             if "stored" not in timed:
                 continue
@@ -144,7 +149,7 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
             base = timed["stored"][0]
             log(f"{model} {key}: stored {base:.4f} ms; " +
                 ", ".join(f"{n} {t:.4f}" for n, (t, _) in timed.items() if n != "stored"))
-            if best != "stored" and timed[best][0] < base * (1 - margin):
+            if best != "stored" and timed[best][0] < base * (1 - margin) and not only:
                 ms, c = timed[best]
                 entries[key] = {**c, "ms": round(ms, 4), "gflops": round(batch * node.flops / (ms * 1e6), 2)}
     return entries, db
@@ -164,9 +169,11 @@ def main(argv=None) -> int:
     ap.add_argument("--margin", type=float, default=0.03, help="keep a variant only this much faster")
     ap.add_argument("--budget", type=float, default=0.0, help="seconds after which no new shape is started (0: none)")
     ap.add_argument("--out", default="", help="tuning file to write (default: the user database)")
+    ap.add_argument("--only", default="", help="time only the launches of this name (gemm_mma: an im2col "
+                    "variant's GEMM alone, the bound of a gather-free conv); writes nothing")
     a = ap.parse_args(argv)
     entries, db = retime(a.models, a.size, a.precision, a.variants.split(","), a.reps, a.margin, a.clock,
-                         a.batch, a.untuned, a.budget, a.rounds, lambda line: print(line, flush=True))
+                         a.batch, a.untuned, a.budget, a.rounds, lambda line: print(line, flush=True), a.only)
     if entries:
         path = db.record(entries, a.out or None)
         print(f"{len(entries)} shapes re-timed faster, written to {path}")
