@@ -268,6 +268,26 @@ inline void yc_wino_gather_group(const __global dtype* restrict Xc, const int ty
     }
 }
 
+/* u = B^T d B of a tile group's input tiles d, stored as the T2 planes of V (point xi's at
+ * o + xi * C * P) for its n tiles: whole vectors, or lane by lane in a partial last group. */
+inline void yc_wino_forward_store(const TV* d, __global dtype* restrict V, const size_t o, const int C, const int P,
+                                  const int n)
+{
+    TV t[T2], u[T2];
+    YC_WINO_FORWARD(yc_bt_v, d, t, u)
+    #pragma unroll
+    for (int xi = 0; xi < T2; ++xi) {
+        const size_t oi = o + (size_t)xi * C * P;
+        if (n == WINO_VT) {
+            TV_GST(V, oi, u[xi]);
+        } else {
+            float l[WINO_VT];
+            TV_UNPACK(u[xi], l);
+            for (int k = 0; k < n; ++k) ST(V, oi + k, l[k]);
+        }
+    }
+}
+
 __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off, const int x_bstride,
                                const int C, const int H, const int W,
                                __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
@@ -276,22 +296,54 @@ __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off
     if (p0 >= P) return;
     const int ty = p0 / TW, tx0 = p0 - ty * TW, n = min(WINO_VT, P - p0);
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
-    TV d[T2], t[T2], u[T2];
+    TV d[T2];
     yc_wino_gather_group(Xc, ty, tx0, TW, P / TW, PAD, H, W, d);
-    YC_WINO_FORWARD(yc_bt_v, d, t, u)
-    const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + p0;
-    #pragma unroll
-    for (int xi = 0; xi < T2; ++xi) {
-        const size_t o = base + (size_t)xi * C * P;
-        if (n == WINO_VT) {
-            TV_GST(V, o, u[xi]);
-        } else {
-            float l[WINO_VT];
-            TV_UNPACK(u[xi], l);
-            for (int k = 0; k < n; ++k) ST(V, o + k, l[k]);
+    yc_wino_forward_store(d, V, (size_t)v_off + ((size_t)b * T2 * C + c) * P + p0, C, P, n);
+}
+
+/* Small maps (the host's choice where W < SPAN, so that every group's runs cross an edge and
+ * yc_wino_gather_vt assembles each row from scalars): a work-item transforms every tile group of
+ * one channel plane, which it first copies into private memory with a zero border (input (y, x)
+ * at row y + PAD, column WP_L + x of a WP_H x WP_W array: WP_L zero columns on the left, as a
+ * continued group's next-row runs start up to WINO_VT * WINO_M to the left), so every run is read
+ * by whole-vector loads and swizzles without a bounds check. Global size (1, C, batch). */
+#ifdef WP_W
+#define WP_L (WINO_VT * WINO_M)
+__kernel void yc_wino_input_plane(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                                  const int C, const int H, const int W,
+                                  __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
+{
+    const int c = get_global_id(1), b = get_global_id(2), TH = P / TW;
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    float pl[WP_H * WP_W];
+    for (int i = 0; i < WP_H * WP_W; i += WINO_VT) TV_UNPACK((TV)(0.0f), pl + i);
+    for (int y = 0; y < H; ++y) {
+        const __global dtype* row = Xc + y * W;
+        float* dst = pl + (y + PAD) * WP_W + WP_L;
+        int x = 0;
+        for (; x + WINO_VT <= W; x += WINO_VT) TV_UNPACK(TV_GLD(row, x), dst + x);
+        for (; x < W; ++x) dst[x] = LD(row, x);
+    }
+    const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
+    const size_t vb = (size_t)v_off + ((size_t)b * T2 * C + c) * P;
+    for (int p0 = 0; p0 < P; p0 += WINO_VT) {
+        const int ty = p0 / TW, tx0 = p0 - ty * TW;
+        TV d[T2], t[T2];
+        #pragma unroll
+        for (int i = 0; i < WT; ++i)
+            YC_STRIDED_LANES(d + i * WT, pl + (ty * WINO_M + i) * WP_W + WP_L - PAD + tx0 * WINO_M, YC_PRIV8, YC_PRIV2)
+        YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, TH) {
+            #pragma unroll
+            for (int i = 0; i < WT; ++i)
+                YC_STRIDED_LANES(t + i * WT, pl + (r * WINO_M + i) * WP_W + WP_L - PAD - k * WINO_M, YC_PRIV8, YC_PRIV2)
+            const int8 next = lane >= (int8)(k);
+            #pragma unroll
+            for (int i = 0; i < T2; ++i) d[i] = next ? t[i] : d[i];
         }
+        yc_wino_forward_store(d, V, vb + p0, C, P, min(WINO_VT, P - p0));
     }
 }
+#endif
 
 /* YC_PIXEL_ORDER(o, y, i): o[0 .. WINO_M) = output row i of the group's tiles in pixel order, as
  * float8 values (pixel q of the row's RUN = tile q / WINO_M, column q % WINO_M), from the tile-lane
