@@ -154,13 +154,16 @@ __kernel void yc_wino_output(__global const dtype* restrict Mt, const int m_off,
     }
 }
 
-/* Tile-vector transforms (WINO_VT > 1, the CPU family's): a work-item transforms WINO_VT
- * neighbouring tiles of one tile row, lane k holding tile tx0 + k, so the arithmetic is SIMD across
- * tiles, an input row is read as one contiguous run and each transform point's plane is written
- * (and read back) as one vector. The one-tile kernels above leave the vectorising to the driver,
- * which on PoCL gathers every element of every tile with a bounds check. Same V and Mt layouts.
- * Global size (TH * GW, C or F, batch), GW = ceil(TW / WINO_VT) tile groups per tile row; a
- * row's last group may be partial. */
+/* Tile-vector transforms (WINO_VT > 1, the CPU family's): a work-item transforms a group of
+ * WINO_VT consecutive tiles (row-major, continuing on the next tile row), lane k holding tile
+ * p0 + k, so the arithmetic is SIMD across tiles, an input row is read as contiguous runs and each
+ * transform point's plane is written (and read back) as one vector. The one-tile kernels above
+ * leave the vectorising to the driver, which on PoCL gathers every element of every tile with a
+ * bounds check. Same V and Mt layouts. Global size (ceil(P / WINO_VT), C or F, batch); only the
+ * last group may be partial (groups cut at row ends had left half the lanes idle at 13x13).
+ * WINO_ROWS (output transform only) cuts the groups at row ends instead, TH * ceil(TW / WINO_VT)
+ * of them: the host's choice where that leaves at most one lane of a row's groups idle (7 tiles a
+ * row at 26x26 F(4x4)), as the continued groups store each output row in two parts. */
 #ifndef WINO_VT
 #define WINO_VT 1
 #endif
@@ -183,11 +186,12 @@ typedef TV yc_tv_u __attribute__((aligned(4)));
 YC_DEFINE_WINO_TRANSFORMS(yc_bt_v, yc_at_v, TV)
 YC_DEFINE_ACTIVATE_VEC(yc_act_tv, TV, CAT(as_int, WINO_VT), CAT(as_float, WINO_VT))
 
-/* (ty, tx0, n): the group's tile row, first tile and number of tiles; ty < 0 past the last row. */
-#define YC_TILE_GROUP(g, TW, P, ty, tx0, n)                                                      \
-    const int gw_ = (TW + WINO_VT - 1) / WINO_VT;                                                \
-    const int ty = (g) / gw_, tx0 = ((g) - ty * gw_) * WINO_VT;                                  \
-    const int n = min(WINO_VT, (TW) - tx0);
+/* A tile group: WINO_VT consecutive tiles in row-major order (lane k = tile p0 + k), continuing on
+ * the next tile row where one ends, so only the last group of the grid leaves lanes idle and its
+ * transform points' planes are whole vectors. (ty, tx0): the row and column of its first tile;
+ * YC_FOR_NEXT_ROWS walks the later rows r it continues on, whose tile 0 is lane k. */
+#define YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, TH)                                                   \
+    for (int r = (ty) + 1, k = (TW) - (tx0); k < WINO_VT && r < (TH); ++r, k += (TW))
 
 /* s[j] = lanes k of row[j + k * WINO_M], j < WT: one input row's values for the WT tile columns
  * of 8 neighbouring tiles, from contiguous loads (ROW8: 8 floats at 8 * i, ROW2: 2 at i) and
@@ -248,30 +252,98 @@ inline void yc_wino_gather_vt(const __global dtype* restrict Xc, const int y0, c
     }
 }
 
+/* d = the input tiles of the tile group whose first tile is (ty, tx0) on a TH x TW tile grid:
+ * yc_wino_gather_vt per tile row it covers, blended by lane. */
+inline void yc_wino_gather_group(const __global dtype* restrict Xc, const int ty, const int tx0, const int TW,
+                                 const int TH, const int PAD, const int H, const int W, TV* d)
+{
+    const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
+    TV t[T2];
+    yc_wino_gather_vt(Xc, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
+    YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, TH) {
+        yc_wino_gather_vt(Xc, r * WINO_M - PAD, -k * WINO_M - PAD, H, W, t);
+        const int8 next = lane >= (int8)(k);
+        #pragma unroll
+        for (int i = 0; i < T2; ++i) d[i] = next ? t[i] : d[i];
+    }
+}
+
+/* u = B^T d B of a tile group's input tiles d, stored as the T2 planes of V (point xi's at
+ * o + xi * C * P) for its n tiles: whole vectors, or lane by lane in a partial last group. */
+inline void yc_wino_forward_store(const TV* d, __global dtype* restrict V, const size_t o, const int C, const int P,
+                                  const int n)
+{
+    TV t[T2], u[T2];
+    YC_WINO_FORWARD(yc_bt_v, d, t, u)
+    #pragma unroll
+    for (int xi = 0; xi < T2; ++xi) {
+        const size_t oi = o + (size_t)xi * C * P;
+        if (n == WINO_VT) {
+            TV_GST(V, oi, u[xi]);
+        } else {
+            float l[WINO_VT];
+            TV_UNPACK(u[xi], l);
+            for (int k = 0; k < n; ++k) ST(V, oi + k, l[k]);
+        }
+    }
+}
+
 __kernel void yc_wino_input_vt(__global const dtype* restrict X, const int x_off, const int x_bstride,
                                const int C, const int H, const int W,
                                __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
 {
-    const int c = get_global_id(1), b = get_global_id(2);
-    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
-    if (ty * TW >= P) return;
+    const int c = get_global_id(1), b = get_global_id(2), p0 = get_global_id(0) * WINO_VT;
+    if (p0 >= P) return;
+    const int ty = p0 / TW, tx0 = p0 - ty * TW, n = min(WINO_VT, P - p0);
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
-    TV d[T2], t[T2], u[T2];
-    yc_wino_gather_vt(Xc, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
-    YC_WINO_FORWARD(yc_bt_v, d, t, u)
-    const size_t base = (size_t)v_off + ((size_t)b * T2 * C + c) * P + ty * TW + tx0;
-    #pragma unroll
-    for (int xi = 0; xi < T2; ++xi) {
-        const size_t o = base + (size_t)xi * C * P;
-        if (n == WINO_VT) {
-            TV_GST(V, o, u[xi]);
-        } else {
-            float l[WINO_VT];
-            TV_UNPACK(u[xi], l);
-            for (int k = 0; k < n; ++k) ST(V, o + k, l[k]);
+    TV d[T2];
+    yc_wino_gather_group(Xc, ty, tx0, TW, P / TW, PAD, H, W, d);
+    yc_wino_forward_store(d, V, (size_t)v_off + ((size_t)b * T2 * C + c) * P + p0, C, P, n);
+}
+
+/* Small maps (the host's choice where W < SPAN, so that every group's runs cross an edge and
+ * yc_wino_gather_vt assembles each row from scalars): a work-item transforms every tile group of
+ * one channel plane, which it first copies into private memory with a zero border (input (y, x)
+ * at row y + PAD, column WP_L + x of a WP_H x WP_W array: WP_L zero columns on the left, as a
+ * continued group's next-row runs start up to WINO_VT * WINO_M to the left), so every run is read
+ * by whole-vector loads and swizzles without a bounds check. Global size (1, C, batch). */
+#ifdef WP_W
+#define WP_L (WINO_VT * WINO_M)
+__kernel void yc_wino_input_plane(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                                  const int C, const int H, const int W,
+                                  __global dtype* restrict V, const int v_off, const int TW, const int P, const int PAD)
+{
+    const int c = get_global_id(1), b = get_global_id(2), TH = P / TW;
+    const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
+    float pl[WP_H * WP_W];
+    for (int i = 0; i < WP_H * WP_W; i += WINO_VT) TV_UNPACK((TV)(0.0f), pl + i);
+    for (int y = 0; y < H; ++y) {
+        const __global dtype* row = Xc + y * W;
+        float* dst = pl + (y + PAD) * WP_W + WP_L;
+        int x = 0;
+        for (; x + WINO_VT <= W; x += WINO_VT) TV_UNPACK(TV_GLD(row, x), dst + x);
+        for (; x < W; ++x) dst[x] = LD(row, x);
+    }
+    const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
+    const size_t vb = (size_t)v_off + ((size_t)b * T2 * C + c) * P;
+    for (int p0 = 0; p0 < P; p0 += WINO_VT) {
+        const int ty = p0 / TW, tx0 = p0 - ty * TW;
+        TV d[T2], t[T2];
+        #pragma unroll
+        for (int i = 0; i < WT; ++i)
+            YC_STRIDED_LANES(d + i * WT, pl + (ty * WINO_M + i) * WP_W + WP_L - PAD + tx0 * WINO_M, YC_PRIV8, YC_PRIV2)
+        YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, TH) {
+            #pragma unroll
+            for (int i = 0; i < WT; ++i)
+                YC_STRIDED_LANES(t + i * WT, pl + (r * WINO_M + i) * WP_W + WP_L - PAD - k * WINO_M, YC_PRIV8, YC_PRIV2)
+            const int8 next = lane >= (int8)(k);
+            #pragma unroll
+            for (int i = 0; i < T2; ++i) d[i] = next ? t[i] : d[i];
         }
+        yc_wino_forward_store(d, V, vb + p0, C, P, min(WINO_VT, P - p0));
     }
 }
+#endif
 
 /* YC_PIXEL_ORDER(o, y, i): o[0 .. WINO_M) = output row i of the group's tiles in pixel order, as
  * float8 values (pixel q of the row's RUN = tile q / WINO_M, column q % WINO_M), from the tile-lane
@@ -348,17 +420,36 @@ inline void yc_wino_store_vt(const TV* y, const float bf, const size_t plane, co
     }
 }
 
+/* The inverse transform and epilogue of output channel f for the tile group whose first tile is
+ * (ty, tx0) on a TH x TW tile grid: y (lane k: tile p0 + k) stored into each tile row it covers. */
+inline void yc_wino_store_group(const TV* m, const float bf, const int f, const int ty, const int tx0, const int TW,
+                                const int TH, __global dtype* restrict Y, const size_t yb, const int OH,
+                                const int OW, __global const dtype* restrict R, const size_t rb)
+{
+    TV t[WINO_M * WT], y[WINO_M * WINO_M];
+    YC_WINO_INVERSE(yc_at_v, m, t, y)
+    const size_t plane = (size_t)f * OH * OW;
+    yc_wino_store_vt(y, bf, plane, ty, tx0, 0, min(WINO_VT, TW - tx0), Y, yb, OH, OW, R, rb);
+    YC_FOR_NEXT_ROWS(r, kr, ty, tx0, TW, TH)
+        yc_wino_store_vt(y, bf, plane, r, -kr, kr, min(WINO_VT, kr + TW), Y, yb, OH, OW, R, rb);
+}
+
 __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_off, const int F, const int P,
                                 const int TW, __global const float* restrict bias,
                                 __global dtype* restrict Y, const int y_off, const int y_bstride,
                                 const int OH, const int OW,
                                 __global const dtype* restrict R, const int r_off, const int r_bstride)
 {
-    const int f = get_global_id(1), b = get_global_id(2);
-    YC_TILE_GROUP(get_global_id(0), TW, P, ty, tx0, n)
-    if (ty * TW >= P) return;
-    const size_t base = (size_t)m_off + ((size_t)b * T2 * F + f) * P + ty * TW + tx0;
-    TV m[T2], t[WINO_M * WT], y[WINO_M * WINO_M];
+    const int f = get_global_id(1), b = get_global_id(2), g = get_global_id(0);
+#ifdef WINO_ROWS       /* groups cut at tile-row ends, ceil(TW / WINO_VT) a row: tile p0 + k in row ty */
+    const int gw = (TW + WINO_VT - 1) / WINO_VT, ty = g / gw, tx0 = (g - ty * gw) * WINO_VT;
+    const int p0 = ty * TW + tx0, n = min(WINO_VT, TW - tx0), th = ty + 1;
+#else
+    const int p0 = g * WINO_VT, ty = p0 / TW, tx0 = p0 - ty * TW, n = min(WINO_VT, P - p0), th = P / TW;
+#endif
+    if (p0 >= P) return;
+    const size_t base = (size_t)m_off + ((size_t)b * T2 * F + f) * P + p0;
+    TV m[T2];
     float l[WINO_VT];
     #pragma unroll
     for (int xi = 0; xi < T2; ++xi) {
@@ -370,9 +461,8 @@ __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_o
             m[xi] = TV_PACK(l);
         }
     }
-    YC_WINO_INVERSE(yc_at_v, m, t, y)
     YC_WINO_OUT_BASES
-    yc_wino_store_vt(y, bias[f], (size_t)f * OH * OW, ty, tx0, 0, WINO_VT, Y, yb, OH, OW, R, rb);
+    yc_wino_store_group(m, bias[f], f, ty, tx0, TW, th, Y, yb, OH, OW, R, rb);
 }
 
 /* The fused CPU Winograd conv (WF_C defined: the input channels; WF_KB the register block): one
@@ -389,10 +479,6 @@ __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_o
 #ifndef WF_KB
 #define WF_KB 8
 #endif
-/* Lanes k >= k of each later tile row r (first tile 0 at lane k): the rows a group continues on. */
-#define YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, TH)                                                   \
-    for (int r = (ty) + 1, k = (TW) - (tx0); k < WINO_VT && r < (TH); ++r, k += (TW))
-
 __kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
                             const int H, const int W, const int PAD, const int TW,
                             __global const float* restrict U, __global const float* restrict bias, const int F,
@@ -407,18 +493,10 @@ __kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, c
     const int ty = p0 / TW, tx0 = p0 - ty * TW;
     const int kb0 = get_global_id(1) * KBS, kb1 = min(kb0 + KBS, MB);
     const __global dtype* Xb = X + x_off + (size_t)b * x_bstride;
-    const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
     TV V[T2 * WF_C];
     for (int c = 0; c < WF_C; ++c) {
-        const __global dtype* Xc = Xb + (size_t)c * H * W;
         TV d[T2], t[T2], u[T2];
-        yc_wino_gather_vt(Xc, ty * WINO_M - PAD, tx0 * WINO_M - PAD, H, W, d);
-        YC_FOR_NEXT_ROWS(r, k, ty, tx0, TW, th) {
-            yc_wino_gather_vt(Xc, r * WINO_M - PAD, -k * WINO_M - PAD, H, W, t);
-            const int8 next = lane >= (int8)(k);
-            #pragma unroll
-            for (int i = 0; i < T2; ++i) d[i] = next ? t[i] : d[i];
-        }
+        yc_wino_gather_group(Xb + (size_t)c * H * W, ty, tx0, TW, th, PAD, H, W, d);
         YC_WINO_FORWARD(yc_bt_v, d, t, u)
         #pragma unroll
         for (int xi = 0; xi < T2; ++xi) V[xi * WF_C + c] = u[xi];
@@ -443,12 +521,7 @@ __kernel void yc_wino_fused(__global const dtype* restrict X, const int x_off, c
         for (int k = 0; k < WF_KB; ++k) {
             const int f = kb * WF_KB + k;
             if (f >= F) break;
-            TV t[WINO_M * WT], y[WINO_M * WINO_M];
-            YC_WINO_INVERSE(yc_at_v, Mk + k * T2, t, y)
-            const size_t plane = (size_t)f * OH * OW;
-            yc_wino_store_vt(y, bias[f], plane, ty, tx0, 0, min(WINO_VT, TW - tx0), Y, yb, OH, OW, R, rb);
-            YC_FOR_NEXT_ROWS(r, kr, ty, tx0, TW, th)
-                yc_wino_store_vt(y, bias[f], plane, r, -kr, kr, min(WINO_VT, kr + TW), Y, yb, OH, OW, R, rb);
+            yc_wino_store_group(Mk + k * T2, bias[f], f, ty, tx0, TW, th, Y, yb, OH, OW, R, rb);
         }
     }
 }

@@ -216,8 +216,11 @@ def im2col_ref(x, KS, SX, SY, PAD, DIL, G):
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 7, 9, 3, 1, 1, 1, 1, 1), (2, 4, 8, 6, 3, 2, 2, 1, 1, 2),
-                                   (1, 3, 9, 9, 3, 1, 1, 2, 2, 1), (1, 2, 5, 4, 1, 1, 1, 0, 1, 1)],
-                         ids=["3x3s1", "3x3s2-groups-batch", "dilated", "1x1"])
+                                   (1, 3, 9, 9, 3, 1, 1, 2, 2, 1), (1, 2, 5, 4, 1, 1, 1, 0, 1, 1),
+                                   (2, 2, 5, 41, 3, 2, 2, 1, 1, 1), (1, 2, 4, 37, 3, 1, 1, 1, 1, 1),
+                                   (1, 1, 6, 50, 5, 3, 1, 2, 1, 1)],
+                         ids=["3x3s1", "3x3s2-groups-batch", "dilated", "1x1", "3x3s2-wide", "3x3s1-wide",
+                              "5x5s3-wide"])
 def test_im2col_rows(rt, shape):
     B, C, H, W, KS, SX, SY, PAD, DIL, G = shape
     x = np.random.default_rng(0).standard_normal((B, C, H, W)).astype(np.float32)

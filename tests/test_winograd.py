@@ -179,9 +179,9 @@ def wide():
 @pytest.mark.parametrize("which", ["net", "wide"])
 def test_cpu_tile_vector_transforms(rt, net, wide, m, vt, half, which):
     """The CPU family's Winograd with its transforms ``vt`` tiles to a work-item as SIMD lanes
-    (``yc_wino_input_vt`` / ``yc_wino_output_vt``) against the NumPy forward pass and against the
-    one-tile kernels (vt 1), which do the same arithmetic: odd widths and heights, partial tile
-    groups, residual, concat, batch 2."""
+    (``yc_wino_input_vt`` / ``yc_wino_output_vt``, and ``yc_wino_input_plane`` on the narrow
+    maps) against the NumPy forward pass and against the one-tile kernels (vt 1), which do the same
+    arithmetic: odd widths and heights, partial tile groups, residual, concat, batch 2."""
     graph, blob, ref = net if which == "net" else wide
 
     def pick_vt(v):
@@ -194,9 +194,34 @@ def test_cpu_tile_vector_transforms(rt, net, wide, m, vt, half, which):
     transforms = [l for l in ex.launches if l.name in ("wino_input", "wino_output")]
     assert len(transforms) == 2 * sum(l.name == "wino_gemm" for l in ex.launches) >= 6
     assert all(l.config["vt"] == vt for l in transforms)
+    # maps narrower than a group's run (8 * m + 2 columns) take the whole-plane input transform
+    planes = [l.config.get("plane", False) for l in transforms if l.name == "wino_input"]
+    assert planes == [l.node.inputs[0].w < 8 * m + 2 for l in transforms if l.name == "wino_input"]
+    assert any(planes) == (which == "net")
     assert rel(out, ref) < (5e-3 if half else 2e-4)
     one = run(rt, graph, blob, pick_vt(1), half=half)[1]
     assert rel(out, one) < 1e-6
+
+
+@pytest.mark.parametrize("rows", [True, False])
+@pytest.mark.parametrize("which", ["net", "wide"])
+def test_cpu_output_transform_groups(rt, net, wide, monkeypatch, rows, which):
+    """The tile-vector output transform with its groups cut at tile-row ends (``WINO_ROWS``) and
+    continuing on the next row, forced either way on every layer (rows of 3-35 tiles: groups
+    crossing one or two row ends, partial last groups), against NumPy and the one-tile kernels;
+    and the host's rule: cut only where a row's groups leave at most one lane idle."""
+    graph, blob, ref = net if which == "net" else wide
+    monkeypatch.setattr(winograd, "rows_grouped", lambda tw, vt: vt > 1 and rows)
+    pick = lambda vt: lambda node: ({"family": "cpu", "algo": "winograd", "m": 4, "VT": vt, **CPU_GEMM}  # noqa: E731
+                                    if winograd.applicable(node) else dict(CPU_IM2COL))
+    ex, out = run(rt, graph, blob, pick(8))
+    outs = [l for l in ex.launches if l.name == "wino_output"]
+    assert outs and all(l.config.get("rows", False) == rows for l in outs)
+    assert rel(out, ref) < 2e-4
+    assert rel(out, run(rt, graph, blob, pick(1))[1]) < 1e-6
+    monkeypatch.undo()
+    assert [winograd.rows_grouped(tw, 8) for tw in (4, 7, 8, 13, 16, 26)] == [False, True, True, False, True, False]
+    assert not winograd.rows_grouped(7, 1)
 
 
 def test_cpu_transform_lanes_are_checked(rt, net):

@@ -18,12 +18,19 @@ def wino_input(ctx: BindContext, node: Node, m: int, v_off: int, tw: int, P: int
                groups: int = 0) -> Launch:
     """The input transform of Winograd conv ``node`` into the workspace at ``v_off``: the plain
     ``yc_wino_input`` (``yc_wino_input_vt`` with ``vt`` tiles a work-item, over ``groups`` tile
-    groups: ``winograd.tile_groups``), or ``yc_wino_input_fused`` where the node reads through
+    groups: ``winograd.tile_groups``; ``yc_wino_input_plane``, a channel plane a work-item, on
+    maps narrower than a group's run), or ``yc_wino_input_fused`` where the node reads through
     folded layers (the launch's ``config["through"]`` then names their ops)."""
     x = node.inputs[0]
     C = node.attrs["in_c"]
     head = ctx.view(x) + i32(C, x.h, x.w) + [ctx.workspace] + i32(v_off, tw, P, node.attrs["pad"])
     srcs = (node.attrs.get("read_through") or []) if ctx.fold else []
+    if not srcs and vt > 1 and x.w < vt * m + 2:       # every group's runs cross an edge: whole planes
+        th = P // tw
+        wp = -(-(vt * m + (tw - 1) * m + vt * m + 2) // 8) * 8
+        d = ctx.defines(WINO_M=m, WINO_VT=vt, WP_W=wp, WP_H=th * m + 2)
+        k = ctx.kernel("winograd.cl", "yc_wino_input_plane", d, head)
+        return Launch(k, (1, C, ctx.batch), None, node, "wino_input", {"m": m, "vt": vt, "plane": True})
     if not srcs and vt > 1:
         k = ctx.kernel("winograd.cl", "yc_wino_input_vt", ctx.defines(WINO_M=m, WINO_VT=vt), head)
         return Launch(k, (groups, C, ctx.batch), None, node, "wino_input", {"m": m, "vt": vt})

@@ -93,11 +93,18 @@ def filter_transform(w: np.ndarray, m: int) -> np.ndarray:
     return U.reshape(t * t, F, C)
 
 
-def tile_groups(node: Node, m: int, vt: int) -> int:
+def tile_groups(node: Node, m: int, vt: int, rows: bool = False) -> int:
     """Work-items along a transform's first dimension: one per tile (``vt`` 1), or one per group
-    of ``vt`` neighbouring tiles of a tile row (the tile-vector kernels)."""
+    of ``vt`` consecutive tiles in row-major order (the tile-vector kernels), with ``rows`` groups
+    cut at tile-row ends."""
     th, tw, p = tile_grid(node, m)
-    return p if vt == 1 else th * -(-tw // vt)
+    return th * -(-tw // vt) if rows else -(-p // vt)
+
+
+def rows_grouped(tw: int, vt: int) -> bool:
+    """Whether the tile-vector output transform cuts its groups at row ends (``WINO_ROWS``): where
+    a row's groups leave at most one lane idle, so storing a group's outputs in one piece pays."""
+    return vt > 1 and tw % vt in (0, vt - 1)
 
 
 def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm, vt: int = 1) -> list:
@@ -122,7 +129,10 @@ def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm, vt
         residual_args(ctx, node)
     if vt > 1:
         od["WINO_VT"] = vt
+    info = {"m": m, "vt": vt} if vt > 1 else {"m": m}
+    if rows_grouped(tw, vt):
+        od["WINO_ROWS"] = info["rows"] = True
+        groups = tile_groups(node, m, vt, rows=True)
     k_out = ctx.kernel("winograd.cl", "yc_wino_output_vt" if vt > 1 else "yc_wino_output", od, oargs)
-    launches.append(Launch(k_out, (groups, M, B), None, node, "wino_output",
-                           {"m": m, "vt": vt} if vt > 1 else {"m": m}))
+    launches.append(Launch(k_out, (groups, M, B), None, node, "wino_output", info))
     return launches
