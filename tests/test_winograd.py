@@ -203,6 +203,21 @@ def test_cpu_tile_vector_transforms(rt, net, wide, m, vt, half, which):
     assert rel(out, one) < 1e-6
 
 
+def test_cpu_plane_transform_at_batch_8(rt):
+    """The whole-plane input transform keeps a private plane per work-item on PoCL's worker
+    stacks: it runs in one-item work-groups, so a large batch (where PoCL chose work-groups of
+    dozens of items and overflowed its stack: yolov3-tiny at 160, batch 6) still matches NumPy."""
+    cfg, wts = write_model(tempfile.mkdtemp(), "w8", CFG, seed=5)
+    blob = np.random.default_rng(8).random((8, 3, 18, 22), dtype=np.float32)
+    ref = list(forward_numpy(cfg, wts, blob, keep="heads").values())[-1]
+    pick = lambda node: ({"family": "cpu", "algo": "winograd", "m": 4, "VT": 8, **CPU_GEMM}  # noqa: E731
+                         if winograd.applicable(node) else dict(CPU_IM2COL))
+    ex, out = run(rt, graph_of(cfg, wts), blob, pick)
+    planes = [l for l in ex.launches if l.config.get("plane")]
+    assert planes and all(l.lsize == (1, 1, 1) for l in planes)
+    assert rel(out, ref) < 2e-4
+
+
 @pytest.mark.parametrize("rows", [True, False])
 @pytest.mark.parametrize("which", ["net", "wide"])
 def test_cpu_output_transform_groups(rt, net, wide, monkeypatch, rows, which):

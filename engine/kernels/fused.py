@@ -30,7 +30,9 @@ def wino_input(ctx: BindContext, node: Node, m: int, v_off: int, tw: int, P: int
         wp = -(-(vt * m + (tw - 1) * m + vt * m + 2) // 8) * 8
         d = ctx.defines(WINO_M=m, WINO_VT=vt, WP_W=wp, WP_H=th * m + 2)
         k = ctx.kernel("winograd.cl", "yc_wino_input_plane", d, head)
-        return Launch(k, (1, C, ctx.batch), None, node, "wino_input", {"m": m, "vt": vt, "plane": True})
+        # one-item work-groups: PoCL keeps each work-item's private plane on its worker thread's
+        # stack, so a work-group of its own choosing (e.g. 64 x 2 items at batch 6) overflows it
+        return Launch(k, (1, C, ctx.batch), (1, 1, 1), node, "wino_input", {"m": m, "vt": vt, "plane": True})
     if not srcs and vt > 1:
         k = ctx.kernel("winograd.cl", "yc_wino_input_vt", ctx.defines(WINO_M=m, WINO_VT=vt), head)
         return Launch(k, (groups, C, ctx.batch), None, node, "wino_input", {"m": m, "vt": vt})
