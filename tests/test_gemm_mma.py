@@ -500,17 +500,17 @@ def test_winograd_on_tensor_cores(rt, tmp_path, precision, m, st):
     assert gm.KERNEL_FAMILY.why_illegal(ex.graph.nodes[0], {"algo": "winograd", "m": 6, **tile}, rt) is not None
 
 
-def test_winograd_candidates_only_when_asked(rt, tmp_path):
-    """The tuner's space leaves Winograd out (it lost on every measured shape); asked for tile
-    sizes, the family lists legal unsplit Winograd configs of the transformed GEMM's shape."""
+def test_winograd_named_but_not_searched(rt, tmp_path):
+    """The tuner's space leaves Winograd out (it lost on every measured shape), while a config
+    naming it is legal for the family on a 3x3 stride-1 conv (and on no other)."""
     from tiny_graphs import conv_nodes
     from yolo_cl.kernels import winograd
-    node = conv_nodes(tmp_path / "w.cfg", WINO_CFG)[0]
-    assert winograd.applicable(node)
-    assert not any(c["algo"] == "winograd" for c in gm.KERNEL_FAMILY.candidates(node, rt, 1, FP16, "f16"))
-    wino = [c for c in gm.candidates(node, rt, "f16", 1, (2, 4)) if c["algo"] == "winograd"]
-    assert {c["m"] for c in wino} == {2, 4} and all(gm.split_k(c) == 1 for c in wino)
-    lim = gm.device_limits(rt)
-    for c in wino:
-        M, P, C, _ = winograd.gemm_shape(node, c["m"])
-        assert gm.why_illegal(c, M, P, C, "f16", False, lim) is None
+    nodes = conv_nodes(tmp_path / "w.cfg", WINO_CFG)
+    node, strided = nodes[0], next(n for n in nodes if n.attrs["stride_x"] == 2)
+    assert winograd.applicable(node) and not winograd.applicable(strided)
+    cands = gm.KERNEL_FAMILY.candidates(node, rt, 1, FP16, "f16")
+    assert cands and not any(c["algo"] == "winograd" for c in cands)
+    wino = {**cands[0], "algo": "winograd", "m": 2}
+    wino.pop("GA", None)
+    assert gm.KERNEL_FAMILY.why_illegal(node, wino, rt) is None
+    assert gm.KERNEL_FAMILY.why_illegal(strided, wino, rt) is not None

@@ -501,9 +501,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
 def wino_weights(ctx: BindContext, node: Node, m: int, rows: int) -> dict:
     """U = G g G^T (T2, F, C) packed as this family's A with T2 groups, and the bias; uploaded once."""
     def pack() -> np.ndarray:
-        U = winograd.filter_transform(node.attrs["weights"], m)
-        t2, F, C = U.shape
-        return pack_weights(U.reshape(t2 * F, C).astype(np.float32), t2, rows, ctx.dtype)
+        return pack_weights(winograd.point_filters(node, m).astype(np.float32), (m + 2) ** 2, rows, ctx.dtype)
     return packed_upload(ctx, node, (node.layers[0], ctx.half, FAMILY, "winograd", m, rows), pack, "Winograd weights")
 
 
@@ -527,8 +525,7 @@ def _bind_wino_fused(ctx: BindContext, node: Node, cfg: dict) -> list:
     F, C = a["filters"], a["in_c"]
 
     def pack() -> np.ndarray:
-        U = winograd.filter_transform(a["weights"], m)
-        return pack_weights(U.reshape(-1, C).astype(np.float32), (m + 2) ** 2, kb, np.float32)
+        return pack_weights(winograd.point_filters(node, m).astype(np.float32), (m + 2) ** 2, kb, np.float32)
     wts = packed_upload(ctx, node, (node.layers[0], FAMILY, "winograd-fused", m, kb), pack, "Winograd weights")
     tw = winograd.tile_grid(node, m)[1]
     kbs, slices = fused_slices(F, kb, ks)

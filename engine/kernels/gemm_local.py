@@ -407,18 +407,14 @@ def wino_heuristic(node: Node, batch: int = 1, m: int = 2, lim: DeviceLimits = D
 def wino_weights(ctx: BindContext, node: Node, m: int) -> dict:
     """U in this family's packed layout, and the bias; uploaded once per layer, precision, m."""
     def pack() -> np.ndarray:
-        U = winograd.filter_transform(node.attrs["weights"], m)            # (T2, F, C)
-        t2, F, C = U.shape
-        return pack_weights(U.reshape(t2 * F, C), t2, ctx.dtype)
+        return pack_weights(winograd.point_filters(node, m), (m + 2) ** 2, ctx.dtype)
     return packed_upload(ctx, node, (node.layers[0], ctx.half, FAMILY, "winograd", m), pack, "Winograd weights")
 
 
 def bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Input transform, this family's GEMM batched over the T2 points, output transform + epilogue."""
     m = int(cfg.get("m", 2))
-    if not winograd.applicable(node) or m not in winograd.TILE_SIZES:
-        raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
-    M, P, C, t2 = winograd.gemm_shape(node, m)
+    M, P, C, t2 = winograd.checked_gemm_shape(node, m)
     lim = device_limits(ctx.rt)
     if not fits_device(cfg, lim):
         cfg = {**cfg, **heuristic(M, P, C, ctx.batch * t2, False, lim)}

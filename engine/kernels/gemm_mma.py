@@ -395,22 +395,16 @@ def conv_algos(node: Node) -> list:
     return algos + (["winograd"] if winograd.applicable(node) else [])
 
 
-def candidates(node: Node, rt, mode: str, batch: int = 1, tiles: tuple = ()) -> list:
-    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device in ``mode``, and
-    Winograd's (never split) for each tile size of ``tiles``. The tuner passes none: on an H100
-    Winograd lost to the implicit GEMM on every yolov3 shape (BENCHMARKS.md, seventh GPU session),
-    and its smaller GEMM would rank its configs first in the search's cost order; a config naming
-    it (``tools/retime.py``'s ``set:algo=winograd/m=2``) still runs."""
+def candidates(node: Node, rt, mode: str, batch: int = 1) -> list:
+    """Legal configs (with "algo" and "family") for ``node`` on ``rt``'s device in ``mode``, the
+    tuner's space. Winograd is not in it: on an H100 it lost to the implicit GEMM on every yolov3
+    shape (BENCHMARKS.md, seventh GPU session), and its smaller GEMM would rank its configs first
+    in the search's cost order; a config naming it (``tools/retime.py``'s
+    ``set:algo=winograd/m=2``) still runs."""
     M, N, K, G = conv_gemm_shape(node)
     lim = device_limits(rt)
-    out = [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) if algo != "winograd"
-           for c in space(M, N, K, mode, algo == "implicit", lim)]
-    if winograd.applicable(node):
-        for m in tiles:
-            Mw, P, C, _ = winograd.gemm_shape(node, m)
-            out += [{"algo": "winograd", "m": m, "family": FAMILY, **c}
-                    for c in space(Mw, P, C, mode, False, lim) if split_k(c) == 1]
-    return out
+    return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) if algo != "winograd"
+            for c in space(M, N, K, mode, algo == "implicit", lim)]
 
 
 def heuristic_config(node: Node, mode: str, batch: int = 1, lim: DeviceLimits = DeviceLimits()) -> dict:
@@ -476,16 +470,14 @@ def bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Input transform, this family's GEMM over the (m+2)^2 points (U = G g G^T packed per point
     as A), output transform + the conv's epilogue."""
     m, mode = int(cfg.get("m", 2)), ctx.mma
-    if not winograd.applicable(node) or m not in winograd.TILE_SIZES:
-        raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
-    M, P, C, t2 = winograd.gemm_shape(node, m)
+    M, P, C, t2 = winograd.checked_gemm_shape(node, m)
     cfg = {k: v for k, v in cfg.items() if k not in ("SK", "SS")}     # the workspace holds V and the products
     reason = why_illegal(cfg, M, P, C, mode, False, device_limits(ctx.rt))
     if reason is not None:
         raise YoloClError(f"mma Winograd GEMM config {cfg} cannot run M={M} N={P} K={C}: {reason}")
 
     def pack() -> np.ndarray:
-        return pack_weights(winograd.filter_transform(node.attrs["weights"], m).reshape(t2 * M, C), t2, mode)
+        return pack_weights(winograd.point_filters(node, m), t2, mode)
     wts = packed_upload(ctx, node, (node.layers[0], mode, FAMILY, "winograd", m), pack, "Winograd weights")
     d = defines(ctx.defines(NO_BIAS=True), cfg, M, P, C, mode, b_vector(cfg, mode, False, P, t2 * C * P, C * P))
 

@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from . import BindContext, Launch, epilogue_defines, fused, i32, residual_args
+from ..errors import YoloClError
 from ..graph import Node
 
 TILE_SIZES = (2, 4)
@@ -48,6 +49,13 @@ def gemm_shape(node: Node, m: int) -> tuple:
     """(M, N, K, groups) of the batched GEMM: filters x tiles x channels, (m+2)^2 of them."""
     a = node.attrs
     return a["filters"], tile_grid(node, m)[2], a["in_c"], (m + 2) ** 2
+
+
+def checked_gemm_shape(node: Node, m: int) -> tuple:
+    """``gemm_shape``, after a clear error where F(m x m, 3x3) cannot run ``node`` (a family's bind)."""
+    if not applicable(node) or m not in TILE_SIZES:
+        raise YoloClError(f"Winograd F({m}x{m},3x3) cannot run {node.describe()}")
+    return gemm_shape(node, m)
 
 
 def workspace_elems(node: Node, batch: int, m: int = 2) -> int:
@@ -91,6 +99,13 @@ def filter_transform(w: np.ndarray, m: int) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):   # absurd weights stay absurd, quietly
         U = np.kron(G, G).astype(dt) @ np.asarray(w, dt).reshape(F * C, 9).T   # (t*t, F*C)
     return U.reshape(t * t, F, C)
+
+
+def point_filters(node: Node, m: int) -> np.ndarray:
+    """The batched GEMM's A before a family packs it: U (``filter_transform``) as (T2 * F, C), the
+    filters of each transform point in turn (T2 groups of F rows)."""
+    U = filter_transform(node.attrs["weights"], m)
+    return U.reshape(-1, U.shape[2])
 
 
 def tile_groups(node: Node, m: int, vt: int, rows: bool = False) -> int:
