@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import cmdbuf
+from . import cmdbuf, staging
 from .errors import DeviceError, YoloClError
 from .graph import Graph, folding_default
 from .hostsets import HostSets
@@ -27,6 +27,7 @@ from .measure import event_ms
 from .limits import check_executor
 from .planner import plan_memory
 from .precision import FP32, Precision
+from .staging import pinned
 
 
 def batch_bucket(n: int) -> int:
@@ -99,6 +100,7 @@ class Executor:
         self._spare: Optional[list] = None      # run reads here when the caller holds every set
         self._ins: Optional[HostSets] = None    # pinned inputs input_array lends
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
+        self._staged: Optional[list] = None    # [pinned uint8 array, last copy out of it]: see _send
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
         self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
@@ -186,7 +188,6 @@ class Executor:
         caller's until nothing refers to it any more (``run``'s rule for its outputs), and holds
         whatever its last user left there; a plain array while the caller holds every pinned one."""
         if self._ins is None:
-            from .kernels.preprocess import pinned
             self._ins = HostSets(lambda: [pinned(self.rt, self._host_in.shape, np.float32)[1]], cap=2)
         got = self._ins.take()
         if got is None:
@@ -198,13 +199,25 @@ class Executor:
     def _upload(self, blob: np.ndarray):
         """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller
         keeps ``blob`` unchanged until the queue has passed it); returns the copy's event."""
-        cl, q = self.rt.cl, self.rt.queue
-        if blob.dtype == self._host_in.dtype and blob.flags.c_contiguous:
-            return cl.enqueue_copy(q, self.arena, blob, dst_offset=self._in_offset, is_blocking=False)
         if self.half and blob.dtype == np.float32 and blob.flags.c_contiguous:
             return self._upload_to_half(blob)
-        np.copyto(self._host_in, blob, casting="unsafe")
-        return cl.enqueue_copy(q, self.arena, self._host_in, dst_offset=self._in_offset, is_blocking=False)
+        if blob.dtype != self._host_in.dtype or not blob.flags.c_contiguous:
+            np.copyto(self._host_in, blob, casting="unsafe")
+            blob = self._host_in
+        return self._send(self.arena, blob, self._in_offset)
+
+    def _send(self, dst, blob: np.ndarray, offset: int = 0):
+        """One non-blocking copy of a pinned blob (the driver DMAs it as it is), or of any blob
+        where ``staging.threaded`` says no; else the threaded copy through pinned memory of our own."""
+        cl, q = self.rt.cl, self.rt.queue
+        if staging.is_pinned(blob) or not staging.threaded(self.rt):
+            return cl.enqueue_copy(q, dst, blob, dst_offset=offset, is_blocking=False)
+        if self._staged is None or self._staged[0].nbytes < blob.nbytes:
+            self._staged = [pinned(self.rt, (max(blob.nbytes, self._host_in.size * 4),), np.uint8)[1], None]
+        elif self._staged[1] is not None:
+            self._staged[1].wait()      # the last copy out of it has left
+        self._staged[1] = staging.upload(self.rt, dst, blob, self._staged[0], offset)
+        return self._staged[1]
 
     def _upload_to_half(self, blob: np.ndarray):
         """Send a float32 blob as it is and let a kernel store it as half into the input region:
@@ -217,7 +230,7 @@ class Executor:
             k.set_args(buf, self.arena, np.int32(self._in_offset // 2))
             self._f32_input = (buf, k, (n,))
         buf, k, gsize = self._f32_input
-        copied = cl.enqueue_copy(q, buf, blob, is_blocking=False)
+        copied = self._send(buf, blob)
         cl.enqueue_nd_range_kernel(q, k, gsize, None)
         return copied
 
@@ -279,7 +292,6 @@ class Executor:
         the arena as they are (float32 storage on a CPU device)."""
         if self._f32_outputs is None:
             return [np.empty(h.shape, np.float32) for h in self._host_out]
-        from .kernels.preprocess import pinned
         return [pinned(self.rt, h.shape, np.float32)[1] for h in self._host_out]
 
     def _enqueue_reads(self, hosts: list) -> list:
@@ -412,7 +424,10 @@ class Executor:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {self._host_in.shape}")
         st = self._slot(slot)
         self._settle(st)                # the slot's previous pass is done (and its set free if never collected)
-        np.copyto(st["in"], blob, casting="unsafe")
+        if blob.dtype == st["in"].dtype and blob.flags.c_contiguous and staging.threaded(self.rt):
+            staging.copy(st["in"], blob)
+        else:
+            np.copyto(st["in"], blob, casting="unsafe")
         st["write"] = self._upload(st["in"])
         st["out"], st["lent"] = self._take_set(st["spare"])
         if not st["lent"]:
@@ -445,7 +460,6 @@ class Executor:
     def _slot(self, slot: int) -> dict:
         st = self._slots.get(slot)
         if st is None:
-            from .kernels.preprocess import pinned
             dtype = np.float32 if self.half else self._host_in.dtype   # half: a kernel converts on the device
             st = self._slots[slot] = {"in": pinned(self.rt, self._host_in.shape, dtype)[1], "write": None,
                                       "reads": [], "out": None, "lent": False, "spare": None}

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from .preprocess import pinned
+from ..staging import pinned
 
 CAP = 4096      # candidate rows per image; more (a very low threshold) falls back to the host decode
 FIRST = 128     # rows read back with the counters, before the count is known

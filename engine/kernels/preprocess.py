@@ -1,7 +1,7 @@
 """Frames -> network input on the device (cl/preprocess.cl).
 
 A BGR uint8 frame is copied once into a pinned host buffer (``ALLOC_HOST_PTR``, mapped for
-the life of the stager), sent to a device staging buffer by a non-blocking copy, and one
+the life of the stager; by several threads on a GPU, see :mod:`yolo_cl.staging`), sent to a device staging buffer by a non-blocking copy, and one
 kernel resizes it as ``cv2.resize(INTER_LINEAR)`` does, places it (stretch, letterbox, crop),
 swaps BGR -> RGB, scales to [0, 1] and writes fp32 or half straight into the executor's
 input region. Staging buffers are reused and only grow when a larger frame arrives; each of
@@ -13,7 +13,9 @@ import weakref
 
 import numpy as np
 
+from .. import staging
 from ..preprocess import Placement
+from ..staging import pinned
 
 COEF = 2048            # OpenCV's INTER_RESIZE_COEF_SCALE (11 fractional bits)
 TABLE_CACHE = 64       # coordinate tables kept per source/target length pair
@@ -32,16 +34,6 @@ def resize_tables(src: int, dst: int) -> np.ndarray:
     w0 = np.rint((np.float32(1.0) - f) * COEF).astype(np.int64)
     w1 = np.rint(f * COEF).astype(np.int64)
     return np.stack([s, np.minimum(s + 1, src - 1), w0, w1], 1).astype(np.int32)
-
-
-def pinned(rt, shape: tuple, dtype) -> tuple:
-    """(buffer, array): host memory the driver can copy to and from by DMA (``ALLOC_HOST_PTR``),
-    mapped once for the life of the buffer; the array keeps the mapping alive."""
-    cl = rt.cl
-    nbytes = max(4, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-    buf = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
-    host, _ = cl.enqueue_map_buffer(rt.queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape, dtype)
-    return buf, host
 
 
 class _Stage:
@@ -94,9 +86,12 @@ class DevicePreprocess:
         candidate counters) on the way. Returns once the frame is in pinned memory."""
         h, w = image.shape[:2]
         st = self._stage((slot, index), image.nbytes)
-        np.copyto(st.host[:image.nbytes], image.reshape(-1))
         cl, q = self.rt.cl, self.rt.queue
-        st.copied = cl.enqueue_copy(q, st.device, st.host[:image.nbytes], is_blocking=False)
+        if staging.threaded(self.rt):
+            st.copied = staging.upload(self.rt, st.device, image, st.host)
+        else:
+            np.copyto(st.host[:image.nbytes], image.reshape(-1))
+            st.copied = cl.enqueue_copy(q, st.device, st.host[:image.nbytes], is_blocking=False)
         g = executor.graph.input
         per_index = self._kernels.get(executor)
         if per_index is None:

@@ -1,0 +1,107 @@
+"""Issue 14: host arrays reach the device through pinned memory copied by several threads.
+
+``YOLO_CL_STAGING=threads`` forces the threaded path that GPUs take by default (PoCL, a CPU
+device, keeps one plain copy), and a small ``staging.CHUNK`` makes small arrays take many
+chunks: every result must equal the plain copy's bit for bit.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from boxes import same_detections
+from yolo_cl import Detector, staging
+from yolo_cl.runtime import Runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+DOG = ROOT / "models" / "images" / "dog.jpg"
+SIZE = 96
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """The threaded path, in chunks of 1000 bytes (not a multiple of any element size)."""
+    monkeypatch.setenv("YOLO_CL_STAGING", "threads")
+    monkeypatch.setattr(staging, "CHUNK", 1000)
+
+
+def test_mode_follows_the_device_and_the_switch(rt, monkeypatch):
+    monkeypatch.delenv("YOLO_CL_STAGING", raising=False)
+    assert staging.threaded(rt) is (not rt.is_cpu)
+    for value, want in (("threads", True), ("off", False), ("OFF", False), ("bogus", not rt.is_cpu)):
+        monkeypatch.setenv("YOLO_CL_STAGING", value)
+        assert staging.threaded(rt) is want
+
+
+def test_pinned_arrays_are_recognised(rt):
+    _, host = staging.pinned(rt, (4, 1000), np.float32)
+    assert staging.is_pinned(host) and staging.is_pinned(host[2:]) and staging.is_pinned(host[1, 10:20])
+    assert not staging.is_pinned(np.empty((4, 1000), np.float32))
+    tail = np.empty(10, np.float32)
+    assert not staging.is_pinned(tail)
+
+
+@pytest.mark.parametrize("nbytes", [7, 1999, 2000, 2001, 12345, 50_000])
+def test_upload_lands_every_byte(rt, threads, nbytes):
+    cl = rt.cl
+    src = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    _, host = staging.pinned(rt, (nbytes,), np.uint8)
+    dst = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, nbytes + 64)
+    cl.enqueue_fill_buffer(rt.queue, dst, np.uint8(0xAB), 0, nbytes + 64)
+    staging.upload(rt, dst, src, host, dst_offset=32).wait()
+    back = np.empty(nbytes + 64, np.uint8)
+    cl.enqueue_copy(rt.queue, back, dst)
+    assert np.array_equal(back[32:32 + nbytes], src)
+    assert np.all(back[:32] == 0xAB) and np.all(back[32 + nbytes:] == 0xAB)
+
+
+@pytest.mark.parametrize("shape", [(3,), (1001,), (7, 3000)])
+def test_copy_equals_copyto(threads, shape):
+    src = np.random.default_rng(1).random(shape, dtype=np.float32)
+    dst = np.zeros_like(src)
+    staging.copy(dst, src)
+    assert np.array_equal(dst, src)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_executor_run_and_submit_equal_the_plain_copy(precision, monkeypatch):
+    det = Detector("yolov3-tiny", input_size=SIZE, precision=precision)
+    ex = det.executor(2, (SIZE, SIZE))
+    blobs = [np.random.default_rng(k).random((2, 3, SIZE, SIZE), dtype=np.float32) for k in range(3)]
+    monkeypatch.setenv("YOLO_CL_STAGING", "off")
+    want = [[h.copy() for h in ex.run(b)] for b in blobs]
+    monkeypatch.setenv("YOLO_CL_STAGING", "threads")
+    monkeypatch.setattr(staging, "CHUNK", 1000)
+    for b, w in zip(blobs, want):
+        got = ex.run(b)
+        assert all(np.array_equal(g, x) for g, x in zip(got, w))
+    ex.submit(blobs[1], slot=0)
+    ex.submit(blobs[2], slot=1)
+    for slot, w in ((0, want[1]), (1, want[2])):
+        assert all(np.array_equal(g, x) for g, x in zip(ex.collect(slot), w))
+    pinned_blob = ex.input_array()
+    pinned_blob[...] = blobs[0]
+    assert staging.is_pinned(pinned_blob)
+    assert all(np.array_equal(g, x) for g, x in zip(ex.run(pinned_blob), want[0]))
+
+
+def test_detect_on_the_device_path_equals_the_plain_copy(threads, monkeypatch):
+    monkeypatch.setenv("YOLO_CL_HOST_PREPOST", "0")     # the device's preprocessing, as on a GPU
+    image = cv2.imread(str(DOG))
+    frame = cv2.resize(image, (1280, 720))
+    det = Detector("yolov3-tiny", input_size=160)
+    assert det.device_preprocess
+    got = [det.detect(image), det.detect(frame)]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("YOLO_CL_STAGING", "off")
+        want = [det.detect(image), det.detect(frame)]
+    assert all(same_detections(g, w) for g, w in zip(got, want))
+    assert got[0]
