@@ -207,10 +207,11 @@ class Executor:
         return self._send(self.arena, blob, self._in_offset)
 
     def _send(self, dst, blob: np.ndarray, offset: int = 0):
-        """One non-blocking copy of a pinned blob (the driver DMAs it as it is), or of any blob
-        where ``staging.threaded`` says no; else the threaded copy through pinned memory of our own."""
+        """One non-blocking copy of a pinned blob (the driver DMAs it as it is), of a small one or
+        where ``staging.wanted`` says no; else chunks through pinned memory of our own, each
+        chunk's DMA overlapping the next one's copy (``staging.upload``)."""
         cl, q = self.rt.cl, self.rt.queue
-        if staging.is_pinned(blob) or not staging.threaded(self.rt):
+        if blob.nbytes < staging.MIN_BYTES or staging.is_pinned(blob) or not staging.wanted(self.rt):
             return cl.enqueue_copy(q, dst, blob, dst_offset=offset, is_blocking=False)
         if self._staged is None or self._staged[0].nbytes < blob.nbytes:
             self._staged = [pinned(self.rt, (max(blob.nbytes, self._host_in.size * 4),), np.uint8)[1], None]
@@ -424,10 +425,7 @@ class Executor:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {self._host_in.shape}")
         st = self._slot(slot)
         self._settle(st)                # the slot's previous pass is done (and its set free if never collected)
-        if blob.dtype == st["in"].dtype and blob.flags.c_contiguous and staging.threaded(self.rt):
-            staging.copy(st["in"], blob)
-        else:
-            np.copyto(st["in"], blob, casting="unsafe")
+        np.copyto(st["in"], blob, casting="unsafe")
         st["write"] = self._upload(st["in"])
         st["out"], st["lent"] = self._take_set(st["spare"])
         if not st["lent"]:

@@ -1,30 +1,28 @@
-"""Host arrays to the device through pinned memory, copied by several threads.
+"""Host arrays to the device through pinned memory, the copy and the transfer overlapped.
 
 A GPU driver copies an array from ordinary (pageable) memory by staging it through pinned
-buffers of its own, on one thread: NVIDIA's OpenCL does so at 6-7 GB/s, 5.6 ms for a 608x608
-batch of 8. From memory it can DMA from (``ALLOC_HOST_PTR``, mapped), it copies at the bus's
-speed. So a large array is copied into pinned memory in chunks by a few threads (numpy's copy
-releases the GIL), and each chunk's DMA is enqueued as soon as that chunk has landed: the
-host copy runs at several cores' bandwidth and the transfer overlaps it.
+buffers of its own: NVIDIA's OpenCL does so at 4-7 GB/s, 8.0 ms for a 608x608 batch of 8 on an
+H100 host. From memory it can DMA from (``ALLOC_HOST_PTR``, mapped) it copies at the bus's
+speed. So a large array is copied into pinned memory of our own in chunks, and each chunk's
+DMA is enqueued as soon as that chunk has landed: the transfer runs while the host copies the
+next chunk, and the whole costs about one host copy (3.6 ms for that batch). Several threads
+copying did not go faster on that host (its copy bandwidth is the limit, ~10 GB/s either way).
 
-On a CPU device the driver's copy is a plain ``memcpy`` already, so there one copy is kept
-(``YOLO_CL_STAGING=threads`` forces the threaded path, for tests; ``=off`` turns it off).
+Below ``MIN_BYTES`` (a 416x416 input, a 1280x720 frame) the chunking costs more than it saves:
+one copy into the pinned array and one DMA. On a CPU device the driver's copy is a plain
+``memcpy`` already, so there the callers keep it (``YOLO_CL_STAGING=on`` uses this module
+anyway, for tests; ``=off`` never).
 """
 from __future__ import annotations
 
 import os
-import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 import numpy as np
 
-CHUNK = 1 << 20          # bytes per thread's copy and per DMA; smaller arrays take one plain copy
-MAX_THREADS = 4          # beyond this a host's memory bandwidth, not the cores, bounds a copy
+CHUNK = 2 << 20          # bytes per copy and per DMA
+MIN_BYTES = 8 << 20      # smaller arrays: one copy, one DMA
 
-_pool: Optional[ThreadPoolExecutor] = None
-_pool_lock = threading.Lock()
 _pinned: dict = {}       # start address -> end address of every live pinned array
 
 
@@ -48,55 +46,25 @@ def is_pinned(array: np.ndarray) -> bool:
     return any(s <= start and end <= e for s, e in list(_pinned.items()))
 
 
-def mode() -> str:
-    """``YOLO_CL_STAGING``: ``auto`` (threads on GPUs and accelerators), ``threads`` or ``off``."""
+def wanted(rt) -> bool:
+    """Whether uploads to ``rt``'s device should come through :func:`upload` (``YOLO_CL_STAGING``:
+    ``auto``, the default, on GPUs and accelerators; ``on``; ``off``)."""
     value = os.environ.get("YOLO_CL_STAGING", "auto").strip().lower()
-    return value if value in ("auto", "threads", "off") else "auto"
+    return value == "on" or (value not in ("on", "off") and not rt.is_cpu)
 
 
-def threaded(rt) -> bool:
-    """Whether uploads to ``rt``'s device go through the threaded copy."""
-    m = mode()
-    return m == "threads" or (m == "auto" and not rt.is_cpu)
-
-
-def _threads() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            n = max(1, min(MAX_THREADS, (os.cpu_count() or 2) - 1))
-            _pool = ThreadPoolExecutor(n, thread_name_prefix="yolo-cl-staging")
-        return _pool
-
-
-def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``np.copyto(dst, src)`` for C-contiguous arrays of the same size, split over the threads
-    when it is large enough to pay (``dst`` and ``src`` flat views of the same byte count)."""
-    d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
-    if s.nbytes < 2 * CHUNK:
-        np.copyto(d, s)
-        return
-    parts = [_threads().submit(np.copyto, d[i:i + CHUNK], s[i:i + CHUNK]) for i in range(0, s.nbytes, CHUNK)]
-    for p in parts:
-        p.result()
-
-
-def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0, wait_for=None):
+def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0):
     """Enqueue ``src`` (C-contiguous) into the device buffer ``dst`` at ``dst_offset`` through the
-    pinned array ``host`` (at least ``src.nbytes``, flat uint8): a threaded copy into ``host``
-    whose chunks each leave by a non-blocking DMA as soon as they land. ``host`` must not be
-    written again until the returned event (the last DMA) has completed."""
+    pinned array ``host`` (flat uint8, at least ``src.nbytes``): chunk by chunk, each chunk's
+    non-blocking DMA enqueued as soon as it is in ``host``. ``host`` must not be written again
+    until the returned event (the last DMA) has completed. In one piece where :func:`wanted` says
+    no or the array is under ``MIN_BYTES``."""
     cl, q = rt.cl, rt.queue
     s = src.reshape(-1).view(np.uint8)
     n = s.nbytes
-    if n < 2 * CHUNK:
-        np.copyto(host[:n], s)
-        return cl.enqueue_copy(q, dst, host[:n], dst_offset=dst_offset, is_blocking=False, wait_for=wait_for)
-    pool = _threads()
-    parts = [(i, pool.submit(np.copyto, host[i:i + CHUNK], s[i:i + CHUNK])) for i in range(0, n, CHUNK)]
+    step = CHUNK if n >= MIN_BYTES and wanted(rt) else n
     event = None
-    for i, part in parts:
-        part.result()
-        event = cl.enqueue_copy(q, dst, host[i:i + CHUNK], dst_offset=dst_offset + i, is_blocking=False,
-                                wait_for=wait_for)
+    for i in range(0, n, max(1, step)):
+        np.copyto(host[i:i + step], s[i:i + step])
+        event = cl.enqueue_copy(q, dst, host[i:i + step], dst_offset=dst_offset + i, is_blocking=False)
     return event

@@ -1,7 +1,7 @@
 """Frames -> network input on the device (cl/preprocess.cl).
 
 A BGR uint8 frame is copied once into a pinned host buffer (``ALLOC_HOST_PTR``, mapped for
-the life of the stager; by several threads on a GPU, see :mod:`yolo_cl.staging`), sent to a device staging buffer by a non-blocking copy, and one
+the life of the stager; a large one in chunks, see :mod:`yolo_cl.staging`), sent to a device staging buffer by a non-blocking copy, and one
 kernel resizes it as ``cv2.resize(INTER_LINEAR)`` does, places it (stretch, letterbox, crop),
 swaps BGR -> RGB, scales to [0, 1] and writes fp32 or half straight into the executor's
 input region. Staging buffers are reused and only grow when a larger frame arrives; each of
@@ -87,11 +87,7 @@ class DevicePreprocess:
         h, w = image.shape[:2]
         st = self._stage((slot, index), image.nbytes)
         cl, q = self.rt.cl, self.rt.queue
-        if staging.threaded(self.rt):
-            st.copied = staging.upload(self.rt, st.device, image, st.host)
-        else:
-            np.copyto(st.host[:image.nbytes], image.reshape(-1))
-            st.copied = cl.enqueue_copy(q, st.device, st.host[:image.nbytes], is_blocking=False)
+        st.copied = staging.upload(self.rt, st.device, image, st.host)
         g = executor.graph.input
         per_index = self._kernels.get(executor)
         if per_index is None:
