@@ -100,7 +100,7 @@ class Executor:
         self._spare: Optional[list] = None      # run reads here when the caller holds every set
         self._ins: Optional[HostSets] = None    # pinned inputs input_array lends
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
-        self._staged: Optional[list] = None    # [pinned uint8 array, last copy out of it]: see _send
+        self._staged: Optional[list] = None    # [pinned uint8 array, the DMA events out of it]: see _send
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
         self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
@@ -198,7 +198,8 @@ class Executor:
 
     def _upload(self, blob: np.ndarray):
         """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller
-        keeps ``blob`` unchanged until the queue has passed it); returns the copy's event."""
+        keeps ``blob`` unchanged until the queue has passed it); returns the copy's event(s),
+        to keep until then."""
         if self.half and blob.dtype == np.float32 and blob.flags.c_contiguous:
             return self._upload_to_half(blob)
         if blob.dtype != self._host_in.dtype or not blob.flags.c_contiguous:
@@ -214,9 +215,9 @@ class Executor:
         if blob.nbytes < staging.MIN_BYTES or staging.is_pinned(blob) or not staging.wanted(self.rt):
             return cl.enqueue_copy(q, dst, blob, dst_offset=offset, is_blocking=False)
         if self._staged is None or self._staged[0].nbytes < blob.nbytes:
-            self._staged = [pinned(self.rt, (max(blob.nbytes, self._host_in.size * 4),), np.uint8)[1], None]
-        elif self._staged[1] is not None:
-            self._staged[1].wait()      # the last copy out of it has left
+            self._staged = [pinned(self.rt, (max(blob.nbytes, self._host_in.size * 4),), np.uint8)[1], []]
+        elif self._staged[1]:
+            self._staged[1][-1].wait()  # the last copy out of it has left
         self._staged[1] = staging.upload(self.rt, dst, blob, self._staged[0], offset)
         return self._staged[1]
 

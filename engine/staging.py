@@ -57,14 +57,16 @@ def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0):
     """Enqueue ``src`` (C-contiguous) into the device buffer ``dst`` at ``dst_offset`` through the
     pinned array ``host`` (flat uint8, at least ``src.nbytes``): chunk by chunk, each chunk's
     non-blocking DMA enqueued as soon as it is in ``host``. ``host`` must not be written again
-    until the returned event (the last DMA) has completed. In one piece where :func:`wanted` says
-    no or the array is under ``MIN_BYTES``."""
+    until the last of the returned DMA events has completed; keep the list until then (pyopencl
+    waits for a transfer whose event is dropped). In one piece where :func:`wanted` says no or
+    the array is under ``MIN_BYTES``."""
     cl, q = rt.cl, rt.queue
     s = src.reshape(-1).view(np.uint8)
     n = s.nbytes
-    step = CHUNK if n >= MIN_BYTES and wanted(rt) else n
-    event = None
-    for i in range(0, n, max(1, step)):
+    step = max(1, CHUNK if n >= MIN_BYTES and wanted(rt) else n)
+    events = []
+    for i in range(0, n, step):
         np.copyto(host[i:i + step], s[i:i + step])
-        event = cl.enqueue_copy(q, dst, host[i:i + step], dst_offset=dst_offset + i, is_blocking=False)
-    return event
+        events.append(cl.enqueue_copy(q, dst, host[i:i + step], dst_offset=dst_offset + i, is_blocking=False))
+    return events
+

@@ -62,7 +62,7 @@ def test_upload_lands_every_byte(rt, chunks, nbytes):
     _, host = staging.pinned(rt, (nbytes,), np.uint8)
     dst = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, nbytes + 64)
     cl.enqueue_fill_buffer(rt.queue, dst, np.uint8(0xAB), 0, nbytes + 64)
-    staging.upload(rt, dst, src, host, dst_offset=32).wait()
+    staging.upload(rt, dst, src, host, dst_offset=32)[-1].wait()
     back = np.empty(nbytes + 64, np.uint8)
     cl.enqueue_copy(rt.queue, back, dst)
     assert np.array_equal(back[32:32 + nbytes], src)

@@ -43,7 +43,7 @@ class _Stage:
         self.nbytes = nbytes
         self.pinned, self.host = pinned(rt, (nbytes,), np.uint8)
         self.device = rt.alloc(nbytes, "frame staging buffer")
-        self.copied = None
+        self.copied: list = []       # the DMA events of the last frame staged here
 
 
 class DevicePreprocess:
@@ -66,8 +66,8 @@ class DevicePreprocess:
         if st is None or st.nbytes < nbytes:
             self.rt.queue.finish()   # nothing may still read the buffer being replaced
             st = self._stages[key] = _Stage(self.rt, nbytes)
-        elif st.copied is not None:
-            st.copied.wait()         # the previous frame of this slot has left the pinned buffer
+        elif st.copied:
+            st.copied[-1].wait()     # the previous frame of this slot has left the pinned buffer
         return st
 
     def _table(self, src: int, dst: int):
