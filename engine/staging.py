@@ -1,12 +1,13 @@
 """Host arrays to the device through pinned memory, the copy and the transfer overlapped.
 
 A GPU driver copies an array from ordinary (pageable) memory by staging it through pinned
-buffers of its own: NVIDIA's OpenCL does so at 4-7 GB/s, 8.0 ms for a 608x608 batch of 8 on an
-H100 host. From memory it can DMA from (``ALLOC_HOST_PTR``, mapped) it copies at the bus's
-speed. So a large array is copied into pinned memory of our own in chunks, and each chunk's
-DMA is enqueued as soon as that chunk has landed: the transfer runs while the host copies the
-next chunk, and the whole costs about one host copy (3.6 ms for that batch). Several threads
-copying did not go faster on that host (its copy bandwidth is the limit, ~10 GB/s either way).
+buffers of its own; from memory it can DMA from (``ALLOC_HOST_PTR``, mapped) it copies at the
+bus's speed. So a large array is copied into pinned memory of our own in chunks, and each
+chunk's DMA is enqueued as soon as that chunk has landed: the transfer runs while the host
+copies the next chunk, and the whole costs about one host copy. That pays where the driver's
+staging is slower than a host copy: on one H100 host NVIDIA staged a 608x608 batch of 8 at
+4.4 GB/s (8.0 ms), against ~10 GB/s (3.6 ms) this way; on another both ran at 6-9 GB/s.
+Several copying threads were no faster (the host's copy bandwidth is the limit).
 
 Below ``MIN_BYTES`` (a 416x416 input, a 1280x720 frame) the chunking costs more than it saves:
 one copy into the pinned array and one DMA. On a CPU device the driver's copy is a plain
