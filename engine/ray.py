@@ -3,8 +3,8 @@
 * ``serve_app`` / ``run_serve``: ``POST /detect`` and ``GET /healthz`` of ``yolo-cl serve`` on
   Ray Serve. Each OpenCL device is a deployment of its own whose replicas ask for the custom
   Ray resource ``yolo_cl_device_K`` (so Ray places one replica per device of a node and
-  restarts it when it dies), decode the image and batch concurrent requests with
-  ``@serve.batch``. With one device its deployment answers HTTP itself; with several, an
+  restarts it when it dies), decode the image and batch concurrent requests with the embedded
+  server's batcher (a one-device ``Fleet``). With one device its deployment answers HTTP itself; with several, an
   ingress deployment parses and checks the request as the embedded server does
   (``yolo_cl.serve.read_image_body``) and sends the still-encoded image (a tenth of the decoded
   one's bytes through Ray) to the device with the fewest requests in flight.
@@ -79,18 +79,6 @@ def _detector(model, weights, device, opts: dict):
     return Detector(model, weights, device=device, **opts)
 
 
-def _run_groups(det, items: list) -> list:
-    """detect_batch per (thresh, nms) over ``items`` of (image, thresh, nms), results in order."""
-    out: list = [None] * len(items)
-    groups: dict = {}
-    for i, (_, thresh, nms) in enumerate(items):
-        groups.setdefault((thresh, nms), []).append(i)
-    for (thresh, nms), idx in groups.items():
-        for i, dets in zip(idx, det.detect_batch([items[i][0] for i in idx], thresh, nms)):
-            out[i] = dets
-    return out
-
-
 # -- Ray Serve ------------------------------------------------------------------------------------
 def _answer(frame_id: int, filename: str, dets: list, size: tuple, fit: str):
     from starlette.responses import JSONResponse
@@ -99,33 +87,43 @@ def _answer(frame_id: int, filename: str, dets: list, size: tuple, fit: str):
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class DeviceDetector:
-    """One replica: a Detector on one device, batching the requests Ray hands it. Called over
-    HTTP (``__call__``) when it is the application's only device, by the ingress otherwise."""
+    """One replica: a Detector on one device, batching the requests Ray hands it with the
+    embedded server's batcher (a ``Fleet`` of one device: its batch thread, and the request run
+    right here when the device is idle). Called over HTTP (``__call__``) when it is the
+    application's only device, by the ingress otherwise."""
 
     def __init__(self, model, weights, device, opts: dict, max_batch: int, max_wait_ms: float, limits=None,
                  max_in_flight: int = 0) -> None:
+        from .fleet import Fleet
         from .serve import Limits
         self.det = _detector(model, weights, device, opts)
         for b in range(1, max_batch + 1):          # every batch size compiled before the first request
             self.det.executor(b)
-        self.detect.set_max_batch_size(max_batch)
-        self.detect.set_batch_wait_timeout_s(max_wait_ms / 1000.0)
         self.limits, self.max_in_flight = limits or Limits(), max_in_flight
+        self.fleet = Fleet([self.det], max_batch=max_batch, max_wait_ms=max_wait_ms,
+                           max_queue=max(max_in_flight, 2 * max_batch))
         self.in_flight = self.answered = 0
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def detect(self, items: list) -> list:
-        return await asyncio.to_thread(_run_groups, self.det, items)
+    async def detect(self, image, thresh: float, nms: float, alone: bool = False) -> list:
+        """The detections of ``image``, batched with the replica's other requests (QueueFull when
+        too many wait); ``alone`` lets an idle device run it on this thread at once."""
+        req = self.fleet.enqueue(image, thresh, nms, inline=alone)
+        if not req.future.done():
+            await asyncio.wrap_future(req.future)
+        return req.future.result()
 
     async def detect_encoded(self, data: bytes, thresh: float, nms: float) -> tuple:
         """(detections, (width, height)) of an encoded image the ingress checked, or
-        (HTTP status, message) if it cannot be decoded."""
+        (HTTP status, message) if it cannot be decoded or the replica's queue is full."""
+        from .fleet import QueueFull
         from .serve import HTTPException, decode_body
         try:
             image = await decode_body(data, self.limits)
+            return await self.detect(image, thresh, nms), (image.shape[1], image.shape[0])
         except HTTPException as e:
             return e.status_code, e.detail
-        return await self.detect((image, thresh, nms)), (image.shape[1], image.shape[0])
+        except QueueFull as e:
+            return 503, str(e)
 
     def info(self) -> dict:
         """The device's name, the resize mode and this replica's process id."""
@@ -133,6 +131,7 @@ class DeviceDetector:
 
     async def __call__(self, request):
         """HTTP, when this device is the whole application: as the embedded server's routes."""
+        from .fleet import QueueFull
         from .serve import HTTPException, error_response, read_image_request
         from starlette.responses import JSONResponse
         path = request.url.path.rstrip("/")
@@ -143,10 +142,14 @@ class DeviceDetector:
             return refused
         self.in_flight += 1
         try:
-            image, thresh, nms, filename = await read_image_request(request, self.limits)
-            dets = await asyncio.wait_for(self.detect((image, thresh, nms)), self.limits.timeout)
+            alone = self.in_flight == 1                 # nobody else needs the event loop: as the embedded server
+            image, thresh, nms, filename = await read_image_request(request, self.limits, inline=alone)
+            dets = await asyncio.wait_for(self.detect(image, thresh, nms, alone=self.in_flight == 1),
+                                          self.limits.timeout)
         except HTTPException as e:
             return error_response(e.status_code, e.detail)
+        except QueueFull as e:
+            return error_response(503, str(e))
         except asyncio.TimeoutError:
             return error_response(504, f"no answer within {self.limits.timeout:g} s")
         finally:
