@@ -38,26 +38,34 @@ def start(address: Optional[str] = None, devices: int = 1) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local instance for this process only
-    if not address and haproxy_available():
-        # HTTP through Ray's bundled HAProxy straight to the replicas (each serves HTTP itself)
-        # instead of through the Python proxy actor, and Ray's "throughput optimized" settings
-        # (user code on the replica's event loop, gRPC between deployments): on an H100 host
-        # 0.12-0.27x of the embedded server's throughput became 0.51-0.73x (BENCHMARKS.md).
-        # Read by the processes this ray.init starts; a user's own setting wins.
-        os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
-        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-        # HAProxy's stats page and metrics listen on fixed ports (8404, 9101) on every interface:
-        # a second local instance (or anything else there) would collide; free ports instead.
-        for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-            os.environ.setdefault(name, str(_free_port()))
-        # A stopping replica keeps answering this long so that HAProxy stops sending it requests
-        # first; on one node HAProxy reloads within 0.1 s, and Ray's 30 s held every Ctrl-C 30 s.
-        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(resources={RESOURCE.format(k): 1 for k in range(devices)}, include_dashboard=False,
-                 log_to_driver=False)
+        return
+    if haproxy_available():
+        _fast_serve_environment()
+    ray.init(resources={RESOURCE.format(k): 1 for k in range(devices)}, include_dashboard=False,
+             log_to_driver=False)
+
+
+def _fast_serve_environment() -> None:
+    """Serve as Ray documents it for high throughput, for the processes a local ray.init starts:
+    HTTP through Ray's bundled HAProxy straight to the replicas (each serves HTTP itself) instead
+    of through the Python proxy actor, and the "throughput optimized" settings (user code on the
+    replica's event loop, gRPC between deployments). On an H100 host that took Ray Serve from
+    0.12-0.27x of the embedded server's throughput to 0.51-0.73x (0.91x with the replicas'
+    Fleet batching; BENCHMARKS.md). A user's own setting of any of these wins; with
+    ``RAY_SERVE_ENABLE_HA_PROXY=0`` Ray's defaults stay whole (the throughput settings without
+    HAProxy move HTTP off ``--port``)."""
+    if os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1") != "1":
+        return
+    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    # HAProxy's stats page and metrics listen on fixed ports (8404, 9101) on every interface:
+    # a second local instance (or anything else there) would collide; free ports instead.
+    for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+        os.environ.setdefault(name, str(_free_port()))
+    # A stopping replica keeps answering this long so that HAProxy stops sending it requests
+    # first; on one node HAProxy reloads within 0.1 s, and Ray's 30 s held every Ctrl-C 30 s.
+    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
 
 
 def _free_port() -> int:
