@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import cv2
 import numpy as np
@@ -58,6 +58,9 @@ class Source:
     corrupt = 0
     reconnects = 0
     end_reason = ""
+    # (height, width) -> an array to decode the next frame into, e.g. Detector.frame_array (pinned
+    # memory the device path DMAs from without a host copy); None: the decoder allocates
+    frame_array: Optional[Callable] = None
 
     def read(self) -> Optional[Frame]:
         raise NotImplementedError
@@ -180,7 +183,8 @@ class CaptureSource(Source):
                 if not self.end_reason:
                     self.end_reason = "end of file" if not self.live else "stream ended"
                 return None
-            ok, image = self._cap.retrieve()
+            into = self.frame_array(self.size[1], self.size[0]) if self.frame_array and self.size else None
+            ok, image = self._cap.retrieve(into) if into is not None else self._cap.retrieve()
             if not ok or image is None or image.size == 0:
                 self.corrupt += 1
                 continue
@@ -492,6 +496,8 @@ class Pipeline:
             ex = detector.executor(self.batch, detector.net_size_for(*source.size))
             if detector.device_preprocess:
                 detector.device_path.decoder(ex)
+        if detector.device_preprocess and source.frame_array is None:
+            source.frame_array = detector.frame_array     # frames decoded into pinned memory
 
     # The four stages. Each ends by closing its output channel, so the end flows downstream.
     def _decode(self) -> None:

@@ -102,3 +102,46 @@ def test_detect_on_the_device_path_equals_the_plain_copy(chunks, monkeypatch):
         want = [det.detect(image), det.detect(frame)]
     assert all(same_detections(g, w) for g, w in zip(got, want))
     assert got[0]
+
+
+def test_frames_in_pinned_memory_go_without_a_host_copy(monkeypatch):
+    monkeypatch.setenv("YOLO_CL_HOST_PREPOST", "0")     # the device's preprocessing, as on a GPU
+    image = cv2.resize(cv2.imread(str(DOG)), (640, 360))
+    det = Detector("yolov3-tiny", input_size=160)
+    want = det.detect(image)
+    frame = det.frame_array(360, 640)
+    assert frame.shape == (360, 640, 3) and frame.dtype == np.uint8 and staging.is_pinned(frame)
+    frame[...] = image
+
+    def no_copy(*a, **k):
+        raise AssertionError("a pinned frame was copied on the host")
+    monkeypatch.setattr(staging, "upload", no_copy)
+    assert same_detections(det.detect(frame), want, tol=0) and want
+    frames = [det.frame_array(360, 640) for _ in range(3)]       # in flight: each its own pinned array
+    assert len({f.ctypes.data for f in frames + [frame]}) == 4
+    for f in frames:
+        f[...] = image
+    handles = [det.submit(f) for f in frames]
+    assert all(same_detections(det.result(h), want, tol=0) for h in handles)
+    with pytest.raises(Exception, match="positive"):
+        det.frame_array(0, 640)
+
+
+def test_a_video_on_the_device_path_decodes_into_pinned_frames(monkeypatch, tmp_path):
+    from yolo_cl.video import CaptureSource, Pipeline
+    monkeypatch.setenv("YOLO_CL_HOST_PREPOST", "0")
+    clip = tmp_path / "clip.avi"
+    image = cv2.resize(cv2.imread(str(DOG)), (320, 240))
+    out = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"MJPG"), 10, (320, 240))
+    for k in range(6):
+        out.write(np.roll(image, 8 * k, axis=1))
+    out.release()
+    det = Detector("yolov3-tiny", input_size=160)
+    plain = [f.image for f in iter(CaptureSource(str(clip), "file", "clip").read, None)]
+    source = CaptureSource(str(clip), "file", "clip")
+    results = list(Pipeline(det, source))
+    assert source.frame_array == det.frame_array and [r.index for r in results] == list(range(6))
+    for r in results:
+        assert np.array_equal(r.frame, plain[r.index])
+        assert same_detections(r.detections, det.detect(plain[r.index].copy()), tol=0)
+    assert any(staging.is_pinned(r.frame) for r in results)

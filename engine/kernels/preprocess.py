@@ -83,11 +83,16 @@ class DevicePreprocess:
                 counter=None) -> None:
         """Upload ``image`` (HxWx3 uint8 BGR, C-contiguous) and write it, laid out by ``place``,
         into input ``index`` of ``executor``'s batch; zero ``counter[index]`` (a decode's
-        candidate counters) on the way. Returns once the frame is in pinned memory."""
+        candidate counters) on the way. Returns once the frame is in pinned memory: copied
+        there, or already there (``staging.is_pinned``), then read by the DMA later."""
         h, w = image.shape[:2]
         st = self._stage((slot, index), image.nbytes)
         cl, q = self.rt.cl, self.rt.queue
-        st.copied = staging.upload(self.rt, st.device, image, st.host)
+        if staging.is_pinned(image) and image.flags.c_contiguous:
+            # a frame already in pinned memory (Detector.frame_array): DMA it as it is, no host copy
+            st.copied = [cl.enqueue_copy(q, st.device, image, is_blocking=False)]
+        else:
+            st.copied = staging.upload(self.rt, st.device, image, st.host)
         g = executor.graph.input
         per_index = self._kernels.get(executor)
         if per_index is None:
