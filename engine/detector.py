@@ -260,11 +260,7 @@ class Detector:
                     self._frames.clear()
                 sets = self._frames[(height, width)] = HostSets(
                     lambda: [pinned(self.runtime, (height, width, 3), np.uint8)[1]], cap=8)
-            got = sets.take()
-            if got is None:
-                return np.empty((height, width, 3), np.uint8)
-            sets.release(got)
-            return got[0]
+            return sets.lend(lambda: np.empty((height, width, 3), np.uint8))
 
     def detect(self, image_bgr: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> list:
         """Detections in one BGR image, boxes in its pixels."""

@@ -189,12 +189,7 @@ class Executor:
         whatever its last user left there; a plain array while the caller holds every pinned one."""
         if self._ins is None:
             self._ins = HostSets(lambda: [pinned(self.rt, self._host_in.shape, np.float32)[1]], cap=2)
-        got = self._ins.take()
-        if got is None:
-            return np.empty(self._host_in.shape, np.float32)
-        blob = got[0]
-        self._ins.release(got)
-        return blob
+        return self._ins.lend(lambda: np.empty(self._host_in.shape, np.float32))
 
     def _upload(self, blob: np.ndarray):
         """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller

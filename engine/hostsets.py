@@ -13,6 +13,8 @@ import sys
 import threading
 from typing import Callable, Optional
 
+import numpy as np
+
 CAP = 4        # sets per pool: a caller holding the previous frame, two in flight, one being filled
 
 
@@ -50,6 +52,16 @@ class HostSets:
                 self._sets.append(_Set(self._make()))
                 return self._sets[-1].arrays
         return None
+
+    def lend(self, fallback: Callable[[], np.ndarray]) -> np.ndarray:
+        """The first array of a set nobody holds, given out under the reference-count rule (the
+        caller's until nothing refers to it: ``take`` then ``release`` at once), or ``fallback()``
+        while the caller holds every set."""
+        got = self.take()
+        if got is None:
+            return fallback()
+        self.release(got)
+        return got[0]
 
     def release(self, arrays: list) -> None:
         """End the reservation of ``take``: from now on the set is free once nobody refers to it."""

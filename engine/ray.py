@@ -4,8 +4,8 @@
   Ray Serve. Each OpenCL device is a deployment of its own whose replicas ask for the custom
   Ray resource ``yolo_cl_device_K`` (so Ray places one replica per device of a node and
   restarts it when it dies), decode the image and batch concurrent requests with the embedded
-  server's batcher (a one-device ``Fleet``). With one device its deployment answers HTTP itself; with several, an
-  ingress deployment parses and checks the request as the embedded server does
+  server's batcher (a one-device ``Fleet``). With one device its deployment answers HTTP
+  itself; with several, an ingress deployment parses and checks the request as the embedded server does
   (``yolo_cl.serve.read_image_body``) and sends the still-encoded image (a tenth of the decoded
   one's bytes through Ray) to the device with the fewest requests in flight.
 * ``detect_files``: a folder or list of image files over a pool of actors, one per device, in
@@ -150,8 +150,10 @@ class DeviceDetector:
             return refused
         self.in_flight += 1
         try:
-            alone = self.in_flight == 1                 # nobody else needs the event loop: as the embedded server
-            image, thresh, nms, filename = await read_image_request(request, self.limits, inline=alone)
+            # As the embedded server: decode here while no other request needs the event loop,
+            # and run the batch here if the replica is still alone once decoded.
+            image, thresh, nms, filename = await read_image_request(request, self.limits,
+                                                                    inline=self.in_flight == 1)
             dets = await asyncio.wait_for(self.detect(image, thresh, nms, alone=self.in_flight == 1),
                                           self.limits.timeout)
         except HTTPException as e:

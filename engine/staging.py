@@ -60,8 +60,11 @@ def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0):
     non-blocking DMA enqueued as soon as it is in ``host``. ``host`` must not be written again
     until the last of the returned DMA events has completed; keep the list until then (pyopencl
     waits for a transfer whose event is dropped). In one piece where :func:`wanted` says no or
-    the array is under ``MIN_BYTES``."""
+    the array is under ``MIN_BYTES``; a ``src`` already in pinned memory (``is_pinned``) goes by
+    DMA as it is, without ``host`` (the caller then keeps ``src`` unchanged as long)."""
     cl, q = rt.cl, rt.queue
+    if is_pinned(src):
+        return [cl.enqueue_copy(q, dst, src, dst_offset=dst_offset, is_blocking=False)]
     s = src.reshape(-1).view(np.uint8)
     n = s.nbytes
     step = max(1, CHUNK if n >= MIN_BYTES and wanted(rt) else n)

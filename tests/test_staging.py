@@ -113,8 +113,15 @@ def test_frames_in_pinned_memory_go_without_a_host_copy(monkeypatch):
     assert frame.shape == (360, 640, 3) and frame.dtype == np.uint8 and staging.is_pinned(frame)
     frame[...] = image
 
-    def no_copy(*a, **k):
-        raise AssertionError("a pinned frame was copied on the host")
+    real, calls = staging.upload, []
+
+    def no_copy(rt, dst, src, host, dst_offset=0):
+        """The upload, failing if it copied the frame into the staging buffer."""
+        host[:] = 0xAB           # the stage's previous DMA has completed: _stage waited for it
+        events = real(rt, dst, src, host, dst_offset)
+        assert np.all(host == 0xAB), "a pinned frame was copied on the host"
+        calls.append(src.shape)
+        return events
     monkeypatch.setattr(staging, "upload", no_copy)
     assert same_detections(det.detect(frame), want, tol=0) and want
     frames = [det.frame_array(360, 640) for _ in range(3)]       # in flight: each its own pinned array
@@ -123,6 +130,7 @@ def test_frames_in_pinned_memory_go_without_a_host_copy(monkeypatch):
         f[...] = image
     handles = [det.submit(f) for f in frames]
     assert all(same_detections(det.result(h), want, tol=0) for h in handles)
+    assert calls == [(360, 640, 3)] * 4
     with pytest.raises(Exception, match="positive"):
         det.frame_array(0, 640)
 

@@ -6,7 +6,8 @@ Measures, in this order, and prints every figure the targets of issue 20 are hel
    image), ``Detector.detect`` latency (ms, p50) and ``cv2.imdecode`` of the request image — the
    device-bound references, in this process;
 2. ``POST /detect`` on a real ``yolo-cl serve`` subprocess (``--max-batch`` = ``--batch``,
-   ``--workers`` as given; with ``--ray`` a ``serve --ray`` one too, with as many ``--replicas``, both up for the whole run):
+   ``--workers`` as given; with ``--ray`` a ``serve --ray`` one too, with as many
+   ``--replicas``, both up for the whole run):
    latency one request at a time (p50; minus 1.'s p50 = the added latency per request; the
    server's own ``Server-Timing`` stages split it into body, decode, queue, batch and reply, and
    say whether it ran inline on an idle device), then throughput with ``--concurrency``

@@ -4,8 +4,9 @@ A BGR uint8 frame is copied once into a pinned host buffer (``ALLOC_HOST_PTR``, 
 the life of the stager; a large one in chunks, see :mod:`yolo_cl.staging`), sent to a device
 staging buffer by a non-blocking copy, and one kernel resizes it as ``cv2.resize(INTER_LINEAR)``
 does, places it (stretch, letterbox, crop), swaps BGR -> RGB, scales to [0, 1] and writes fp32
-or half straight into the executor's input region. Staging buffers are reused and only grow when a larger frame arrives; each of
-``slots`` sets can be filled while the device still works on another one's frame.
+or half straight into the executor's input region. Staging buffers are reused and only grow
+when a larger frame arrives; each of ``slots`` sets can be filled while the device still works
+on another one's frame.
 """
 from __future__ import annotations
 
@@ -88,11 +89,7 @@ class DevicePreprocess:
         h, w = image.shape[:2]
         st = self._stage((slot, index), image.nbytes)
         cl, q = self.rt.cl, self.rt.queue
-        if staging.is_pinned(image) and image.flags.c_contiguous:
-            # a frame already in pinned memory (Detector.frame_array): DMA it as it is, no host copy
-            st.copied = [cl.enqueue_copy(q, st.device, image, is_blocking=False)]
-        else:
-            st.copied = staging.upload(self.rt, st.device, image, st.host)
+        st.copied = staging.upload(self.rt, st.device, image, st.host)  # a frame_array frame: no copy
         g = executor.graph.input
         per_index = self._kernels.get(executor)
         if per_index is None:
