@@ -171,31 +171,36 @@ def finite_only(boxes: np.ndarray, probs: np.ndarray) -> tuple:
     return boxes[ok], probs[ok], int((~ok).sum())
 
 
+def _corners(boxes: np.ndarray) -> tuple:
+    """x1, y1, x2, y2 columns of xywh rows."""
+    x, y, hw, hh = boxes[:, 0], boxes[:, 1], boxes[:, 2] / 2, boxes[:, 3] / 2
+    return x - hw, y - hh, x + hw, y + hh
+
+
 def _iou_terms(a: np.ndarray, b: np.ndarray, centres: bool = True):
     """IoU of each box of ``a`` (xywh rows) with each of ``b``, plus DIoU's centre-distance term
     (d^2 / c^2; None unless ``centres``, which plain NMS does not need): two (len(a), len(b)) arrays."""
-    a, b = a[:, None, :], b[None, :, :]
-    ax1, ay1, ax2, ay2 = (a[..., 0] - a[..., 2] / 2, a[..., 1] - a[..., 3] / 2,
-                          a[..., 0] + a[..., 2] / 2, a[..., 1] + a[..., 3] / 2)
-    bx1, by1, bx2, by2 = (b[..., 0] - b[..., 2] / 2, b[..., 1] - b[..., 3] / 2,
-                          b[..., 0] + b[..., 2] / 2, b[..., 1] + b[..., 3] / 2)
+    ax1, ay1, ax2, ay2 = (v[:, None] for v in _corners(a))
+    bx1, by1, bx2, by2 = _corners(b)
     iw = np.minimum(ax2, bx2) - np.maximum(ax1, bx1)
     ih = np.minimum(ay2, by2) - np.maximum(ay1, by1)
-    inter = np.where((iw > 0) & (ih > 0), iw * ih, 0.0)
-    union = a[..., 2] * a[..., 3] + b[..., 2] * b[..., 3] - inter
-    iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
-    if not centres:
-        return iou, None
-    cw = np.maximum(ax2, bx2) - np.minimum(ax1, bx1)
-    ch = np.maximum(ay2, by2) - np.minimum(ay1, by1)
-    c2 = cw * cw + ch * ch
-    d2 = (a[..., 0] - b[..., 0]) ** 2 + (a[..., 1] - b[..., 1]) ** 2
-    dterm = np.where(c2 > 0, d2 / np.where(c2 > 0, c2, 1), 0.0)
-    return iou, dterm
+    inter = np.maximum(iw, 0) * np.maximum(ih, 0)      # 0 unless both overlap
+    union = (a[:, 2] * a[:, 3])[:, None] + b[:, 2] * b[:, 3] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = np.where(union > 0, inter / union, 0.0)
+        if not centres:
+            return iou, None
+        cw = np.maximum(ax2, bx2) - np.minimum(ax1, bx1)
+        ch = np.maximum(ay2, by2) - np.minimum(ay1, by1)
+        c2 = cw * cw + ch * ch
+        d2 = (a[:, 0, None] - b[:, 0]) ** 2 + (a[:, 1, None] - b[:, 1]) ** 2
+        return iou, np.where(c2 > 0, d2 / c2, 0.0)
 
 
 NMS_BLOCK = 128     # boxes whose overlaps with the later ones are computed in one NumPy pass
 NMS_PAIRWISE = 1024  # up to this many candidate boxes, all their overlaps are computed once
+NMS_SHORT = 64      # up to this many, the greedy pass runs over Python lists: a frame's usual few
+                    # candidates then cost tens of microseconds, not a NumPy pass per class
 
 
 def _suppresses(a: np.ndarray, b: np.ndarray, thresh: float, kind: str, beta: float) -> np.ndarray:
@@ -224,17 +229,46 @@ def _greedy(boxes: np.ndarray, pairs: Optional[np.ndarray], thresh: float, kind:
     return alive
 
 
+def _nms_short(boxes: np.ndarray, probs: np.ndarray, thresh: float, kind: str, beta: float) -> tuple:
+    """(rows, classes) that NMS zeroes, for a few boxes whose every row has a probability.
+
+    Every (box, class) entry in one order -- class, then falling probability, then row, the
+    order of the per-class stable sort -- and one pass that keeps an entry unless a kept entry
+    of its class suppresses it: the same greedy rule as ``_greedy``, over Python lists."""
+    over = _suppresses(boxes, boxes, thresh, kind, beta).tolist()
+    rows, cls = np.nonzero(probs > 0)
+    order = np.lexsort((rows, -probs[rows, cls], cls))
+    gone_r, gone_k = [], []
+    current, kept = -1, []
+    for r, k in zip(rows[order].tolist(), cls[order].tolist()):
+        if k != current:
+            current, kept = k, []
+        for s in kept:
+            if over[s][r]:
+                gone_r.append(r)
+                gone_k.append(k)
+                break
+        else:
+            kept.append(r)
+    return gone_r, gone_k
+
+
 def nms(boxes: np.ndarray, probs: np.ndarray, thresh: float, kind: str = "default", beta: float = 0.6) -> np.ndarray:
     """Darknet's per-class NMS (do_nms_sort / diounms_sort): zeroes suppressed entries of ``probs``.
 
     Overlaps depend on the boxes, not the class: for up to ``NMS_PAIRWISE`` candidate boxes
     they are computed once for all classes, beyond that per class in blocks (thousands of boxes
     a class, as a low ``--thresh`` for mAP evaluation gives, take milliseconds, not seconds).
+    Up to ``NMS_SHORT`` boxes, one pass over lists (``_nms_short``) does every class at once.
     """
     probs = probs.copy()
     if thresh <= 0 or len(boxes) == 0:
         return probs
     live = np.flatnonzero((probs > 0).any(axis=1))
+    if len(live) <= NMS_SHORT:
+        gone_r, gone_k = _nms_short(boxes[live], probs[live], thresh, kind, beta)
+        probs[live[gone_r], gone_k] = 0
+        return probs
     pairs = _suppresses(boxes[live], boxes[live], thresh, kind, beta) if len(live) <= NMS_PAIRWISE else None
     for k in np.flatnonzero((probs[live] > 0).any(axis=0)):
         col = probs[live, k]
@@ -248,17 +282,15 @@ def nms(boxes: np.ndarray, probs: np.ndarray, thresh: float, kind: str = "defaul
 def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
                   names: Optional[list]) -> list:
     """Every (box, class) with probability above ``thresh``, in original pixels, best first."""
-    out = []
     rows, cls = np.nonzero(probs > thresh)
-    for r, k in zip(rows, cls):
-        x, y, w, h = boxes[r]
-        x1 = max(0.0, (x - w / 2) * img_w)
-        y1 = max(0.0, (y - h / 2) * img_h)
-        x2 = min(float(img_w), (x + w / 2) * img_w)
-        y2 = min(float(img_h), (y + h / 2) * img_h)
+    conf = probs[rows, cls]
+    order = np.argsort(-conf, kind="stable")        # ties keep (row, class) order
+    rows, cls, conf = rows[order], cls[order], conf[order]
+    x1, y1, x2, y2 = _corners(boxes[rows].astype(np.float64))
+    w, h = float(img_w), float(img_h)
+    out = []
+    for k, c, a, b, e, f in zip(cls.tolist(), conf.tolist(), (x1 * w).tolist(), (y1 * h).tolist(),
+                                (x2 * w).tolist(), (y2 * h).tolist()):
         label = names[k] if names and k < len(names) else str(k)
-        out.append(Detection(int(k), label, float(probs[r, k]), (float(x1), float(y1), float(x2), float(y2)),
-                             (float((x - w / 2) * img_w), float((y - h / 2) * img_h),
-                              float((x + w / 2) * img_w), float((y + h / 2) * img_h))))
-    out.sort(key=lambda d: -d.confidence)
+        out.append(Detection(k, label, c, (max(0.0, a), max(0.0, b), min(w, e), min(h, f)), (a, b, e, f)))
     return out

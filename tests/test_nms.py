@@ -41,19 +41,39 @@ def reference_nms(boxes, probs, thresh, kind, beta):
 
 
 @pytest.mark.parametrize("kind", ["default", "greedynms", "diounms"])
-@pytest.mark.parametrize("n", [1, 7, 300])
-@pytest.mark.parametrize("pairwise", [True, False], ids=["pairwise", "blocks"])
-def test_nms_matches_the_box_by_box_reference(kind, n, pairwise, monkeypatch):
-    """Both ways of computing overlaps: all pairs once, or per class in blocks of 128 rows."""
-    monkeypatch.setattr(post, "NMS_PAIRWISE", 10 ** 6 if pairwise else 0)
+@pytest.mark.parametrize("n", [1, 7, 60, 300])
+@pytest.mark.parametrize("way", ["short", "pairwise", "blocks"])
+def test_nms_matches_the_box_by_box_reference(kind, n, way, monkeypatch):
+    """Each way of running the greedy pass: one pass over lists for every class (``NMS_SHORT``),
+    or per class with all overlaps computed once, or in blocks of 128 rows. Probabilities on a
+    coarse grid, so ties (kept in row order, as a stable sort does) are exercised too."""
+    monkeypatch.setattr(post, "NMS_SHORT", 10 ** 6 if way == "short" else 0)
+    monkeypatch.setattr(post, "NMS_PAIRWISE", 10 ** 6 if way == "pairwise" else 0)
     rng = np.random.default_rng(n)
     # clustered boxes, so suppression chains (a box suppressed before it could suppress) occur
     centres = rng.random((max(1, n // 10), 2))
     xy = centres[rng.integers(0, len(centres), n)] + 0.03 * rng.standard_normal((n, 2))
     boxes = np.concatenate([xy, 0.05 + 0.15 * rng.random((n, 2))], 1).astype(np.float32)
-    probs = (rng.random((n, 3)) * (rng.random((n, 3)) < 0.7)).astype(np.float32)
+    probs = rng.random((n, 3)) * (rng.random((n, 3)) < 0.7)
+    if n == 60:
+        probs = np.round(probs * 4) / 4
+    probs = probs.astype(np.float32)
     got = post.nms(boxes, probs, 0.45, kind, beta=0.6)
     want = reference_nms(boxes, probs, 0.45, kind, 0.6)
     np.testing.assert_array_equal(got, want)
-    if n == 300:
+    if n >= 60:
         assert 0 < (got > 0).sum() < (probs > 0).sum()      # some boxes kept, some suppressed
+
+
+def test_detections_best_first_clipped_and_unclipped():
+    """``to_detections``: one Detection per (box, class) above the threshold, in pixels, falling
+    confidence with ties in (row, class) order; the box clipped to the image, ``unclipped`` not."""
+    boxes = np.array([[0.5, 0.5, 0.2, 0.2], [0.05, 0.9, 0.2, 0.4], [0.7, 0.3, 0.1, 0.1]])
+    probs = np.array([[0.0, 0.6, 0.3], [0.6, 0.0, 0.9], [0.2, 0.6, 0.0]], np.float32)
+    dets = post.to_detections(boxes, probs, 200, 100, 0.25, ["a", "b"])
+    assert [(d.class_id, d.label) for d in dets] == [(2, "2"), (1, "b"), (0, "a"), (1, "b"), (2, "2")]
+    assert [d.confidence for d in dets] == pytest.approx([0.9, 0.6, 0.6, 0.6, 0.3])
+    assert [d.box for d in dets[1:3]] == [pytest.approx((80, 40, 120, 60)), pytest.approx((0, 70, 30, 100))]
+    assert dets[2].unclipped == pytest.approx((-10, 70, 30, 110))
+    assert all(isinstance(v, float) for d in dets for v in (d.confidence, *d.box, *d.unclipped))
+    assert all(type(d.class_id) is int for d in dets)
