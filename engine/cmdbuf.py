@@ -13,12 +13,10 @@ Written against the provisional extension's revision 0.9.x (PoCL 3.1 and later l
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import glob
-import os
 from typing import Optional
 
 from .errors import DeviceError
+from .launch import loader
 
 EXTENSION = "cl_khr_command_buffer"
 
@@ -38,22 +36,8 @@ def supported(device) -> bool:
     return EXTENSION in (getattr(device, "extensions", "") or "").split()
 
 
-def _loader():
-    """The OpenCL ICD loader pyopencl is linked with (its wheel bundles one), else the system's."""
-    import pyopencl
-    here = os.path.dirname(pyopencl.__file__)
-    for pattern in (os.path.join(here, ".libs", "libOpenCL*"), os.path.join(here + ".libs", "libOpenCL*")):
-        found = sorted(glob.glob(pattern))
-        if found:
-            return ctypes.CDLL(found[0])
-    name = ctypes.util.find_library("OpenCL")
-    if name is None:
-        raise DeviceError("no OpenCL ICD loader found for command buffers")
-    return ctypes.CDLL(name)
-
-
 def _entry_points(platform) -> dict:
-    lib = _loader()
+    lib = loader()
     get = lib.clGetExtensionFunctionAddressForPlatform
     get.restype, get.argtypes = _vp, [_vp, ctypes.c_char_p]
     out = {}

@@ -23,6 +23,7 @@ from .graph import Graph, folding_default
 from .hostsets import HostSets
 from .kernels import BindContext
 from .kernels.nodes import bind_node, workspace_bytes
+from .launch import LaunchList, wanted as launch_wanted
 from .measure import event_ms
 from .limits import check_executor
 from .planner import plan_memory
@@ -105,6 +106,7 @@ class Executor:
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
         self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
         self.command_buffer = self._record(command_buffer)
+        self._launch_list = self._launch_list_for() if self.command_buffer is None else None
         # Launch index -> the heads complete after it: run and submit convert each head there and
         # read it on a second queue, so the first heads travel while the rest of the network runs
         # (yolov3 608 batch 8: a quarter of 62 MB of heads). Off: every head converted and read
@@ -155,6 +157,23 @@ class Executor:
             if wanted:
                 raise
             return None            # listed but not usable: the launch list works everywhere
+
+    @property
+    def launch_way(self) -> str:
+        """How a frame's launches reach the queue: ``command buffer``, ``ctypes`` or ``pyopencl``."""
+        if self.command_buffer is not None:
+            return "command buffer"
+        return "ctypes" if self._launch_list is not None else "pyopencl"
+
+    def _launch_list_for(self) -> Optional[LaunchList]:
+        """The plan's launches for enqueueing through ctypes without an event each (launch.py);
+        None where that is turned off or unavailable: pyopencl enqueues them then."""
+        if not launch_wanted():
+            return None
+        try:
+            return LaunchList(self.rt.queue, self.launches)
+        except (DeviceError, AttributeError, OSError):
+            return None
 
     @property
     def arena_bytes(self) -> int:
@@ -264,10 +283,11 @@ class Executor:
         cl, q = self.rt.cl, self.rt.queue
         if self._read_queue is None:
             self._read_queue = cl.CommandQueue(self.rt.context, self.rt.device)
-        rq, every, reads = self._read_queue, self.flush_every, []
-        for i, l in enumerate(self.launches):
-            cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
-            for o in self._read_marks.get(i, ()):
+        rq, reads, start = self._read_queue, [], 0
+        for i in sorted(self._read_marks):
+            self._launch(start, i + 1)
+            start = i + 1
+            for o in self._read_marks[i]:
                 k, gsize, buf = self._f32_outputs[o]
                 # buf is read by the previous pass's read (submit keeps passes in flight): after it
                 prior = self._last_reads.get(o)
@@ -277,8 +297,7 @@ class Executor:
                 # a marker, not the read itself: a read's event keeps its host array referenced,
                 # which would keep the set from going back to the pool
                 self._last_reads[o] = cl.enqueue_marker(rq)
-            if every and (i + 1) % every == 0:
-                q.flush()
+        self._launch(start, len(self.launches))
         q.flush()
         rq.flush()
         return reads
@@ -336,19 +355,30 @@ class Executor:
         """Enqueue the forward pass over whatever the arena's input region holds (in queue order);
         returns the per-launch events when ``profile`` (none otherwise: no per-launch objects)."""
         cl, q = self.rt.cl, self.rt.queue
-        events = []
-        if self.command_buffer is not None and not (profile or eager):
+        if profile or eager:
+            launches = self._bind(self.graph.nodes) if eager else self.launches
+            events = [cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize) for l in launches]
+            return events if profile else []
+        if self.command_buffer is not None:
             self.command_buffer.enqueue()          # per-launch events need the launch list
         else:
-            launches = self._bind(self.graph.nodes) if eager else self.launches
-            every = self.flush_every
-            for i, l in enumerate(launches, 1):
-                ev = cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
-                if profile:
-                    events.append(ev)
-                if every and i % every == 0:
-                    q.flush()                      # hand the launches so far to the device: it starts early
-        return events
+            self._launch(0, len(self.launches))
+        return []
+
+    def _launch(self, start: int, stop: int) -> None:
+        """Enqueue launches ``start`` to ``stop`` (not included) of the plan without events, through
+        the ctypes ``LaunchList`` where there is one, flushing after every ``flush_every``-th launch."""
+        every, q = self.flush_every, self.rt.queue
+        cuts = [stop] if not every else [*range(every * (start // every + 1), stop, every), stop]
+        for b in cuts:
+            if self._launch_list is not None:
+                self._launch_list.enqueue(start, b)
+            else:
+                for l in self.launches[start:b]:
+                    self.rt.cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
+            if every and b % every == 0:
+                q.flush()                          # hand the launches so far to the device: it starts early
+            start = b
 
     def run_staged(self, profile: bool = False, eager: bool = False) -> list:
         """``run`` for an input already written into the arena (by the preprocessing kernel)."""
