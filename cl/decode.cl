@@ -63,3 +63,103 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
         r[6 + k] = p > thresh ? p : 0.0f;
     }
 }
+
+/* Per-class NMS over one image's candidates, as engine/postprocess.py nms does it on the host
+ * (Darknet's do_nms_sort / diounms_sort): for each class, candidates in order of falling
+ * probability (ties in the host decode's order, g), each one that no earlier kept candidate
+ * suppresses is kept; a suppressed candidate's probability of that class is zeroed in place.
+ * One work-group per image (global size: local size x batch); an image with more than NMS_MAX
+ * candidates (or more than the buffer holds) is left to the host. Boxes are compared in the
+ * image's relative coordinates, where correct_boxes puts them on the host: x and w scaled by sx,
+ * y and h by sy (offsets cancel). kind: 0 IoU, 1 greedynms (IoU - (d^2/c^2)^0.6), 2 diounms
+ * (IoU - (d^2/c^2)^beta). Candidates whose box or probabilities are not finite take no part
+ * (the host drops them). Each work-item owns whole classes, so no two write the same value. */
+#ifndef NMS_MAX
+#define NMS_MAX 128
+#endif
+#define NMS_WORDS (NMS_MAX / 32)
+
+__kernel void yc_nms(__global const int* restrict count, __global float* restrict rows, const int cap,
+                     const int CLASSES, const float thresh, const int kind, const float beta,
+                     const float sx, const float sy)
+{
+    const int b = get_group_id(0), lid = get_local_id(0), lsz = get_local_size(0);
+    const int n = count[b];
+    if (n > NMS_MAX || n > cap || n < 2)
+        return;
+    const int rowlen = CLASSES + 6;
+    __global float* R = rows + (size_t)b * cap * rowlen;
+    __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX];
+    __local int rank[NMS_MAX], ok[NMS_MAX];
+    __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
+    for (int i = lid; i < n; i += lsz) {
+        __global const float* r = R + i * rowlen;
+        const float x = r[1] * sx, y = r[2] * sy, w = r[3] * sx, h = r[4] * sy;
+        int fin = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);
+        for (int k = 0; k < CLASSES && fin; ++k)
+            fin = isfinite(r[6 + k]);
+        const int g = as_int(r[0]);
+        int before = 0;
+        for (int j = 0; j < n; ++j)
+            before += as_int(R[j * rowlen]) < g;
+        bx[i] = x; by[i] = y; bw[i] = w; bh[i] = h;
+        rank[i] = before;
+        ok[i] = fin;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int words = (n + 31) / 32;
+    for (int t = lid; t < n * words; t += lsz) {
+        const int i = t / words, w0 = (t - i * words) * 32;
+        const float ax1 = bx[i] - bw[i] / 2, ay1 = by[i] - bh[i] / 2;
+        const float ax2 = bx[i] + bw[i] / 2, ay2 = by[i] + bh[i] / 2;
+        uint bits = 0;
+        for (int j = w0; j < min(w0 + 32, n); ++j) {
+            const float cx1 = bx[j] - bw[j] / 2, cy1 = by[j] - bh[j] / 2;
+            const float cx2 = bx[j] + bw[j] / 2, cy2 = by[j] + bh[j] / 2;
+            const float iw = fmin(ax2, cx2) - fmax(ax1, cx1), ih = fmin(ay2, cy2) - fmax(ay1, cy1);
+            const float inter = fmax(iw, 0.0f) * fmax(ih, 0.0f);
+            const float uni = bw[i] * bh[i] + bw[j] * bh[j] - inter;
+            float score = uni > 0 ? inter / uni : 0.0f;
+            if (kind) {
+                const float cw = fmax(ax2, cx2) - fmin(ax1, cx1), ch = fmax(ay2, cy2) - fmin(ay1, cy1);
+                const float c2 = cw * cw + ch * ch;
+                const float dx = bx[i] - bx[j], dy = by[i] - by[j];
+                const float d = c2 > 0 ? (dx * dx + dy * dy) / c2 : 0.0f;
+                score -= pow(d, kind == 1 ? 0.6f : beta);
+            }
+            if (score > thresh)
+                bits |= 1u << (j - w0);
+        }
+        sup[i * NMS_WORDS + w0 / 32] = bits;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int k = lid; k < CLASSES; k += lsz) {
+        __global float* P = R + 6 + k;
+        float cur_p = INFINITY;
+        int cur_rank = -1;
+        for (;;) {      /* the next candidate of class k in the visiting order, after the cursor */
+            int best = -1, br = 0;
+            float bp = 0.0f;
+            for (int i = 0; i < n; ++i) {
+                const float p = P[i * rowlen];
+                const int r = rank[i];
+                if (!ok[i] || !(p > 0) || !(p < cur_p || (p == cur_p && r > cur_rank)))
+                    continue;
+                if (best < 0 || p > bp || (p == bp && r < br)) {
+                    best = i; bp = p; br = r;
+                }
+            }
+            if (best < 0)
+                break;
+            for (int j = 0; j < n; ++j) {   /* kept so far: visited earlier (before it in order), not zeroed */
+                const float p = P[j * rowlen];
+                if (ok[j] && (p > bp || (p == bp && rank[j] < br)) && (sup[j * NMS_WORDS + best / 32] >> (best % 32)) & 1u) {
+                    P[best * rowlen] = 0.0f;
+                    break;
+                }
+            }
+            cur_p = bp;
+            cur_rank = br;
+        }
+    }
+}

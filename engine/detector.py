@@ -318,17 +318,20 @@ class Detector:
         return self.finish_detections(boxes, probs, img_w, img_h, thresh, nms, place, nms_kind)
 
     def finish_detections(self, boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
-                          nms: float, place: Placement, nms_kind: Optional[str] = None) -> list:
+                          nms: float, place: Placement, nms_kind: Optional[str] = None,
+                          nms_done: bool = False) -> list:
         """Decoded candidates (xywh relative to the network input, per-class probabilities) ->
-        detections in the image's pixels, after NMS; shared by the host and device decodes."""
+        detections in the image's pixels, after NMS (``nms_done``: the device ran it already);
+        shared by the host and device decodes."""
         boxes = post.correct_boxes(boxes, place)
         boxes, probs, dropped = post.finite_only(boxes, probs)
         if dropped and not self._warned_nonfinite:
             self._warned_nonfinite = True
             log.warning("%s: dropped %d boxes with non-finite coordinates or scores (huge anchors, or weights "
                         "that overflow); warning once", self.cfg_path, dropped)
-        p = self.heads[-1].p
-        probs = post.nms(boxes, probs, nms, nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
+        if not nms_done:
+            p = self.heads[-1].p
+            probs = post.nms(boxes, probs, nms, nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
 
     # -- frames in flight --------------------------------------------------------------------

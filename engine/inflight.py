@@ -3,18 +3,20 @@
 ``DevicePath`` serves a Detector's ``submit``/``result``: ``submit`` copies each image into a
 pinned staging buffer and enqueues upload, preprocessing kernel, forward pass, [yolo] decode
 and the read of the candidates, all without waiting, and returns a ``Pending``; ``result``
-waits for that frame's last read, then runs NMS over its candidates on the host. Work is
+waits for that frame's last read and maps the surviving candidates to pixels; the NMS ran on
+the device after the decode (``yc_nms``) where the list is short, else it runs here. Work is
 spread over ``slots`` sets of staging and candidate buffers, so the host prepares frame N+1
 (and runs NMS on frame N-1) while the device computes frame N. The queue is in order, so the
 arena's input region is rewritten only after the previous forward pass has read it.
 """
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Optional
 
 from .executor import batch_bucket
-from .kernels.decode import DeviceDecoder
+from .kernels.decode import NMS_KINDS, DeviceDecoder
 from .kernels.preprocess import DevicePreprocess
 
 SLOTS = 3
@@ -51,6 +53,8 @@ class DevicePath:
         self.slots = slots
         self.prep = DevicePreprocess(self.rt, detector.precision, slots)
         self.decode = decode
+        # NMS on the device after the decode (YOLO_CL_DEVICE_NMS=0: on the host, as the host path does)
+        self.device_nms = os.environ.get("YOLO_CL_DEVICE_NMS", "1").strip() != "0"
         # executor -> its DeviceDecoder; weak, so an executor dropped from a cache takes its decoder along
         self._decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._busy: dict = {}            # slot -> (Pending, _Part) not yet collected
@@ -85,11 +89,24 @@ class DevicePath:
                     continue
                 self.rt.queue.flush()        # the upload starts while the network is enqueued
                 ex.enqueue()
-                part.event = part.decoder.enqueue(thresh, slot, zero=False)
+                part.event = part.decoder.enqueue(thresh, slot, zero=False,
+                                                  nms=self._nms_args(part.places, nms, nms_kind))
                 pending.parts.append(part)
                 self._busy[slot] = (pending, part)
             self.rt.queue.flush()            # a driver may hold commands back until a flush or a wait
         return pending
+
+    def _nms_args(self, places: list, nms: float, nms_kind: Optional[str]) -> Optional[tuple]:
+        """What ``DeviceDecoder.enqueue`` needs to run the NMS on the device for these images, or
+        None where the host runs it: NMS off, a kind the kernel lacks, or images whose boxes
+        ``correct_boxes`` scales differently (one scale per launch)."""
+        p = self.det.heads[-1].p
+        kind = nms_kind or p.get("nms_kind", "default")
+        scales = {(pl.net_w / pl.new_w, pl.net_h / pl.new_h) for pl in places}
+        if not self.device_nms or nms <= 0 or kind not in NMS_KINDS or len(scales) != 1:
+            return None
+        sx, sy = scales.pop()
+        return float(nms), kind, float(p.get("beta_nms", 0.6)), sx, sy
 
     def _free_slot(self) -> int:
         """The next slot, after collecting the frame that still holds it."""
@@ -125,7 +142,8 @@ class DevicePath:
                                                      pending.nms, place, pending.nms_kind)
             else:
                 pending.results[i] = det.finish_detections(cand[0], cand[1], im.shape[1], im.shape[0],
-                                                           pending.thresh, pending.nms, place, pending.nms_kind)
+                                                           pending.thresh, pending.nms, place, pending.nms_kind,
+                                                           nms_done=cand[2])
         part.done = True
         part.images = None
         if self._busy.get(part.slot, (None, None))[1] is part:

@@ -123,7 +123,7 @@ def test_decode_matches_host_on_synthetic_heads(tmp_path, new_coords, scale, hal
     for slot in (0, 1):
         dec.enqueue(thresh, slot).wait()
         for b in range(2):
-            boxes, probs = dec.collect(slot, b)
+            boxes, probs, _ = dec.collect(slot, b)
             ref_b, ref_p = [], []
             for x, head in zip(heads, det.heads):
                 rb, _, rp = post.decode_yolo(x[b], head.p, 32, 32, thresh)

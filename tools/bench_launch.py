@@ -98,6 +98,33 @@ def timed(queue, ways: Ways, reps: int) -> dict:
                 "wall_ms": round(statistics.median(wall[n]), 3)} for n in names}
 
 
+def round_trips(queue, kernel, reps: int) -> dict:
+    """Microseconds from enqueueing one small kernel to knowing it is done, by way of waiting:
+    ``event.wait()`` (clWaitForEvents), ``queue.finish()``, and polling the event's status
+    (yielding the GIL between polls). The difference between them is the waiter's wake-up."""
+    def wait_event() -> None:
+        cl.enqueue_nd_range_kernel(queue, kernel, (256,), None).wait()
+
+    def finish() -> None:
+        cl.enqueue_nd_range_kernel(queue, kernel, (256,), None)
+        queue.finish()
+
+    def poll() -> None:
+        ev = cl.enqueue_nd_range_kernel(queue, kernel, (256,), None)
+        queue.flush()
+        while ev.command_execution_status != cl.command_execution_status.COMPLETE:
+            time.sleep(0)
+
+    ways = {"event.wait": wait_event, "queue.finish": finish, "poll": poll}
+    times: dict = {n: [] for n in ways}
+    for _ in range(reps):
+        for n, fn in ways.items():
+            t0 = time.perf_counter()
+            fn()
+            times[n].append((time.perf_counter() - t0) * 1e6)
+    return {n: round(statistics.median(v), 1) for n, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="yolov3-tiny:416,yolov3:416")
@@ -123,6 +150,9 @@ def main() -> None:
                 kt.set_args(buf)
                 km = cl.Kernel(prg, "many")
                 km.set_args(buf, buf, buf, buf, *[np.int32(i) for i in range(8)], *[np.float32(i) for i in range(4)])
+                out["round trip us"] = rt_us = round_trips(q, kt, 10 * a.reps)
+                print("one small kernel, enqueue to done: " + "  ".join(f"{n} {v:.1f} us" for n, v in rt_us.items()),
+                      flush=True)
                 for label, k in (("trivial", kt), ("16 arguments", km)):
                     r = timed(q, Ways(q, [(k, (256,), None)] * 500), a.reps)
                     out[label] = r

@@ -4,7 +4,9 @@ One kernel per head decodes every anchor-cell of every image, keeps those whose 
 passes the threshold and appends them through an atomic counter to a bounded buffer per
 image, so a frame reads back its candidates (usually tens of rows), not its head tensors.
 The buffers come in ``slots`` sets so that one frame's candidates can be read while the next
-frame's are written. NMS stays on the host, over the candidates.
+frame's are written. A second kernel (``yc_nms``, a work-group per image) can run the per-class
+NMS over up to ``NMS_MAX`` candidates in place, zeroing suppressed probabilities, so the host
+only maps the survivors to pixels; longer lists get the host's NMS.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from ..staging import pinned
 
 CAP = 4096      # candidate rows per image; more (a very low threshold) falls back to the host decode
 FIRST = 128     # rows read back with the counters, before the count is known
+NMS_MAX = 128   # candidates per image the device NMS takes (one work-group's local tables); more: the host's
+NMS_KINDS = {"default": 0, "greedynms": 1, "diounms": 2}     # postprocess.nms kinds -> yc_nms's kind
 
 
 class DeviceDecoder:
@@ -44,7 +48,7 @@ class DeviceDecoder:
         self._tables = [rt.upload(np.asarray(ints, np.int32), "head table"),
                         rt.upload(np.asarray(floats, np.float32), "head scales"),
                         rt.upload(np.asarray(anchors, np.float32), "anchors")]
-        prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half})
+        prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half, "NMS_MAX": NMS_MAX})
         self.gsize = (base, B)
         self._zero = np.zeros(1, np.int32)
         self.cap = max(1, min(base, CAP))
@@ -56,21 +60,28 @@ class DeviceDecoder:
             k = cl.Kernel(prg, "yc_decode_yolo")
             k.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
                        np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
+            nk = cl.Kernel(prg, "yc_nms")
+            nk.set_args(count, rows, np.int32(self.cap), np.int32(self.classes), np.float32(0), np.int32(0),
+                        np.float32(0), np.float32(1), np.float32(1))
             host_count = pinned(rt, (B,), np.int32)[1]
             host_count[:] = 0
             self._sets.append({"count": count, "rows": rows, "host_count": host_count,
                                "host_rows": pinned(rt, (B, self.cap, self.rowlen), np.float32)[1],
-                               "kernel": k, "thresh": None, "reads": []})
+                               "kernel": k, "thresh": None, "reads": [], "nms_kernel": nk, "nms": None,
+                               "nms_done": False})
+        self.nms_local = int(min(64, rt.device.max_work_group_size))
 
     def counter(self, slot: int):
         """The candidate counters of set ``slot``: the preprocessing kernel zeroes them, so a
         frame needs no separate fill."""
         return self._sets[slot]["count"]
 
-    def enqueue(self, thresh: float, slot: int = 0, zero: bool = True):
+    def enqueue(self, thresh: float, slot: int = 0, zero: bool = True, nms: Optional[tuple] = None):
         """Decode the heads now in the arena (queue order) into candidate set ``slot`` and start
         reading the counters and the first rows back; returns the event of the last read.
-        ``zero=False``: the frame's preprocessing kernels already zeroed the counters."""
+        ``zero=False``: the frame's preprocessing kernels already zeroed the counters. ``nms``:
+        (IoU threshold, kind, beta_nms, sx, sy) to run the NMS on the device too, ``sx``/``sy``
+        being what ``correct_boxes`` scales x/w and y/h by for every image of the batch."""
         cl, q = self.rt.cl, self.rt.queue
         st = self._sets[slot]
         if st["thresh"] != thresh:
@@ -79,6 +90,16 @@ class DeviceDecoder:
         if zero:
             cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.batch * 4)
         cl.enqueue_nd_range_kernel(q, st["kernel"], self.gsize, None)
+        st["nms_done"] = nms is not None
+        if nms is not None:
+            if st["nms"] != nms:
+                iou, kind, beta, sx, sy = nms
+                nk = st["nms_kernel"]
+                for i, v in ((4, np.float32(iou)), (5, np.int32(NMS_KINDS[kind])), (6, np.float32(beta)),
+                             (7, np.float32(sx)), (8, np.float32(sy))):
+                    nk.set_arg(i, v)
+                st["nms"] = nms
+            cl.enqueue_nd_range_kernel(q, st["nms_kernel"], (self.nms_local * self.batch,), (self.nms_local,))
         # Keep the read events until the slot's next use: pyopencl waits for a dropped read
         # event (it guards the host array) holding the GIL, which would stall this thread and
         # every other until the forward pass is done.
@@ -90,8 +111,9 @@ class DeviceDecoder:
         return reads[-1]
 
     def collect(self, slot: int, index: int) -> Optional[tuple]:
-        """(boxes xywh float32, probs float32) of image ``index`` in set ``slot``, in the host
-        decode's order, after the set's reads completed; None when the candidates overflowed."""
+        """(boxes xywh float32, probs float32, whether the device ran the NMS) of image ``index``
+        in set ``slot``, in the host decode's order, after the set's reads completed; None when
+        the candidates overflowed."""
         st = self._sets[slot]
         n = int(st["host_count"][index])
         if n > self.cap:
@@ -102,4 +124,4 @@ class DeviceDecoder:
                                     src_offset=(index * self.cap + self.first) * self.rowlen * 4, is_blocking=True)
         r = rows[:n]
         r = r[np.argsort(r[:, 0].view(np.int32), kind="stable")]
-        return r[:, 1:5], r[:, 6:]
+        return r[:, 1:5], r[:, 6:], st["nms_done"] and n <= NMS_MAX
