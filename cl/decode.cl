@@ -69,13 +69,19 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
  * probability (ties in the host decode's order, g), each one that no earlier kept candidate
  * suppresses is kept; a suppressed candidate's probability of that class is zeroed in place.
  * One work-group per image (global size: local size x batch); an image with more than NMS_MAX
- * candidates (or more than the buffer holds) is left to the host. Boxes are compared in the
- * image's relative coordinates, where correct_boxes puts them on the host: x and w scaled by sx,
- * y and h by sy (offsets cancel). kind: 0 IoU, 1 greedynms (IoU - (d^2/c^2)^0.6), 2 diounms
- * (IoU - (d^2/c^2)^beta). Candidates whose box or probabilities are not finite take no part
- * (the host drops them). Each work-item owns whole classes, so no two write the same value. */
+ * candidates (or more than the buffer holds) is left to the host, and so is a network of more
+ * than NMS_CLASSES classes. Boxes are compared in the image's relative coordinates, where
+ * correct_boxes puts them on the host: x and w scaled by sx, y and h by sy (offsets cancel).
+ * kind: 0 IoU, 1 greedynms (IoU - (d^2/c^2)^0.6), 2 diounms (IoU - (d^2/c^2)^beta). Candidates
+ * whose box or probabilities are not finite take no part (the host drops them).
+ * Everything the greedy pass reads is in local memory: the suppression bits of every pair, and
+ * per class (only the classes some candidate has) its probabilities and their visiting order;
+ * one work-item walks that order, so the pass costs local reads, not a chain of global ones. */
 #ifndef NMS_MAX
 #define NMS_MAX 128
+#endif
+#ifndef NMS_CLASSES
+#define NMS_CLASSES 1024
 #endif
 #define NMS_WORDS (NMS_MAX / 32)
 
@@ -85,19 +91,26 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
 {
     const int b = get_group_id(0), lid = get_local_id(0), lsz = get_local_size(0);
     const int n = count[b];
-    if (n > NMS_MAX || n > cap || n < 2)
+    if (n > NMS_MAX || n > cap || n < 2 || CLASSES > NMS_CLASSES)
         return;
     const int rowlen = CLASSES + 6;
     __global float* R = rows + (size_t)b * cap * rowlen;
-    __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX];
-    __local int rank[NMS_MAX], ok[NMS_MAX];
+    __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX], pk[NMS_MAX];
+    __local int rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX], kept[NMS_MAX];
     __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
+    __local uint live[NMS_CLASSES / 32];            /* the classes some candidate has */
+    for (int w = lid; w < NMS_CLASSES / 32; w += lsz)
+        live[w] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = lid; i < n; i += lsz) {
         __global const float* r = R + i * rowlen;
         const float x = r[1] * sx, y = r[2] * sy, w = r[3] * sx, h = r[4] * sy;
         int fin = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);
         for (int k = 0; k < CLASSES && fin; ++k)
             fin = isfinite(r[6 + k]);
+        for (int k = 0; k < CLASSES && fin; ++k)
+            if (r[6 + k] > 0)
+                atomic_or(live + (k >> 5), 1u << (k & 31));
         const int g = as_int(r[0]);
         int before = 0;
         for (int j = 0; j < n; ++j)
@@ -132,34 +145,41 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
         }
         sup[i * NMS_WORDS + w0 / 32] = bits;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int k = lid; k < CLASSES; k += lsz) {
-        __global float* P = R + 6 + k;
-        float cur_p = INFINITY;
-        int cur_rank = -1;
-        for (;;) {      /* the next candidate of class k in the visiting order, after the cursor */
-            int best = -1, br = 0;
-            float bp = 0.0f;
-            for (int i = 0; i < n; ++i) {
-                const float p = P[i * rowlen];
-                const int r = rank[i];
-                if (!ok[i] || !(p > 0) || !(p < cur_p || (p == cur_p && r > cur_rank)))
+    for (int w = 0; w < (CLASSES + 31) / 32; ++w) {      /* the same classes, in the same order, on every work-item */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        uint m = live[w];
+        while (m) {
+            const int k = w * 32 + (31 - clz(m & (0u - m)));
+            m &= m - 1;
+            for (int i = lid; i < n; i += lsz)
+                pk[i] = ok[i] ? R[i * rowlen + 6 + k] : 0.0f;
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (int i = lid; i < n; i += lsz) {         /* place in the visiting order: falling p, then rank */
+                const float p = pk[i];
+                if (!(p > 0))
                     continue;
-                if (best < 0 || p > bp || (p == bp && r < br)) {
-                    best = i; bp = p; br = r;
+                int pos = 0;
+                for (int j = 0; j < n; ++j)
+                    pos += pk[j] > p || (pk[j] == p && rank[j] < rank[i]);
+                ord[pos] = i;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (lid == 0) {
+                int live_n = 0, nkept = 0;
+                for (int i = 0; i < n; ++i)
+                    live_n += pk[i] > 0;
+                for (int t = 0; t < live_n; ++t) {
+                    const int i = ord[t];
+                    int gone = 0;
+                    for (int c = 0; c < nkept && !gone; ++c)
+                        gone = (sup[kept[c] * NMS_WORDS + i / 32] >> (i % 32)) & 1u;
+                    if (gone)
+                        R[i * rowlen + 6 + k] = 0.0f;
+                    else
+                        kept[nkept++] = i;
                 }
             }
-            if (best < 0)
-                break;
-            for (int j = 0; j < n; ++j) {   /* kept so far: visited earlier (before it in order), not zeroed */
-                const float p = P[j * rowlen];
-                if (ok[j] && (p > bp || (p == bp && rank[j] < br)) && (sup[j * NMS_WORDS + best / 32] >> (best % 32)) & 1u) {
-                    P[best * rowlen] = 0.0f;
-                    break;
-                }
-            }
-            cur_p = bp;
-            cur_rank = br;
+            barrier(CLK_LOCAL_MEM_FENCE);
         }
     }
 }

@@ -16,7 +16,7 @@ import pytest
 
 from yolo_cl import Detector
 from yolo_cl import postprocess as post
-from yolo_cl.kernels.decode import NMS_KINDS, NMS_MAX
+from yolo_cl.kernels.decode import NMS_CLASSES, NMS_KINDS, NMS_MAX
 from yolo_cl.runtime import Runtime
 
 from boxes import same_detections
@@ -50,7 +50,7 @@ def candidates(rng, n: int, classes: int, ties: bool) -> np.ndarray:
 def device_nms(rt, images: list, classes: int, thresh: float, kind: str, beta: float, sx: float, sy: float) -> list:
     """Run yc_nms over each image's rows (one work-group each); the rows as the kernel left them."""
     cl = rt.cl
-    prg = rt.program("decode.cl", {"HALF_STORAGE": False, "NMS_MAX": NMS_MAX})
+    prg = rt.program("decode.cl", {"HALF_STORAGE": False, "NMS_MAX": NMS_MAX, "NMS_CLASSES": NMS_CLASSES})
     rowlen = classes + 6
     host = np.zeros((len(images), CAP, rowlen), np.float32)
     count = np.array([len(r) for r in images], np.int32)

@@ -19,6 +19,7 @@ from ..staging import pinned
 CAP = 4096      # candidate rows per image; more (a very low threshold) falls back to the host decode
 FIRST = 128     # rows read back with the counters, before the count is known
 NMS_MAX = 128   # candidates per image the device NMS takes (one work-group's local tables); more: the host's
+NMS_CLASSES = 1024  # classes the device NMS takes (a local bit per class); more: the host's NMS
 NMS_KINDS = {"default": 0, "greedynms": 1, "diounms": 2}     # postprocess.nms kinds -> yc_nms's kind
 
 
@@ -48,7 +49,8 @@ class DeviceDecoder:
         self._tables = [rt.upload(np.asarray(ints, np.int32), "head table"),
                         rt.upload(np.asarray(floats, np.float32), "head scales"),
                         rt.upload(np.asarray(anchors, np.float32), "anchors")]
-        prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half, "NMS_MAX": NMS_MAX})
+        prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half, "NMS_MAX": NMS_MAX,
+                                          "NMS_CLASSES": NMS_CLASSES})
         self.gsize = (base, B)
         self._zero = np.zeros(1, np.int32)
         self.cap = max(1, min(base, CAP))
@@ -90,6 +92,8 @@ class DeviceDecoder:
         if zero:
             cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.batch * 4)
         cl.enqueue_nd_range_kernel(q, st["kernel"], self.gsize, None)
+        if self.classes > NMS_CLASSES:
+            nms = None
         st["nms_done"] = nms is not None
         if nms is not None:
             if st["nms"] != nms:
