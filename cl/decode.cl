@@ -76,7 +76,8 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
  * whose box or probabilities are not finite take no part (the host drops them).
  * Everything the greedy pass reads is in local memory: the suppression bits of every pair, and
  * per class (only the classes some candidate has) its probabilities and their visiting order;
- * one work-item walks that order, so the pass costs local reads, not a chain of global ones. */
+ * one work-item walks that order with the kept candidates as a bit mask, so a candidate's test
+ * is NMS_WORDS ANDs of its row of bits (suppression is symmetric: IoU and DIoU's term are). */
 #ifndef NMS_MAX
 #define NMS_MAX 128
 #endif
@@ -96,28 +97,33 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     const int rowlen = CLASSES + 6;
     __global float* R = rows + (size_t)b * cap * rowlen;
     __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX], pk[NMS_MAX];
-    __local int rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX], kept[NMS_MAX];
+    __local int rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX];
     __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
     __local uint live[NMS_CLASSES / 32];            /* the classes some candidate has */
     for (int w = lid; w < NMS_CLASSES / 32; w += lsz)
         live[w] = 0;
-    barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = lid; i < n; i += lsz) {
         __global const float* r = R + i * rowlen;
         const float x = r[1] * sx, y = r[2] * sy, w = r[3] * sx, h = r[4] * sy;
-        int fin = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);
-        for (int k = 0; k < CLASSES && fin; ++k)
-            fin = isfinite(r[6 + k]);
-        for (int k = 0; k < CLASSES && fin; ++k)
-            if (r[6 + k] > 0)
-                atomic_or(live + (k >> 5), 1u << (k & 31));
         const int g = as_int(r[0]);
         int before = 0;
         for (int j = 0; j < n; ++j)
             before += as_int(R[j * rowlen]) < g;
         bx[i] = x; by[i] = y; bw[i] = w; bh[i] = h;
         rank[i] = before;
-        ok[i] = fin;
+        ok[i] = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int t = lid; t < n * CLASSES; t += lsz) {      /* every probability once, by the whole group */
+        const int i = t / CLASSES;
+        if (!isfinite(R[i * rowlen + 6 + (t - i * CLASSES)]))
+            ok[i] = 0;                                     /* a plain store: every writer writes 0 */
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int t = lid; t < n * CLASSES; t += lsz) {
+        const int i = t / CLASSES, k = t - i * CLASSES;
+        if (ok[i] && R[i * rowlen + 6 + k] > 0)
+            atomic_or(live + (k >> 5), 1u << (k & 31));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     const int words = (n + 31) / 32;
@@ -164,19 +170,22 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
                 ord[pos] = i;
             }
             barrier(CLK_LOCAL_MEM_FENCE);
-            if (lid == 0) {
-                int live_n = 0, nkept = 0;
+            if (lid == 0) {     /* suppression is symmetric: row i's bits are who suppresses i */
+                uint keep[NMS_WORDS];
+                int live_n = 0;
+                for (int w2 = 0; w2 < NMS_WORDS; ++w2)
+                    keep[w2] = 0;
                 for (int i = 0; i < n; ++i)
                     live_n += pk[i] > 0;
                 for (int t = 0; t < live_n; ++t) {
                     const int i = ord[t];
-                    int gone = 0;
-                    for (int c = 0; c < nkept && !gone; ++c)
-                        gone = (sup[kept[c] * NMS_WORDS + i / 32] >> (i % 32)) & 1u;
-                    if (gone)
+                    uint hit = 0;
+                    for (int w2 = 0; w2 < words; ++w2)
+                        hit |= sup[i * NMS_WORDS + w2] & keep[w2];
+                    if (hit)
                         R[i * rowlen + 6 + k] = 0.0f;
                     else
-                        kept[nkept++] = i;
+                        keep[i / 32] |= 1u << (i % 32);
                 }
             }
             barrier(CLK_LOCAL_MEM_FENCE);
