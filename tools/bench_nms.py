@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from yolo_cl.kernels.decode import NMS_CLASSES, NMS_KINDS, NMS_MAX
 from yolo_cl.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_host import median_ms               # noqa: E402
 
 
 def host(sizes: list) -> None:
@@ -95,14 +98,7 @@ def detect_times(precision: str, rounds: int, calls: int) -> None:
         for _ in range(rounds):
             for on in (True, False):
                 det.device_path.device_nms = on
-                for _ in range(5):
-                    det.detect(frame)
-                ts = []
-                for _ in range(calls):
-                    t0 = time.perf_counter()
-                    det.detect(frame)
-                    ts.append((time.perf_counter() - t0) * 1e3)
-                med[on].append(statistics.median(ts))
+                med[on].append(median_ms(lambda: det.detect(frame), calls, warm=5))
         print(f"yolov3-tiny 416 {precision}, detect of a 1280x720 {label}: NMS on the device "
               f"{statistics.median(med[True]):.3f} ms, on the host {statistics.median(med[False]):.3f} ms", flush=True)
 
