@@ -3,10 +3,11 @@
 
 Ways: ``pyopencl`` (``enqueue_nd_range_kernel``, which asks the driver for an event and
 releases it when the returned object is dropped), ``ctypes`` (``clEnqueueNDRangeKernel``
-through ctypes with no event asked for) and ``ctypes+event`` (the same, asking for an event
-and releasing it). Each way enqueues a trivial kernel and one with 16 arguments, then a
-network's pre-bound launch list (``--models``): microseconds per launch to enqueue, and the
-wall of enqueue + finish. Runs interleaved, medians over ``--reps``.
+through ctypes with no event asked for: ``yolo_cl.launch.LaunchList``, what an executor uses)
+and ``ctypes+event`` (the same call, asking for an event and releasing it). Each way enqueues
+a trivial kernel and one with 16 arguments, then a network's pre-bound launch list
+(``--models``): microseconds per launch to enqueue, and the wall of enqueue + finish. Runs
+interleaved, medians over ``--reps``.
 
     . tools/gpu-setup.sh && python3 tools/bench_launch.py --models yolov3-tiny:416,yolov3:416
 """
@@ -20,12 +21,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyopencl as cl
 
 from yolo_cl import Detector
-from yolo_cl.launch import loader
+from yolo_cl.launch import LaunchList, loader
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -45,6 +47,8 @@ class Ways:
 
     def __init__(self, queue, launches: list) -> None:
         self.queue, self.launches = queue, launches
+        # the executor's own way (yolo_cl.launch.LaunchList), so this times what a plan does
+        self.plan = LaunchList(queue, [SimpleNamespace(kernel=k, gsize=g, lsize=l) for k, g, l in launches])
         lib = loader()
         self.enq = lib.clEnqueueNDRangeKernel
         self.enq.restype = ctypes.c_int32
@@ -63,10 +67,7 @@ class Ways:
             cl.enqueue_nd_range_kernel(q, k, g, l)
 
     def ctypes(self) -> None:
-        enq, q = self.enq, self.q
-        for k, n, gs, ls in self.args:
-            if enq(q, k, n, None, gs, ls, 0, None, None):
-                raise RuntimeError("clEnqueueNDRangeKernel failed")
+        self.plan.enqueue()
 
     def ctypes_event(self) -> None:
         enq, q, ev, ref, rel = self.enq, self.q, self.ev, ctypes.byref(self.ev), self.release
