@@ -23,7 +23,7 @@ from .graph import Graph, folding_default
 from .hostsets import HostSets
 from .kernels import BindContext
 from .kernels.nodes import bind_node, workspace_bytes
-from .launch import LaunchList, wanted as launch_wanted
+from .launch import LaunchList
 from .measure import event_ms
 from .limits import check_executor
 from .planner import plan_memory
@@ -106,7 +106,7 @@ class Executor:
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
         self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
         self.command_buffer = self._record(command_buffer)
-        self._launch_list = self._launch_list_for() if self.command_buffer is None else None
+        self._launch_list = LaunchList(rt.queue, self.launches)   # how _launch enqueues the plan (launch.py)
         # Launch index -> the heads complete after it: run and submit convert each head there and
         # read it on a second queue, so the first heads travel while the rest of the network runs
         # (yolov3 608 batch 8: a quarter of 62 MB of heads). Off: every head converted and read
@@ -161,19 +161,7 @@ class Executor:
     @property
     def launch_way(self) -> str:
         """How a frame's launches reach the queue: ``command buffer``, ``ctypes`` or ``pyopencl``."""
-        if self.command_buffer is not None:
-            return "command buffer"
-        return "ctypes" if self._launch_list is not None else "pyopencl"
-
-    def _launch_list_for(self) -> Optional[LaunchList]:
-        """The plan's launches for enqueueing through ctypes without an event each (launch.py);
-        None where that is turned off or unavailable: pyopencl enqueues them then."""
-        if not launch_wanted():
-            return None
-        try:
-            return LaunchList(self.rt.queue, self.launches)
-        except (DeviceError, AttributeError, OSError):
-            return None
+        return "command buffer" if self.command_buffer is not None else self._launch_list.way
 
     @property
     def arena_bytes(self) -> int:
@@ -366,16 +354,12 @@ class Executor:
         return []
 
     def _launch(self, start: int, stop: int) -> None:
-        """Enqueue launches ``start`` to ``stop`` (not included) of the plan without events, through
-        the ctypes ``LaunchList`` where there is one, flushing after every ``flush_every``-th launch."""
+        """Enqueue launches ``start`` to ``stop`` (not included) of the plan without events (the
+        ``LaunchList``), flushing after every ``flush_every``-th launch."""
         every, q = self.flush_every, self.rt.queue
         cuts = [stop] if not every else [*range(every * (start // every + 1), stop, every), stop]
         for b in cuts:
-            if self._launch_list is not None:
-                self._launch_list.enqueue(start, b)
-            else:
-                for l in self.launches[start:b]:
-                    self.rt.cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize)
+            self._launch_list.enqueue(start, b)
             if every and b % every == 0:
                 q.flush()                          # hand the launches so far to the device: it starts early
             start = b

@@ -43,13 +43,22 @@ def wanted() -> bool:
 
 
 class LaunchList:
-    """Enqueues ``launches`` (objects with ``kernel``, ``gsize``, ``lsize``) on ``queue``, in order."""
+    """Enqueues ``launches`` (objects with ``kernel``, ``gsize``, ``lsize``) on ``queue``, in order:
+    through ctypes without events (``way`` is ``"ctypes"``), or through pyopencl (``"pyopencl"``)
+    where ``YOLO_CL_LAUNCH=pyopencl`` says so or no ICD loader can be called."""
 
     def __init__(self, queue, launches: list) -> None:
         self.queue, self.launches = queue, launches      # the pyopencl objects stay referenced here
-        fn = loader().clEnqueueNDRangeKernel
-        fn.restype = ctypes.c_int32
-        self._fn = fn
+        self._fn = None
+        if wanted():
+            try:
+                self._fn = loader().clEnqueueNDRangeKernel
+            except (DeviceError, AttributeError, OSError):
+                pass
+        self.way = "ctypes" if self._fn is not None else "pyopencl"
+        if self._fn is None:
+            return
+        self._fn.restype = ctypes.c_int32
         self._queue = ctypes.c_void_p(queue.int_ptr)
         self._args = []
         for l in launches:
@@ -59,18 +68,22 @@ class LaunchList:
             self._args.append((ctypes.c_void_p(l.kernel.int_ptr), ctypes.c_uint32(dims), gsize, lsize))
 
     def __len__(self) -> int:
-        return len(self._args)
+        return len(self.launches)
 
     def enqueue(self, start: int = 0, stop: int = -1) -> None:
         """Enqueue launches ``start`` up to (not including) ``stop`` (-1: to the end)."""
+        stop = len(self.launches) if stop < 0 else stop
+        if self._fn is None:
+            for i in range(start, stop):
+                self._again(i)
+            return
         fn, q = self._fn, self._queue
-        args = self._args[start:] if stop < 0 else self._args[start:stop]
-        for i, (kernel, dims, gsize, lsize) in enumerate(args, start):
+        for i, (kernel, dims, gsize, lsize) in enumerate(self._args[start:stop], start):
             if fn(q, kernel, dims, None, gsize, lsize, 0, None, None):
                 self._again(i)
 
     def _again(self, i: int) -> None:
-        """Launch ``i`` through pyopencl, which raises the driver's error as pyopencl does."""
+        """Launch ``i`` through pyopencl (which raises the driver's error as pyopencl does)."""
         import pyopencl as cl
         l = self.launches[i]
         cl.enqueue_nd_range_kernel(self.queue, l.kernel, l.gsize, l.lsize)
