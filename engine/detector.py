@@ -317,6 +317,12 @@ class Detector:
         probs = np.concatenate(all_probs) if all_probs else np.zeros((0, self.classes))
         return self.finish_detections(boxes, probs, img_w, img_h, thresh, nms, place, nms_kind)
 
+    def nms_rule(self, nms_kind: Optional[str] = None) -> tuple:
+        """(kind, beta) of the NMS: ``nms_kind`` if given, else the last head's ``nms_kind`` and
+        ``beta_nms`` (Darknet's defaults ``default`` and 0.6); the host's and the device's NMS both."""
+        p = self.heads[-1].p
+        return nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6)
+
     def finish_detections(self, boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
                           nms: float, place: Placement, nms_kind: Optional[str] = None,
                           nms_done: bool = False) -> list:
@@ -330,8 +336,7 @@ class Detector:
             log.warning("%s: dropped %d boxes with non-finite coordinates or scores (huge anchors, or weights "
                         "that overflow); warning once", self.cfg_path, dropped)
         if not nms_done:
-            p = self.heads[-1].p
-            probs = post.nms(boxes, probs, nms, nms_kind or p.get("nms_kind", "default"), p.get("beta_nms", 0.6))
+            probs = post.nms(boxes, probs, nms, *self.nms_rule(nms_kind))
         return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
 
     # -- frames in flight --------------------------------------------------------------------

@@ -100,13 +100,12 @@ class DevicePath:
         """What ``DeviceDecoder.enqueue`` needs to run the NMS on the device for these images, or
         None where the host runs it: NMS off, a kind the kernel lacks, or images whose boxes
         ``correct_boxes`` scales differently (one scale per launch)."""
-        p = self.det.heads[-1].p
-        kind = nms_kind or p.get("nms_kind", "default")
+        kind, beta = self.det.nms_rule(nms_kind)
         scales = {(pl.net_w / pl.new_w, pl.net_h / pl.new_h) for pl in places}
         if not self.device_nms or nms <= 0 or kind not in NMS_KINDS or len(scales) != 1:
             return None
         sx, sy = scales.pop()
-        return float(nms), kind, float(p.get("beta_nms", 0.6)), sx, sy
+        return float(nms), kind, float(beta), sx, sy
 
     def _free_slot(self) -> int:
         """The next slot, after collecting the frame that still holds it."""
