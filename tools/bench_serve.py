@@ -58,11 +58,11 @@ def pct(values: list, q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def detector_throughput(det, image: np.ndarray, batch: int, seconds: float) -> tuple:
+def detector_throughput(det, image: np.ndarray, batch: int, seconds: float, thresh: float = 0.25) -> tuple:
     """(images, seconds) of back-to-back detect_batch calls at ``batch``."""
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        det.detect_batch([image] * batch)
+        det.detect_batch([image] * batch, thresh)
         n += batch
     return n, time.perf_counter() - t0
 
@@ -108,6 +108,11 @@ class RawClient:
             self.sock = None
 
 
+def detect_path(thresh: float) -> str:
+    """The request path of ``POST /detect`` at confidence threshold ``thresh``."""
+    return f"/detect?thresh={thresh:g}"
+
+
 def request_bytes(path: str, data: bytes) -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: image/jpeg\r\n"
             f"Content-Length: {len(data)}\r\n\r\n").encode() + data
@@ -129,7 +134,8 @@ def server_timing(head: bytes) -> dict:
     return stages
 
 
-def paired_latency(det, clients: dict, data: bytes, image: np.ndarray, seconds: float) -> tuple:
+def paired_latency(det, clients: dict, data: bytes, image: np.ndarray, seconds: float,
+                   thresh: float = 0.25) -> tuple:
     """detect, decoding the encoded image, and POST /detect to each server one at a time, in turn
     (same conditions): lists of ms for detect and the decode, and per server its list of ms and the
     Server-Timing stages of each answer. The POST includes the decode, as a client's request does."""
@@ -139,14 +145,14 @@ def paired_latency(det, clients: dict, data: bytes, image: np.ndarray, seconds: 
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds or len(dl) < 5:
         t = time.perf_counter()
-        det.detect(image)
+        det.detect(image, thresh)
         dl.append((time.perf_counter() - t) * 1000)
         t = time.perf_counter()
         cv2.imdecode(buf, cv2.IMREAD_COLOR)
         cl.append((time.perf_counter() - t) * 1000)
         for k, client in clients.items():
             t = time.perf_counter()
-            status, head, body = client.post("/detect", data)
+            status, head, body = client.post(detect_path(thresh), data)
             assert status == 200, body
             per[k][0].append((time.perf_counter() - t) * 1000)
             per[k][1].append(server_timing(head))
@@ -161,7 +167,7 @@ def start_server(args, ray: bool = False) -> tuple:
             port = str(s.getsockname()[1])
     cmd = [sys.executable, "-m", "yolo_cl", "serve", "--port", port, "--max-batch", str(args.batch),
            "--max-queue", str(max(64, 2 * args.concurrency)), "--max-wait-ms", str(args.max_wait_ms)]
-    for name, v in (("size", args.size), ("precision", args.precision), ("model", args.model),
+    for name, v in (("size", args.size), ("precision", args.precision), ("model", args.model), ("weights", args.weights),
                     ("device", args.device), ("devices", args.devices),
                     ("replicas" if ray else "workers", args.server_workers)):
         if v is not None:
@@ -205,11 +211,11 @@ def process_cpu_s(pid: int) -> float:
     return total
 
 
-async def _clients(url: str, data: bytes, clients: int, start: float, end: float) -> tuple:
+async def _clients(url: str, data: bytes, clients: int, start: float, end: float, path: str) -> tuple:
     """``clients`` keep-alive connections posting back to back from ``start`` to ``end`` (time.time()):
     (latencies ms of the 200s answered by ``end``, 503s, other answers)."""
     host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
-    req = request_bytes("/detect", data)
+    req = request_bytes(path, data)
     lat, counts = [], {"busy": 0, "other": 0}
 
     async def one() -> None:
@@ -238,16 +244,17 @@ async def _clients(url: str, data: bytes, clients: int, start: float, end: float
     return lat, counts["busy"], counts["other"]
 
 
-def _client_process(url: str, data: bytes, clients: int, start: float, end: float) -> tuple:
-    return asyncio.run(_clients(url, data, clients, start, end))
+def _client_process(url: str, data: bytes, clients: int, start: float, end: float, path: str) -> tuple:
+    return asyncio.run(_clients(url, data, clients, start, end, path))
 
 
-def load(pool, procs: int, url: str, data: bytes, concurrency: int, seconds: float) -> tuple:
+def load(pool, procs: int, url: str, data: bytes, concurrency: int, seconds: float,
+         path: str = "/detect") -> tuple:
     """(answered, seconds, latencies ms, 503s) of ``concurrency`` clients spread over the
     processes of ``pool``, all posting back to back for the same ``seconds``."""
     share = [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
     start = time.time() + 0.5
-    jobs = [pool.apply_async(_client_process, (url, data, n, start, start + seconds)) for n in share if n]
+    jobs = [pool.apply_async(_client_process, (url, data, n, start, start + seconds, path)) for n in share if n]
     lat, busy = [], 0
     for j in jobs:
         part, b503, other = j.get()
@@ -282,7 +289,7 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
             pool = multiprocessing.get_context("spawn").Pool(args.client_procs)
         det.detect_batch([image] * args.batch)
         for _, url, _ in servers.values():
-            load(pool, args.client_procs, url, data, args.concurrency, 1.0)          # warm-up
+            load(pool, args.client_procs, url, data, args.concurrency, 1.0, detect_path(args.thresh))   # warm-up
         slice_s = args.seconds / args.rounds
         dn = dt = dcpu = 0
         dl, cl = [], []
@@ -291,11 +298,12 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
         for _ in range(args.rounds):
             idle0 = {k: process_cpu_s(p.pid) for k, (p, _, _) in servers.items()}
             c0 = time.process_time()
-            n, t = detector_throughput(det, image, args.batch, slice_s)
+            n, t = detector_throughput(det, image, args.batch, slice_s, args.thresh)
             dn, dt, dcpu = dn + n, dt + t, dcpu + time.process_time() - c0
             for k, (p, _, _) in servers.items():
                 acc[k]["idle_cpu"] += process_cpu_s(p.pid) - idle0[k]
-            a, c, per = paired_latency(det, {k: cl_ for k, (_, _, cl_) in servers.items()}, data, image, slice_s / 2)
+            a, c, per = paired_latency(det, {k: cl_ for k, (_, _, cl_) in servers.items()}, data, image, slice_s / 2,
+                                      args.thresh)
             dl += a
             cl += c
             for k, (single, stages) in per.items():
@@ -303,7 +311,8 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
                 acc[k]["stages"] += stages
             for k, (proc, url, _) in servers.items():
                 c0 = process_cpu_s(proc.pid)
-                n, t, lat, b503 = load(pool, args.client_procs, url, data, args.concurrency, slice_s)
+                n, t, lat, b503 = load(pool, args.client_procs, url, data, args.concurrency, slice_s,
+                                       detect_path(args.thresh))
                 a_ = acc[k]
                 a_["cpu"] += process_cpu_s(proc.pid) - c0
                 a_["n"], a_["t"], a_["busy"] = a_["n"] + n, a_["t"] + t, a_["busy"] + b503
@@ -339,14 +348,14 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
 
 
 def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = None, merge: bool = True,
-                  rounds: int = 1) -> dict:
+                  rounds: int = 1, thresh: float = 0.25) -> dict:
     """Total fps of n copies of ``clip`` on the Fleet vs one copy alone (every frame, device-bound).
     ``processes`` = (detector options, device specs): a ProcessFleet, one process per device,
     instead (each stream timed on its own clock, from its first frame). ``merge``: a device's
     streams share batches (``Fleet(merge_streams=...)``); the median of ``rounds`` runs."""
     def run(k: int) -> float:
         with (ProcessFleet(*processes) if processes else Fleet(dets, merge_streams=merge)) as fleet:
-            runs = [fleet.add_stream(str(clip), live=False) for _ in range(k)]
+            runs = [fleet.add_stream(str(clip), live=False, thresh=thresh) for _ in range(k)]
             fleet.wait_streams()
         frames = sum(r.stats.frames for r in runs)
         wall = max(r.stats.seconds for r in runs)
@@ -354,7 +363,7 @@ def bench_streams(dets: list, clip: Path, n: int, processes: Optional[tuple] = N
     run(1)                                  # warm-up: compile and cache
     one = statistics.median(run(1) for _ in range(rounds))
     many = statistics.median(run(n) for _ in range(rounds))
-    bound = device_bound_fps(dets[0], clip)
+    bound = device_bound_fps(dets[0], clip, thresh=thresh)
     return {"stream_1_fps": one, f"streams_{n}_total_fps": many, "streams_ratio": many / one, "streams": n,
             "stream_device_bound_fps": bound, "streams_over_device_bound": many / bound}
 
@@ -384,7 +393,7 @@ def repeated_clip(clip: Path, times: int) -> Path:
     return out
 
 
-def device_bound_fps(det, clip: Path, seconds: float = 3.0) -> float:
+def device_bound_fps(det, clip: Path, seconds: float = 3.0, thresh: float = 0.25) -> float:
     """One stream's device-bound rate: ``Detector.detect`` back to back on a frame of ``clip``,
     already decoded (what N streams together are held against)."""
     cap = cv2.VideoCapture(str(clip))
@@ -392,10 +401,10 @@ def device_bound_fps(det, clip: Path, seconds: float = 3.0) -> float:
     cap.release()
     if not ok:
         raise SystemExit(f"{clip}: cannot read a frame")
-    det.detect(frame)
+    det.detect(frame, thresh)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        det.detect(frame)
+        det.detect(frame, thresh)
         n += 1
     return n / (time.perf_counter() - t0)
 
@@ -450,6 +459,9 @@ def http_stack() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
+    ap.add_argument("--weights", default=None, help="a Darknet .weights file for --model (e.g. random ones)")
+    ap.add_argument("--thresh", type=float, default=0.25,
+                    help="confidence threshold of every detect, request (?thresh=) and stream")
     ap.add_argument("--size", default="160")
     ap.add_argument("--precision", default=None)
     ap.add_argument("--device", default=None)
@@ -487,7 +499,7 @@ def main() -> None:
     image = cv2.imread(str(args.image))
     data = args.image.read_bytes()
     specs = device_specs(args.devices) if args.devices else [args.device]
-    dets = [yolo_cl.Detector(model, device=s, **opts) for s in specs]
+    dets = [yolo_cl.Detector(model, args.weights, device=s, **opts) for s in specs]
     res = {"model": model, "size": args.size, "batch": args.batch, "device": dets[0].runtime.device_name,
            "devices": len(dets), "commit": _commit()}
     if not {"detector", "serve"} <= skip:
@@ -504,8 +516,8 @@ def main() -> None:
     if "streams" not in skip:
         clip = repeated_clip(args.clip, args.clip_repeat)
         res.update(bench_streams(dets, clip, args.streams,
-                                 (dict(cfg=model, **opts), specs) if args.device_processes else None,
-                                 merge=not args.no_merge, rounds=args.stream_rounds))
+                                 (dict(cfg=model, weights=args.weights, **opts), specs) if args.device_processes else None,
+                                 merge=not args.no_merge, rounds=args.stream_rounds, thresh=args.thresh))
         print(f"streams ({'one process per device' if args.device_processes else 'one Fleet'}): 1 alone "
               f"{res['stream_1_fps']:.1f} fps; {args.streams} together "
               f"{res[f'streams_{args.streams}_total_fps']:.1f} fps total ({res['streams_ratio']:.2f} x one alone, "

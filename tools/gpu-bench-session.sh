@@ -15,6 +15,14 @@
 #          random weights' thousands of 100% boxes out of NMS (seconds of host work, not compiling);
 #   serve  tools/bench_serve.py: detect_batch against serve --workers 1,2,4,8 at batch 8, then
 #          4 streams; on every device where there are two (issue 23).
+#   scale  one GPU against every GPU, same load per device (issue 20's two-device target): serve
+#          --workers 4 per device and 8 file streams through one process per device, for yolov3
+#          416 fp16 (random weights, --thresh 1: device-bound) and yolov3-tiny 416 (real weights);
+#   split  yolov3 416 fp16 with split-K sums in a second launch (the default) and inside
+#          the GEMM launch (YOLO_CL_MMA_SPLIT_SUM=kernel), alternating (issue 17);
+#   tests  the GPU-path tests (launches, device pre/post-processing and NMS, frames in flight,
+#          staging, Fleet) with ../shared's images and clip made from .bench/.
+# HOST_MODELS and HOST_VIDEO (default: the clip played 6 times) narrow the host phase.
 set -u
 PHASES=",${1:-torch,bench,host,serve},"
 has() { [[ "$PHASES" == *",$1,"* ]]; }
@@ -52,8 +60,8 @@ while True:
     f.append(x)
 h, w = f[0].shape[:2]; o=cv2.VideoWriter('/tmp/loop.mp4', cv2.VideoWriter_fourcc(*'mp4v'), 30, (w, h))
 [o.write(x) for _ in range(6) for x in f]; o.release()"
-  YOLO_CL_DEVICE=0:0 timeout 240 python3 tools/bench_host.py --models yolov3-tiny:416:1,yolov3:416:1,yolov3:608:8 \
-    --precision fp32,fp16 --reps 20 --video /tmp/loop.mp4 --video-frames 400 \
+  YOLO_CL_DEVICE=0:0 timeout 240 python3 tools/bench_host.py --models "${HOST_MODELS:-yolov3-tiny:416:1,yolov3:416:1,yolov3:608:8}" \
+    --precision fp32,fp16 --reps 20 --video "${HOST_VIDEO-/tmp/loop.mp4}" --video-frames 400 \
     --json "$OUT/host.json" > "$OUT/host.log" 2>&1
   tail -n 40 "$OUT/host.log"
 fi
@@ -71,5 +79,41 @@ if has serve; then
   timeout 90 python3 tools/bench_serve.py --size 416 --streams 4 --skip detector,serve --clip .bench/library1.mp4 --image models/images/dog.jpg \
     $DEV --json "$OUT/streams.json" > "$OUT/streams.log" 2>&1
   tail -n 30 "$OUT/serve.log"; tail -n 12 "$OUT/streams.log"
+fi
+if has scale; then
+  echo "== scale ($NGPU GPUs, $(date +%T))"
+  scale() {   # TAG DEVICES V3-WORKERS TINY-WORKERS ('-': none): serve and streams on DEVICES
+    timeout 150 python3 tools/bench_serve.py --model models/cfg/yolov3.cfg --weights /tmp/w/yolov3.weights --thresh 1 \
+      --precision fp16 --size 416 --batch 8 --concurrency 96 --seconds 6 --rounds 2 --skip streams --workers "$3" \
+      --image models/images/dog.jpg $2 --json "$OUT/scale-v3-$1.json" > "$OUT/scale-v3-$1.log" 2>&1
+    [ "$4" != - ] && timeout 80 python3 tools/bench_serve.py --size 416 --batch 8 --concurrency 128 --seconds 6 --rounds 2 --skip streams \
+      --workers "$4" --image models/images/dog.jpg $2 --json "$OUT/scale-tiny-$1.json" > "$OUT/scale-tiny-$1.log" 2>&1
+    timeout 70 python3 tools/bench_serve.py --size 416 --streams 8 --device-processes --skip detector,serve \
+      --clip .bench/library1.mp4 --clip-repeat 4 --image models/images/dog.jpg $2 --json "$OUT/scale-streams-$1.json" \
+      > "$OUT/scale-streams-$1.log" 2>&1
+    grep -h "detect_batch x\|POST /detect x\|streams (" "$OUT"/scale-*-"$1".log | sed "s/^/[$1] /"
+  }
+  scale one "--device 0:0" 1,4 -
+  [ "$NGPU" -ge 2 ] && scale all "--devices all" $((4 * NGPU)) $((8 * NGPU))
+fi
+if has tests; then
+  echo "== tests ($(date +%T))"
+  mkdir -p ../shared/videos && cp -r .bench/images ../shared/ && cp .bench/library1.mp4 ../shared/videos/
+  YOLO_CL_DEVICE=0:0 timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -x -p no:cacheprovider tests/test_launch.py \
+    tests/test_device_nms.py tests/test_device_prepost.py tests/test_inflight.py tests/test_staging.py \
+    tests/test_fleet.py > "$OUT/tests.log" 2>&1
+  tail -n 8 "$OUT/tests.log"
+fi
+if has split; then
+  echo "== split ($(date +%T))"
+  for round in 1 2; do
+    for sum in launch kernel; do
+      m=yolov3
+      YOLO_CL_MMA_SPLIT_SUM=$sum timeout 60 python3 -m yolo_cl bench $m --precision fp16 --size 416 --device 0:0 \
+        --repeat 20 --peak 63600 --weights /tmp/w/$m.weights > "/tmp/split-$m-$sum.txt" 2>&1
+      grep -h "device time\|end to end\|launches per" "/tmp/split-$m-$sum.txt" | sed "s/^/[$m fp16, split sum: $sum, round $round] /"
+    done
+  done
+  cat /tmp/split-*.txt > "$OUT/split.txt"
 fi
 echo "== done ($(date +%T))"
