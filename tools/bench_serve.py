@@ -181,7 +181,7 @@ def start_server(args, ray: bool = False) -> tuple:
         if m:
             import threading
             import urllib.request
-            threading.Thread(target=proc.stderr.read, daemon=True).start()    # keep the pipe from filling
+            threading.Thread(target=relay, args=(proc.stderr,), daemon=True).start()   # the server's later words
             while True:                                                       # executors built
                 try:
                     with urllib.request.urlopen(m.group(1) + "/healthz", timeout=60) as r:
@@ -193,6 +193,12 @@ def start_server(args, ray: bool = False) -> tuple:
             return proc, m.group(1)
         if not line and proc.poll() is not None:
             raise SystemExit(f"the server did not start (exit {proc.returncode})")
+
+
+def relay(stream) -> None:
+    """Copy a server's stderr to ours, each line marked (a worker that ends says so there)."""
+    for line in stream:
+        sys.stderr.write("[server] " + line)
 
 
 def process_cpu_s(pid: int) -> float:
