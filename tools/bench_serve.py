@@ -219,21 +219,32 @@ def process_cpu_s(pid: int) -> float:
 
 async def _clients(url: str, data: bytes, clients: int, start: float, end: float, path: str) -> tuple:
     """``clients`` keep-alive connections posting back to back from ``start`` to ``end`` (time.time()):
-    (latencies ms of the 200s answered by ``end``, 503s, other answers)."""
+    (latencies ms of the 200s answered by ``end``, 503s, other answers, requests lost: the
+    connection reset or closed before their answer, after which the client connects again)."""
     host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
     req = request_bytes(path, data)
-    lat, counts = [], {"busy": 0, "other": 0}
+    lat, counts = [], {"busy": 0, "other": 0, "lost": 0}
 
-    async def one() -> None:
+    async def connect() -> tuple:
         reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return reader, writer
+
+    async def one() -> None:
+        reader, writer = await connect()
         await asyncio.sleep(max(0.0, start - time.time()))
         try:
             while time.time() < end:
                 t = time.perf_counter()
-                writer.write(req)
-                head = await reader.readuntil(b"\r\n\r\n")
-                await reader.readexactly(content_length(head))
+                try:
+                    writer.write(req)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    await reader.readexactly(content_length(head))
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    counts["lost"] += 1
+                    writer.close()
+                    reader, writer = await connect()
+                    continue
                 status = int(head[9:12])
                 if time.time() > end:
                     break
@@ -247,7 +258,7 @@ async def _clients(url: str, data: bytes, clients: int, start: float, end: float
             writer.close()
 
     await asyncio.gather(*(one() for _ in range(clients)))
-    return lat, counts["busy"], counts["other"]
+    return lat, counts["busy"], counts["other"], counts["lost"]
 
 
 def _client_process(url: str, data: bytes, clients: int, start: float, end: float, path: str) -> tuple:
@@ -256,19 +267,20 @@ def _client_process(url: str, data: bytes, clients: int, start: float, end: floa
 
 def load(pool, procs: int, url: str, data: bytes, concurrency: int, seconds: float,
          path: str = "/detect") -> tuple:
-    """(answered, seconds, latencies ms, 503s) of ``concurrency`` clients spread over the
+    """(answered, seconds, latencies ms, 503s, lost) of ``concurrency`` clients spread over the
     processes of ``pool``, all posting back to back for the same ``seconds``."""
     share = [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
     start = time.time() + 0.5
     jobs = [pool.apply_async(_client_process, (url, data, n, start, start + seconds, path)) for n in share if n]
-    lat, busy = [], 0
+    lat, busy, lost = [], 0, 0
     for j in jobs:
-        part, b503, other = j.get()
+        part, b503, other, gone = j.get()
+        lost += gone
         if other:
             raise SystemExit(f"{other} answers were neither 200 nor 503")
         lat += part
         busy += b503
-    return len(lat), seconds, lat, busy
+    return len(lat), seconds, lat, busy, lost
 
 
 def answered_by_worker(url: str) -> list:
@@ -299,7 +311,7 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
         slice_s = args.seconds / args.rounds
         dn = dt = dcpu = 0
         dl, cl = [], []
-        acc = {k: {"n": 0, "t": 0.0, "busy": 0, "cpu": 0.0, "idle_cpu": 0.0, "lat": [], "single": [], "stages": []}
+        acc = {k: {"n": 0, "t": 0.0, "busy": 0, "lost": 0, "cpu": 0.0, "idle_cpu": 0.0, "lat": [], "single": [], "stages": []}
                for k in servers}
         for _ in range(args.rounds):
             idle0 = {k: process_cpu_s(p.pid) for k, (p, _, _) in servers.items()}
@@ -317,11 +329,12 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
                 acc[k]["stages"] += stages
             for k, (proc, url, _) in servers.items():
                 c0 = process_cpu_s(proc.pid)
-                n, t, lat, b503 = load(pool, args.client_procs, url, data, args.concurrency, slice_s,
+                n, t, lat, b503, lost = load(pool, args.client_procs, url, data, args.concurrency, slice_s,
                                        detect_path(args.thresh))
                 a_ = acc[k]
                 a_["cpu"] += process_cpu_s(proc.pid) - c0
                 a_["n"], a_["t"], a_["busy"] = a_["n"] + n, a_["t"] + t, a_["busy"] + b503
+                a_["lost"] += lost
                 a_["lat"] += lat
         res = {"detect_batch_ips": dn / dt, "detect_p50_ms": statistics.median(dl),
                "decode_p50_ms": statistics.median(cl), "detect_cpu_ms_per_image": 1000 * dcpu / dn}
@@ -330,6 +343,7 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
             sl, stages = a_["single"], a_["stages"]
             fig = {"serve_single_p50_ms": statistics.median(sl), "serve_ips": a_["n"] / a_["t"],
                    "serve_p50_ms": pct(a_["lat"], 50), "serve_p99_ms": pct(a_["lat"], 99), "serve_503": a_["busy"],
+                   "serve_lost": a_["lost"],
                    "concurrency": args.concurrency, "serve_cpu_ms_per_image": 1000 * a_["cpu"] / max(1, a_["n"]),
                    "serve_idle_cpu_share": a_["idle_cpu"] / dt,          # while detect_batch ran
                    "serve_single_stages_ms": {s: statistics.median(x.get(s, 0.0) for x in stages)
@@ -441,7 +455,8 @@ def print_requests(res: dict, args, workers, devices: int, skip: set) -> None:
         fig["serve_ratio"] = fig["serve_ips"] / res["detect_batch_ips"]
         print(f"[{name}] POST /detect x{args.concurrency} clients ({args.client_procs} client processes), max batch "
               f"{args.batch}: {fig['serve_ips']:.1f} img/s, p50 {fig['serve_p50_ms']:.1f} ms, p99 "
-              f"{fig['serve_p99_ms']:.1f} ms, {fig['serve_503']} answered 503, server CPU "
+              f"{fig['serve_p99_ms']:.1f} ms, {fig['serve_503']} answered 503, "
+              f"{fig['serve_lost']} lost (connection reset or closed unanswered), server CPU "
               f"{fig['serve_cpu_ms_per_image']:.1f} ms/image (idle: {100 * fig['serve_idle_cpu_share']:.0f}% of a core); "
               f"{fig['serve_ratio']:.2f} x detect_batch x{args.batch} of one device"
               + (f" ({fig['serve_ratio'] / devices:.2f} x per device)" if devices > 1 else "") + " (target: >= 0.8)")
