@@ -24,6 +24,11 @@ Measures, in this order, and prints every figure the targets of issue 20 are hel
     python tools/bench_serve.py --size 416 --batch 8 --workers 1,2,4,8     # on a GPU host: each in turn
     python tools/bench_serve.py --size 416 --batch 8 --devices all --workers 8
     python tools/bench_serve.py --size 160 --batch 4 --ray --skip streams  # Ray Serve and embedded, alternating
+    python tools/bench_serve.py --model models/cfg/yolov3.cfg --weights random.weights --thresh 1 \
+        --size 416 --batch 8 --workers 4 --devices all          # a device-bound network (no box passes)
+
+A request whose connection is reset or closed before its answer is counted as lost; the server's
+stderr after its start is copied to ours, each line marked ``[server]``.
 
 Prints one line per figure and, with ``--json FILE``, writes them all.
 """
