@@ -8,16 +8,20 @@ the device after the decode (``yc_nms``) where the list is short, else it runs h
 spread over ``slots`` sets of staging and candidate buffers, so the host prepares frame N+1
 (and runs NMS on frame N-1) while the device computes frame N. The queue is in order, so the
 arena's input region is rewritten only after the previous forward pass has read it.
+``result`` waits through a ``waiting.Waiter``: with ``YOLO_CL_WAIT=sleep`` it sleeps through most
+of a wait it can predict instead of leaving a host core to the driver's wait.
 """
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from typing import Optional
 
 from .executor import batch_bucket
 from .kernels.decode import NMS_KINDS, DeviceDecoder
 from .kernels.preprocess import DevicePreprocess
+from .waiting import Waiter, wanted as sleeping_waits
 
 SLOTS = 3
 
@@ -25,12 +29,12 @@ SLOTS = 3
 class _Part:
     """The images of one submission that share a network size: one batch forward pass."""
 
-    __slots__ = ("slot", "executor", "decoder", "index", "images", "places", "event", "done")
+    __slots__ = ("slot", "executor", "decoder", "index", "images", "places", "event", "since", "done")
 
     def __init__(self, slot, executor, decoder, index, images, places) -> None:
         self.slot, self.executor, self.decoder = slot, executor, decoder
         self.index, self.images, self.places = index, images, places
-        self.event, self.done = None, False
+        self.event, self.since, self.done = None, 0.0, False
 
 
 class Pending:
@@ -60,6 +64,7 @@ class DevicePath:
         self._busy: dict = {}            # slot -> (Pending, _Part) not yet collected
         self._next = 0
         self._lock = detector._lock      # one lock per queue: no interleaved enqueues from threads
+        self.waiter = Waiter(sleeping_waits())
 
     def decoder(self, executor) -> Optional[DeviceDecoder]:
         """The decoder bound to ``executor``'s heads (None when the host decodes)."""
@@ -91,6 +96,7 @@ class DevicePath:
                 ex.enqueue()
                 part.event = part.decoder.enqueue(thresh, slot, zero=False,
                                                   nms=self._nms_args(part.places, nms, nms_kind))
+                part.since = time.monotonic()
                 pending.parts.append(part)
                 self._busy[slot] = (pending, part)
             self.rt.queue.flush()            # a driver may hold commands back until a flush or a wait
@@ -120,7 +126,7 @@ class DevicePath:
         """Detections per submitted image (waits for the frames' reads)."""
         for part in pending.parts:
             if not part.done:
-                part.event.wait()          # outside the lock: other threads keep submitting
+                self.waiter.wait(part.event, part.executor, part.since)   # outside the lock: others submit
                 with self._lock:
                     self._collect(pending, part)
         return pending.results

@@ -20,6 +20,8 @@
 #          416 fp16 (random weights, --thresh 1: device-bound) and yolov3-tiny 416 (real weights);
 #   split  yolov3 416 fp16 with split-K sums in a second launch (the default) and inside
 #          the GEMM launch (YOLO_CL_MMA_SPLIT_SUM=kernel), alternating (issue 17);
+#   wait   yolov3 416 fp16 served with 4 workers per GPU on every GPU, the driver's waits against
+#          YOLO_CL_WAIT=sleep (engine/waiting.py), and detect_batch's CPU per image each way;
 #   tests  the GPU-path tests (launches, device pre/post-processing and NMS, frames in flight,
 #          staging, Fleet) with ../shared's images and clip made from .bench/.
 # HOST_MODELS and HOST_VIDEO (default: the clip played 6 times) narrow the host phase.
@@ -95,6 +97,17 @@ if has scale; then
   }
   scale one "--device 0:0" 1,4 -
   [ "$NGPU" -ge 2 ] && scale all "--devices all" $((4 * NGPU)) $((8 * NGPU))
+fi
+if has wait; then
+  echo "== wait ($(date +%T))"
+  DEV="--device 0:0"; [ "$NGPU" -ge 2 ] && DEV="--devices all"
+  for w in spin sleep spin sleep; do
+    YOLO_CL_WAIT=$w timeout 120 python3 tools/bench_serve.py --model models/cfg/yolov3.cfg --weights /tmp/w/yolov3.weights \
+      --thresh 1 --precision fp16 --size 416 --batch 8 --concurrency 96 --seconds 6 --rounds 2 --skip streams \
+      --workers $((4 * NGPU)) --image models/images/dog.jpg $DEV > "/tmp/wait-$w.log" 2>&1
+    grep -h "detect_batch x\|POST /detect x\|\[server\]" "/tmp/wait-$w.log" | sed "s/^/[YOLO_CL_WAIT=$w] /"
+    cat "/tmp/wait-$w.log" >> "$OUT/wait.log"
+  done
 fi
 if has tests; then
   echo "== tests ($(date +%T))"

@@ -1,0 +1,70 @@
+"""Waiting for the device without holding a host core the whole time.
+
+A thread in ``clWaitForEvents`` on NVIDIA's OpenCL driver stays busy until the event completes:
+in process, ``detect_batch`` on an H100 used as much CPU time as wall time (1.4 ms of each per
+image, BENCHMARKS.md, "Tenth GPU session"). One process per GPU can afford that; a host serving
+several GPUs or running several server workers per GPU spends those cores on waiting while the
+JPEG decodes and the HTTP wait for a core. ``Waiter`` sleeps through most of a wait it can
+predict, a share of the recent short waits of the same executor, and leaves only the rest to
+the driver's wait. Waits shorter than ``floor_s`` are never slept through: there a late wake-up
+would cost more latency than the spin costs CPU.
+
+The prediction follows the short end of what was seen: a shorter wait replaces it at once, a
+longer one moves it up by an eighth of the difference, and a wait found already over on waking
+(the sleep may have been too long) shrinks it. Off unless ``YOLO_CL_WAIT=sleep``.
+"""
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from typing import Callable
+
+WAIT_ENV = "YOLO_CL_WAIT"        # "sleep": sleep through most of a predictable wait
+FLOOR_S = 0.002                  # shorter predicted waits are left to the driver alone
+SHARE = 0.8                      # the part of the predicted wait slept through
+RISE = 0.125                     # how far a longer wait moves the prediction up
+SHRINK = 0.8                     # the prediction after a wait found over on waking
+
+
+def wanted() -> bool:
+    """Whether ``YOLO_CL_WAIT`` asks for sleeping waits."""
+    return os.environ.get(WAIT_ENV, "").strip().lower() == "sleep"
+
+
+def _complete(event) -> bool:
+    import pyopencl as cl
+    return event.command_execution_status == cl.command_execution_status.COMPLETE
+
+
+class Waiter:
+    """Waits for OpenCL events, each keyed by what it waits for (an executor), sleeping first
+    through ``share`` of the wait predicted for that key when ``enabled`` and long enough."""
+
+    def __init__(self, enabled: bool, floor_s: float = FLOOR_S, share: float = SHARE,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 complete: Callable[[object], bool] = _complete) -> None:
+        self.enabled, self.floor_s, self.share = enabled, floor_s, share
+        self._clock, self._sleep, self._complete = clock, sleep, complete
+        self._predicted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.slept = 0                   # waits that slept first (for tests and benchmarks)
+
+    def predicted(self, key) -> float:
+        """The wait predicted for ``key`` in seconds (0 before the first)."""
+        return self._predicted.get(key, 0.0)
+
+    def wait(self, event, key, since: float) -> None:
+        """Return once ``event`` is complete; ``since`` is when its work was enqueued (``clock``)."""
+        guess = self._predicted.get(key)
+        if self.enabled and guess is not None and guess >= self.floor_s:
+            left = since + self.share * guess - self._clock()
+            if left > 0:
+                self.slept += 1
+                self._sleep(left)
+                if self._complete(event):
+                    self._predicted[key] = guess * SHRINK
+                    event.wait()
+                    return
+        event.wait()
+        took = self._clock() - since
+        self._predicted[key] = took if guess is None or took < guess else guess + RISE * (took - guess)

@@ -1,0 +1,138 @@
+"""``waiting.Waiter``: sleeping through most of a predictable device wait (``YOLO_CL_WAIT=sleep``).
+
+The prediction and the sleeps are checked on a fake clock and fake events; then the real
+network on the device path with sleeping waits gives the same detections as the driver's wait,
+and its waits did sleep.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import pytest
+
+from yolo_cl import Detector
+from yolo_cl.waiting import RISE, SHRINK, Waiter
+
+from boxes import same_detections
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = sorted((ROOT.parent / "shared" / "images").glob("*.jpg")) or sorted((ROOT / "models" / "images").glob("*.jpg"))
+
+
+class Clock:
+    """A clock the fake events and sleeps move forward."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+
+class Event:
+    """Completes ``at`` on ``clock``; ``wait`` moves the clock there if it is not yet."""
+
+    def __init__(self, clock: Clock, at: float) -> None:
+        self.clock, self.at, self.waited = clock, at, 0
+
+    def wait(self) -> None:
+        self.waited += 1
+        self.clock.now = max(self.clock.now, self.at)
+
+
+class Key:
+    """A weak-referenceable stand-in for an executor."""
+
+
+def waiter(clock: Clock, enabled: bool = True) -> Waiter:
+    return Waiter(enabled, floor_s=0.002, share=0.8, clock=clock, sleep=clock.sleep,
+                  complete=lambda e: clock.now >= e.at)
+
+
+def test_first_wait_learns_then_sleeps_most_of_the_next():
+    clock, key = Clock(), Key()
+    w = waiter(clock)
+    since = clock.now
+    w.wait(Event(clock, since + 0.010), key, since)
+    assert clock.sleeps == [] and w.predicted(key) == pytest.approx(0.010)
+    since = clock.now
+    ev = Event(clock, since + 0.010)
+    w.wait(ev, key, since)
+    assert clock.sleeps == [pytest.approx(0.008)] and ev.waited == 1 and w.slept == 1
+    assert clock.now == pytest.approx(since + 0.010)               # the driver's wait took the rest
+
+
+def test_time_already_spent_since_the_enqueue_is_not_slept_again():
+    clock, key = Clock(), Key()
+    w = waiter(clock)
+    w.wait(Event(clock, clock.now + 0.010), key, clock.now)
+    since = clock.now
+    clock.now += 0.005                                              # the host did other work meanwhile
+    w.wait(Event(clock, since + 0.010), key, since)
+    assert clock.sleeps == [pytest.approx(0.003)]
+    clock.now += 0.1
+    since = clock.now - 0.009                                       # past the share already: no sleep
+    w.wait(Event(clock, since + 0.010), key, since)
+    assert len(clock.sleeps) == 1
+
+
+def test_prediction_follows_the_short_waits():
+    clock, key = Clock(), Key()
+    w = waiter(clock)
+    for took in (0.010, 0.009):
+        since = clock.now
+        w.wait(Event(clock, since + took), key, since)
+    assert w.predicted(key) == pytest.approx(0.009)                 # a shorter wait replaces it at once
+    since = clock.now
+    w.wait(Event(clock, since + 0.014), key, since)
+    assert w.predicted(key) == pytest.approx(0.009 + RISE * 0.005)  # a longer one moves it up slowly
+
+
+def test_a_wait_over_on_waking_shrinks_the_prediction():
+    clock, key = Clock(), Key()
+    w = waiter(clock)
+    since = clock.now
+    w.wait(Event(clock, since + 0.010), key, since)
+    since = clock.now
+    ev = Event(clock, since + 0.004)                                 # the device got faster
+    w.wait(ev, key, since)
+    assert clock.sleeps == [pytest.approx(0.008)] and ev.waited == 1
+    assert w.predicted(key) == pytest.approx(0.010 * SHRINK)
+
+
+def test_short_waits_unknown_keys_and_a_disabled_waiter_never_sleep():
+    clock, key = Clock(), Key()
+    w = waiter(clock)
+    for _ in range(3):                                               # under the 2 ms floor
+        since = clock.now
+        w.wait(Event(clock, since + 0.001), key, since)
+    since = clock.now
+    w.wait(Event(clock, since + 0.010), Key(), since)                # a key seen for the first time
+    off = waiter(clock, enabled=False)
+    for _ in range(3):
+        since = clock.now
+        off.wait(Event(clock, since + 0.010), key, since)
+    assert clock.sleeps == [] and w.slept == off.slept == 0
+    assert off.predicted(key) == pytest.approx(0.010)
+
+
+def test_detect_with_sleeping_waits_gives_the_same_detections(monkeypatch):
+    """The real network on the device path: the driver's wait and sleeping waits give the same
+    detections on every shared image, a batch too, and the sleeping detector did sleep."""
+    frames = [cv2.imread(str(p)) for p in IMAGES]
+    plain = Detector("yolov3-tiny", input_size=160, device_preprocess=True, device_decode=True)
+    monkeypatch.setenv("YOLO_CL_WAIT", "sleep")
+    sleepy = Detector("yolov3-tiny", input_size=160, device_preprocess=True, device_decode=True)
+    for _ in range(2):                                               # the second round has predictions
+        for img in frames:
+            assert same_detections(sleepy.detect(img), plain.detect(img))
+        for got, want in zip(sleepy.detect_batch(frames), plain.detect_batch(frames)):
+            assert same_detections(got, want)
+    assert sleepy._device_path.waiter.slept > 0
+    assert plain._device_path.waiter.slept == 0
