@@ -5,9 +5,10 @@ in process, ``detect_batch`` on an H100 used as much CPU time as wall time (1.4 
 image, BENCHMARKS.md, "Tenth GPU session"). One process per GPU can afford that; a host serving
 several GPUs or running several server workers per GPU spends those cores on waiting while the
 JPEG decodes and the HTTP wait for a core. ``Waiter`` sleeps through most of a wait it can
-predict, a share of the recent short waits of the same executor, and leaves only the rest to
-the driver's wait. Waits shorter than ``floor_s`` are never slept through: there a late wake-up
-would cost more latency than the spin costs CPU.
+predict, a share of the recent short waits of the same executor, then looks at the event every
+tenth of the prediction until it is over, so no core spins in the driver for long. Waits
+predicted shorter than ``floor_s`` are left to the driver: there a late wake-up would cost more
+latency than the spin costs CPU.
 
 The prediction follows the short end of what was seen: a shorter wait replaces it at once, a
 longer one moves it up by an eighth of the difference, and a wait found already over on waking
@@ -25,6 +26,7 @@ FLOOR_S = 0.002                  # shorter predicted waits are left to the drive
 SHARE = 0.8                      # the part of the predicted wait slept through
 RISE = 0.125                     # how far a longer wait moves the prediction up
 SHRINK = 0.8                     # the prediction after a wait found over on waking
+STEP = 0.1                       # after the first sleep, look again every this share of the prediction
 
 
 def wanted() -> bool:
@@ -32,22 +34,24 @@ def wanted() -> bool:
     return os.environ.get(WAIT_ENV, "").strip().lower() == "sleep"
 
 
-def _complete(event) -> bool:
+def _settled(event) -> bool:
+    """Whether ``event`` is over: complete, or failed (a negative status)."""
     import pyopencl as cl
-    return event.command_execution_status == cl.command_execution_status.COMPLETE
+    return event.command_execution_status <= cl.command_execution_status.COMPLETE
 
 
 class Waiter:
-    """Waits for OpenCL events, each keyed by what it waits for (an executor), sleeping first
-    through ``share`` of the wait predicted for that key when ``enabled`` and long enough."""
+    """Waits for OpenCL events, each keyed by what it waits for (an executor): when ``enabled``
+    and the wait predicted for that key is long enough, sleeping through ``share`` of it, then
+    looking every ``STEP`` of it until the event is over, before the driver's wait."""
 
     def __init__(self, enabled: bool, floor_s: float = FLOOR_S, share: float = SHARE,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 complete: Callable[[object], bool] = _complete) -> None:
+                 settled: Callable[[object], bool] = _settled) -> None:
         self.enabled, self.floor_s, self.share = enabled, floor_s, share
-        self._clock, self._sleep, self._complete = clock, sleep, complete
+        self._clock, self._sleep, self._settled = clock, sleep, settled
         self._predicted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.slept = 0                   # waits that slept first (for tests and benchmarks)
+        self.slept = 0                   # waits that began with a sleep (for tests and benchmarks)
 
     def predicted(self, key) -> float:
         """The wait predicted for ``key`` in seconds (0 before the first)."""
@@ -61,10 +65,12 @@ class Waiter:
             if left > 0:
                 self.slept += 1
                 self._sleep(left)
-                if self._complete(event):
+                if self._settled(event):         # over already: the prediction may be long
                     self._predicted[key] = guess * SHRINK
-                    event.wait()
+                    event.wait()                 # raises if the work failed
                     return
+            while not self._settled(event):
+                self._sleep(STEP * guess)
         event.wait()
         took = self._clock() - since
         self._predicted[key] = took if guess is None or took < guess else guess + RISE * (took - guess)

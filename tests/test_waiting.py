@@ -12,7 +12,7 @@ import cv2
 import pytest
 
 from yolo_cl import Detector
-from yolo_cl.waiting import RISE, SHRINK, Waiter
+from yolo_cl.waiting import RISE, SHRINK, STEP, Waiter
 
 from boxes import same_detections
 
@@ -52,20 +52,21 @@ class Key:
 
 def waiter(clock: Clock, enabled: bool = True) -> Waiter:
     return Waiter(enabled, floor_s=0.002, share=0.8, clock=clock, sleep=clock.sleep,
-                  complete=lambda e: clock.now >= e.at)
+                  settled=lambda e: clock.now >= e.at - 1e-12)
 
 
-def test_first_wait_learns_then_sleeps_most_of_the_next():
+def test_first_wait_learns_then_sleeps_most_of_the_next_and_looks_in_steps():
     clock, key = Clock(), Key()
     w = waiter(clock)
     since = clock.now
     w.wait(Event(clock, since + 0.010), key, since)
     assert clock.sleeps == [] and w.predicted(key) == pytest.approx(0.010)
     since = clock.now
-    ev = Event(clock, since + 0.010)
+    ev = Event(clock, since + 0.0095)
     w.wait(ev, key, since)
-    assert clock.sleeps == [pytest.approx(0.008)] and ev.waited == 1 and w.slept == 1
-    assert clock.now == pytest.approx(since + 0.010)               # the driver's wait took the rest
+    # 80% of the prediction, then a tenth of it at a time until the event is over
+    assert clock.sleeps == pytest.approx([0.008, STEP * 0.010, STEP * 0.010]) and ev.waited == 1 and w.slept == 1
+    assert clock.now == pytest.approx(since + 0.010)
 
 
 def test_time_already_spent_since_the_enqueue_is_not_slept_again():
@@ -74,12 +75,12 @@ def test_time_already_spent_since_the_enqueue_is_not_slept_again():
     w.wait(Event(clock, clock.now + 0.010), key, clock.now)
     since = clock.now
     clock.now += 0.005                                              # the host did other work meanwhile
-    w.wait(Event(clock, since + 0.010), key, since)
+    w.wait(Event(clock, since + 0.008), key, since)
     assert clock.sleeps == [pytest.approx(0.003)]
     clock.now += 0.1
-    since = clock.now - 0.009                                       # past the share already: no sleep
-    w.wait(Event(clock, since + 0.010), key, since)
-    assert len(clock.sleeps) == 1
+    since, guess = clock.now - 0.009, w.predicted(key)             # past the share already: steps only
+    w.wait(Event(clock, since + 0.0095), key, since)
+    assert clock.sleeps[1:] == pytest.approx([STEP * guess]) and w.slept == 1
 
 
 def test_prediction_follows_the_short_waits():
@@ -91,7 +92,9 @@ def test_prediction_follows_the_short_waits():
     assert w.predicted(key) == pytest.approx(0.009)                 # a shorter wait replaces it at once
     since = clock.now
     w.wait(Event(clock, since + 0.014), key, since)
-    assert w.predicted(key) == pytest.approx(0.009 + RISE * 0.005)  # a longer one moves it up slowly
+    took = clock.now - since                                        # the step that saw it over
+    assert 0.014 <= took < 0.014 + STEP * 0.009 + 1e-9
+    assert w.predicted(key) == pytest.approx(0.009 + RISE * (took - 0.009))   # a longer one moves it up slowly
 
 
 def test_a_wait_over_on_waking_shrinks_the_prediction():
