@@ -147,6 +147,7 @@ def paired_latency(det, clients: dict, data: bytes, image: np.ndarray, seconds: 
     dl, cl = [], []
     per = {k: ([], []) for k in clients}
     buf = np.frombuffer(data, np.uint8)
+    path = detect_path(thresh)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds or len(dl) < 5:
         t = time.perf_counter()
@@ -157,7 +158,7 @@ def paired_latency(det, clients: dict, data: bytes, image: np.ndarray, seconds: 
         cl.append((time.perf_counter() - t) * 1000)
         for k, client in clients.items():
             t = time.perf_counter()
-            status, head, body = client.post(detect_path(thresh), data)
+            status, head, body = client.post(path, data)
             assert status == 200, body
             per[k][0].append((time.perf_counter() - t) * 1000)
             per[k][1].append(server_timing(head))
@@ -310,9 +311,10 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
                 proc, url = start_server(args, ray=kind == "ray")
                 servers[kind] = (proc, url, RawClient(url))
             pool = multiprocessing.get_context("spawn").Pool(args.client_procs)
-        det.detect_batch([image] * args.batch)
+        path = detect_path(args.thresh)
+        det.detect_batch([image] * args.batch, args.thresh)
         for _, url, _ in servers.values():
-            load(pool, args.client_procs, url, data, args.concurrency, 1.0, detect_path(args.thresh))   # warm-up
+            load(pool, args.client_procs, url, data, args.concurrency, 1.0, path)          # warm-up
         slice_s = args.seconds / args.rounds
         dn = dt = dcpu = 0
         dl, cl = [], []
@@ -334,8 +336,7 @@ def bench_requests(args, det, image: np.ndarray, data: bytes, skip: set, kinds: 
                 acc[k]["stages"] += stages
             for k, (proc, url, _) in servers.items():
                 c0 = process_cpu_s(proc.pid)
-                n, t, lat, b503, lost = load(pool, args.client_procs, url, data, args.concurrency, slice_s,
-                                       detect_path(args.thresh))
+                n, t, lat, b503, lost = load(pool, args.client_procs, url, data, args.concurrency, slice_s, path)
                 a_ = acc[k]
                 a_["cpu"] += process_cpu_s(proc.pid) - c0
                 a_["n"], a_["t"], a_["busy"] = a_["n"] + n, a_["t"] + t, a_["busy"] + b503

@@ -82,12 +82,15 @@ if has serve; then
     $DEV --json "$OUT/streams.json" > "$OUT/streams.log" 2>&1
   tail -n 30 "$OUT/serve.log"; tail -n 12 "$OUT/streams.log"
 fi
+serve_v3() {   # TIMEOUT WORKERS DEVICE-ARGS...: yolov3 416 fp16 served (random weights, no box passes)
+  timeout "$1" python3 tools/bench_serve.py --model models/cfg/yolov3.cfg --weights /tmp/w/yolov3.weights --thresh 1 \
+    --precision fp16 --size 416 --batch 8 --concurrency 96 --seconds 6 --rounds 2 --skip streams --workers "$2" \
+    --image models/images/dog.jpg "${@:3}"
+}
 if has scale; then
   echo "== scale ($NGPU GPUs, $(date +%T))"
   scale() {   # TAG DEVICES V3-WORKERS TINY-WORKERS ('-': none): serve and streams on DEVICES
-    timeout 150 python3 tools/bench_serve.py --model models/cfg/yolov3.cfg --weights /tmp/w/yolov3.weights --thresh 1 \
-      --precision fp16 --size 416 --batch 8 --concurrency 96 --seconds 6 --rounds 2 --skip streams --workers "$3" \
-      --image models/images/dog.jpg $2 --json "$OUT/scale-v3-$1.json" > "$OUT/scale-v3-$1.log" 2>&1
+    serve_v3 150 "$3" $2 --json "$OUT/scale-v3-$1.json" > "$OUT/scale-v3-$1.log" 2>&1
     [ "$4" != - ] && timeout 80 python3 tools/bench_serve.py --size 416 --batch 8 --concurrency 128 --seconds 6 --rounds 2 --skip streams \
       --workers "$4" --image models/images/dog.jpg $2 --json "$OUT/scale-tiny-$1.json" > "$OUT/scale-tiny-$1.log" 2>&1
     timeout 70 python3 tools/bench_serve.py --size 416 --streams 8 --device-processes --skip detector,serve \
@@ -102,9 +105,7 @@ if has wait; then
   echo "== wait ($(date +%T))"
   DEV="--device 0:0"; [ "$NGPU" -ge 2 ] && DEV="--devices all"
   for w in spin sleep spin sleep; do
-    YOLO_CL_WAIT=$w timeout 120 python3 tools/bench_serve.py --model models/cfg/yolov3.cfg --weights /tmp/w/yolov3.weights \
-      --thresh 1 --precision fp16 --size 416 --batch 8 --concurrency 96 --seconds 6 --rounds 2 --skip streams \
-      --workers $((4 * NGPU)) --image models/images/dog.jpg $DEV > "/tmp/wait-$w.log" 2>&1
+    YOLO_CL_WAIT=$w serve_v3 120 $((4 * NGPU)) $DEV > "/tmp/wait-$w.log" 2>&1
     grep -h "detect_batch x\|POST /detect x\|\[server\]" "/tmp/wait-$w.log" | sed "s/^/[YOLO_CL_WAIT=$w] /"
     cat "/tmp/wait-$w.log" >> "$OUT/wait.log"
   done
@@ -121,12 +122,11 @@ if has split; then
   echo "== split ($(date +%T))"
   for round in 1 2; do
     for sum in launch kernel; do
-      m=yolov3
-      YOLO_CL_MMA_SPLIT_SUM=$sum timeout 60 python3 -m yolo_cl bench $m --precision fp16 --size 416 --device 0:0 \
-        --repeat 20 --peak 63600 --weights /tmp/w/$m.weights > "/tmp/split-$m-$sum.txt" 2>&1
-      grep -h "device time\|end to end\|launches per" "/tmp/split-$m-$sum.txt" | sed "s/^/[$m fp16, split sum: $sum, round $round] /"
+      YOLO_CL_MMA_SPLIT_SUM=$sum timeout 60 python3 -m yolo_cl bench yolov3 --precision fp16 --size 416 --device 0:0 \
+        --repeat 20 --peak 63600 --weights /tmp/w/yolov3.weights > "/tmp/split-$sum.txt" 2>&1
+      grep -h "device time\|end to end\|launches per" "/tmp/split-$sum.txt" | sed "s/^/[yolov3 fp16, split sum: $sum, round $round] /"
     done
   done
-  cat /tmp/split-*.txt > "$OUT/split.txt"
+  cat /tmp/split-launch.txt /tmp/split-kernel.txt > "$OUT/split.txt"
 fi
 echo "== done ($(date +%T))"
