@@ -21,7 +21,7 @@ from typing import Optional
 from .executor import batch_bucket
 from .kernels.decode import NMS_KINDS, DeviceDecoder
 from .kernels.preprocess import DevicePreprocess
-from .waiting import Waiter, wanted as sleeping_waits
+from .waiting import Waiter, wanted as wait_mode
 
 SLOTS = 3
 
@@ -64,7 +64,7 @@ class DevicePath:
         self._busy: dict = {}            # slot -> (Pending, _Part) not yet collected
         self._next = 0
         self._lock = detector._lock      # one lock per queue: no interleaved enqueues from threads
-        self.waiter = Waiter(sleeping_waits())
+        self.waiter = Waiter(wait_mode())
 
     def decoder(self, executor) -> Optional[DeviceDecoder]:
         """The decoder bound to ``executor``'s heads (None when the host decodes)."""

@@ -12,16 +12,23 @@ latency than the spin costs CPU.
 
 The prediction follows the short end of what was seen: a shorter wait replaces it at once, a
 longer one moves it up by an eighth of the difference, and a wait found already over on waking
-(the sleep may have been too long) shrinks it. Off unless ``YOLO_CL_WAIT=sleep``.
+(the sleep may have been too long) shrinks it.
+
+``YOLO_CL_WAIT=callback`` instead asks the driver to call back when the event completes
+(``clSetEventCallback``) and blocks on a ``threading.Event`` until then: no prediction and no
+polling, but the wake-up costs whatever the driver's callback delivery costs. Neither is on
+unless asked for; ``YOLO_CL_WAIT=driver`` (the default) leaves every wait to the driver.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from typing import Callable
 
-WAIT_ENV = "YOLO_CL_WAIT"        # "sleep": sleep through most of a predictable wait
+WAIT_ENV = "YOLO_CL_WAIT"        # "driver" (default), "sleep" or "callback"
+MODES = ("driver", "sleep", "callback")
 FLOOR_S = 0.002                  # shorter predicted waits are left to the driver alone
 SHARE = 0.8                      # the part of the predicted wait slept through
 RISE = 0.125                     # how far a longer wait moves the prediction up
@@ -29,9 +36,10 @@ SHRINK = 0.8                     # the prediction after a wait found over on wak
 STEP = 0.1                       # after the first sleep, look again every this share of the prediction
 
 
-def wanted() -> bool:
-    """Whether ``YOLO_CL_WAIT`` asks for sleeping waits."""
-    return os.environ.get(WAIT_ENV, "").strip().lower() == "sleep"
+def wanted() -> str:
+    """The wait mode ``YOLO_CL_WAIT`` asks for (one of ``MODES``; unknown values: the driver's)."""
+    mode = os.environ.get(WAIT_ENV, "").strip().lower()
+    return mode if mode in MODES else "driver"
 
 
 def _settled(event) -> bool:
@@ -40,18 +48,30 @@ def _settled(event) -> bool:
     return event.command_execution_status <= cl.command_execution_status.COMPLETE
 
 
-class Waiter:
-    """Waits for OpenCL events, each keyed by what it waits for (an executor): when ``enabled``
-    and the wait predicted for that key is long enough, sleeping through ``share`` of it, then
-    looking every ``STEP`` of it until the event is over, before the driver's wait."""
+def _on_complete(event, fn: Callable[[], None]) -> None:
+    """Have the driver call ``fn`` once ``event`` completes (or fails)."""
+    import pyopencl as cl
+    event.set_callback(cl.command_execution_status.COMPLETE, lambda status: fn())
 
-    def __init__(self, enabled: bool, floor_s: float = FLOOR_S, share: float = SHARE,
+
+class Waiter:
+    """Waits for OpenCL events, each keyed by what it waits for (an executor). Mode ``sleep``:
+    when the wait predicted for that key is long enough, sleeping through ``share`` of it, then
+    looking every ``STEP`` of it until the event is over, before the driver's wait. Mode
+    ``callback``: blocking until the driver's completion callback. Mode ``driver``: the driver's
+    wait alone."""
+
+    def __init__(self, mode: str = "driver", floor_s: float = FLOOR_S, share: float = SHARE,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 settled: Callable[[object], bool] = _settled) -> None:
-        self.enabled, self.floor_s, self.share = enabled, floor_s, share
-        self._clock, self._sleep, self._settled = clock, sleep, settled
+                 settled: Callable[[object], bool] = _settled,
+                 on_complete: Callable[[object, Callable[[], None]], None] = _on_complete) -> None:
+        if mode not in MODES:
+            raise ValueError(f"wait mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.mode, self.floor_s, self.share = mode, floor_s, share
+        self._clock, self._sleep, self._settled, self._on_complete = clock, sleep, settled, on_complete
         self._predicted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.slept = 0                   # waits that began with a sleep (for tests and benchmarks)
+        self.called_back = 0             # waits ended by the driver's callback
 
     def predicted(self, key) -> float:
         """The wait predicted for ``key`` in seconds (0 before the first)."""
@@ -59,8 +79,11 @@ class Waiter:
 
     def wait(self, event, key, since: float) -> None:
         """Return once ``event`` is complete; ``since`` is when its work was enqueued (``clock``)."""
+        if self.mode == "callback":
+            self._wait_for_callback(event)
+            return
         guess = self._predicted.get(key)
-        if self.enabled and guess is not None and guess >= self.floor_s:
+        if self.mode == "sleep" and guess is not None and guess >= self.floor_s:
             left = since + self.share * guess - self._clock()
             if left > 0:
                 self.slept += 1
@@ -74,3 +97,14 @@ class Waiter:
         event.wait()
         took = self._clock() - since
         self._predicted[key] = took if guess is None or took < guess else guess + RISE * (took - guess)
+
+    def _wait_for_callback(self, event) -> None:
+        """Block until the driver calls back that ``event`` is over; a callback that never comes
+        (a driver that drops it) only costs a look at the event every 50 ms."""
+        if not self._settled(event):
+            done = threading.Event()
+            self._on_complete(event, done.set)
+            while not done.wait(0.05) and not self._settled(event):
+                pass
+            self.called_back += done.is_set()
+        event.wait()

@@ -1,8 +1,9 @@
-"""``waiting.Waiter``: sleeping through most of a predictable device wait (``YOLO_CL_WAIT=sleep``).
+"""``waiting.Waiter``: sleeping through most of a predictable device wait (``YOLO_CL_WAIT=sleep``),
+or blocking until the driver's completion callback (``YOLO_CL_WAIT=callback``).
 
-The prediction and the sleeps are checked on a fake clock and fake events; then the real
-network on the device path with sleeping waits gives the same detections as the driver's wait,
-and its waits did sleep.
+The prediction, the sleeps and the callback's hand-off are checked on a fake clock and fake
+events; then the real network on the device path with each mode gives the same detections as
+the driver's wait, and its waits did sleep / were called back.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import cv2
 import pytest
 
 from yolo_cl import Detector
-from yolo_cl.waiting import RISE, SHRINK, STEP, Waiter
+from yolo_cl.waiting import RISE, SHRINK, STEP, Waiter, wanted
 
 from boxes import same_detections
 
@@ -50,8 +51,8 @@ class Key:
     """A weak-referenceable stand-in for an executor."""
 
 
-def waiter(clock: Clock, enabled: bool = True) -> Waiter:
-    return Waiter(enabled, floor_s=0.002, share=0.8, clock=clock, sleep=clock.sleep,
+def waiter(clock: Clock, mode: str = "sleep") -> Waiter:
+    return Waiter(mode, floor_s=0.002, share=0.8, clock=clock, sleep=clock.sleep,
                   settled=lambda e: clock.now >= e.at - 1e-12)
 
 
@@ -117,7 +118,7 @@ def test_short_waits_unknown_keys_and_a_disabled_waiter_never_sleep():
         w.wait(Event(clock, since + 0.001), key, since)
     since = clock.now
     w.wait(Event(clock, since + 0.010), Key(), since)                # a key seen for the first time
-    off = waiter(clock, enabled=False)
+    off = waiter(clock, mode="driver")
     for _ in range(3):
         since = clock.now
         off.wait(Event(clock, since + 0.010), key, since)
@@ -125,17 +126,63 @@ def test_short_waits_unknown_keys_and_a_disabled_waiter_never_sleep():
     assert off.predicted(key) == pytest.approx(0.010)
 
 
-def test_detect_with_sleeping_waits_gives_the_same_detections(monkeypatch):
-    """The real network on the device path: the driver's wait and sleeping waits give the same
-    detections on every shared image, a batch too, and the sleeping detector did sleep."""
+def test_callback_mode_blocks_until_the_driver_calls_back():
+    """The waiting thread blocks on the callback, which a driver thread delivers later; an event
+    over before the wait asks for no callback; a callback that never comes still ends the wait."""
+    import threading
+    asked: list = []
+
+    class Real:
+        def __init__(self) -> None:
+            self.over, self.waited = False, 0
+
+        def wait(self) -> None:
+            self.waited += 1
+
+    def later(event, fn) -> None:            # the driver: completes the event on another thread
+        asked.append(event)
+
+        def fire() -> None:
+            event.over = True
+            fn()
+        threading.Timer(0.02, fire).start()
+
+    w = Waiter("callback", settled=lambda e: e.over, on_complete=later)
+    ev = Real()
+    w.wait(ev, Key(), 0.0)
+    assert ev.over and ev.waited == 1 and asked == [ev] and w.called_back == 1
+    done = Real()
+    done.over = True
+    w.wait(done, Key(), 0.0)
+    assert asked == [ev] and done.waited == 1 and w.called_back == 1
+    silent = Real()
+    threading.Timer(0.08, lambda: setattr(silent, "over", True)).start()
+    Waiter("callback", settled=lambda e: e.over, on_complete=lambda e, fn: None).wait(silent, Key(), 0.0)
+    assert silent.over and silent.waited == 1
+
+
+def test_the_mode_comes_from_the_environment(monkeypatch):
+    for value, mode in (("sleep", "sleep"), (" Callback ", "callback"), ("driver", "driver"), ("", "driver"),
+                        ("spin", "driver")):
+        monkeypatch.setenv("YOLO_CL_WAIT", value)
+        assert wanted() == mode
+    with pytest.raises(ValueError):
+        Waiter("spin")
+
+
+@pytest.mark.parametrize("mode", ["sleep", "callback"])
+def test_detect_with_each_wait_mode_gives_the_same_detections(monkeypatch, mode):
+    """The real network on the device path: the driver's wait and the mode's give the same
+    detections on every shared image, a batch too, and the mode's own wait did happen."""
     frames = [cv2.imread(str(p)) for p in IMAGES]
     plain = Detector("yolov3-tiny", input_size=160, device_preprocess=True, device_decode=True)
-    monkeypatch.setenv("YOLO_CL_WAIT", "sleep")
-    sleepy = Detector("yolov3-tiny", input_size=160, device_preprocess=True, device_decode=True)
+    monkeypatch.setenv("YOLO_CL_WAIT", mode)
+    other = Detector("yolov3-tiny", input_size=160, device_preprocess=True, device_decode=True)
     for _ in range(2):                                               # the second round has predictions
         for img in frames:
-            assert same_detections(sleepy.detect(img), plain.detect(img))
-        for got, want in zip(sleepy.detect_batch(frames), plain.detect_batch(frames)):
+            assert same_detections(other.detect(img), plain.detect(img))
+        for got, want in zip(other.detect_batch(frames), plain.detect_batch(frames)):
             assert same_detections(got, want)
-    assert sleepy._device_path.waiter.slept > 0
-    assert plain._device_path.waiter.slept == 0
+    ours = other._device_path.waiter
+    assert (ours.slept if mode == "sleep" else ours.called_back) > 0
+    assert plain._device_path.waiter.slept == plain._device_path.waiter.called_back == 0

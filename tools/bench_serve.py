@@ -229,15 +229,29 @@ async def _clients(url: str, data: bytes, clients: int, start: float, end: float
     connection reset or closed before their answer, after which the client connects again)."""
     host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
     req = request_bytes(path, data)
-    lat, counts = [], {"busy": 0, "other": 0, "lost": 0}
+    lat, counts = [], {"busy": 0, "other": 0, "lost": 0, "why": []}
 
     async def connect() -> tuple:
         reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return reader, writer
 
+    async def reconnect() -> tuple:
+        """A new connection; a refused or reset one counts as lost and is tried again."""
+        while True:
+            try:
+                return await connect()
+            except ConnectionError:
+                lost(f"connect refused/reset at {time.time() - start:+.2f} s")
+                await asyncio.sleep(0.01)
+
+    def lost(why: str) -> None:
+        counts["lost"] += 1
+        if len(counts["why"]) < 5:
+            counts["why"].append(why)
+
     async def one() -> None:
-        reader, writer = await connect()
+        reader, writer = await reconnect()
         await asyncio.sleep(max(0.0, start - time.time()))
         try:
             while time.time() < end:
@@ -246,10 +260,10 @@ async def _clients(url: str, data: bytes, clients: int, start: float, end: float
                     writer.write(req)
                     head = await reader.readuntil(b"\r\n\r\n")
                     await reader.readexactly(content_length(head))
-                except (ConnectionError, asyncio.IncompleteReadError):
-                    counts["lost"] += 1
+                except (ConnectionError, asyncio.IncompleteReadError) as e:
+                    lost(f"{type(e).__name__} at {time.time() - start:+.2f} s")
                     writer.close()
-                    reader, writer = await connect()
+                    reader, writer = await reconnect()
                     continue
                 status = int(head[9:12])
                 if time.time() > end:
@@ -264,6 +278,9 @@ async def _clients(url: str, data: bytes, clients: int, start: float, end: float
             writer.close()
 
     await asyncio.gather(*(one() for _ in range(clients)))
+    if counts["why"]:
+        print(f"lost requests (first {len(counts['why'])}, time from the load's start): {'; '.join(counts['why'])}",
+              file=sys.stderr, flush=True)
     return lat, counts["busy"], counts["other"], counts["lost"]
 
 

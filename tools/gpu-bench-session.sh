@@ -20,8 +20,9 @@
 #          416 fp16 (random weights, --thresh 1: device-bound) and yolov3-tiny 416 (real weights);
 #   split  yolov3 416 fp16 with split-K sums in a second launch (the default) and inside
 #          the GEMM launch (YOLO_CL_MMA_SPLIT_SUM=kernel), alternating (issue 17);
-#   wait   yolov3 416 fp16 served with 4 workers per GPU on every GPU, the driver's waits against
-#          YOLO_CL_WAIT=sleep (engine/waiting.py), and detect_batch's CPU per image each way;
+#   wait   yolov3 416 fp16 served with 4 workers per GPU on every GPU with each YOLO_CL_WAIT mode
+#          (engine/waiting.py: driver, sleep, callback; WAIT_MODES narrows them), and detect_batch's
+#          CPU per image each way; a later scale phase in the same call runs with the best mode;
 #   tests  the GPU-path tests (launches, device pre/post-processing and NMS, frames in flight,
 #          staging, Fleet) with ../shared's images and clip made from .bench/.
 # HOST_MODELS and HOST_VIDEO (default: the clip played 6 times) narrow the host phase.
@@ -87,6 +88,20 @@ serve_v3() {   # TIMEOUT WORKERS DEVICE-ARGS...: yolov3 416 fp16 served (random 
     --precision fp16 --size 416 --batch 8 --concurrency 96 --seconds 6 --rounds 2 --skip streams --workers "$2" \
     --image models/images/dog.jpg "${@:3}"
 }
+if has wait; then
+  echo "== wait ($(date +%T))"
+  DEV="--device 0:0"; [ "$NGPU" -ge 2 ] && DEV="--devices all"
+  for w in ${WAIT_MODES:-driver sleep callback}; do
+    YOLO_CL_WAIT=$w serve_v3 120 $((4 * NGPU)) $DEV > "/tmp/wait-$w.log" 2>&1
+    grep -h "detect_batch x\|POST /detect x\|\[server\]\|lost" "/tmp/wait-$w.log" | sed "s/^/[YOLO_CL_WAIT=$w] /"
+    cat "/tmp/wait-$w.log" >> "$OUT/wait.log"
+  done
+  # the scale phase then runs with the mode that served the most images a second
+  BEST=$(for w in ${WAIT_MODES:-driver sleep callback}; do
+    echo "$(grep -o 'POST /detect x[0-9]* clients.*: [0-9.]* img/s' "/tmp/wait-$w.log" | grep -o '[0-9.]* img/s' | tail -n 1 | cut -d' ' -f1) $w"
+  done | sort -g | tail -n 1 | cut -d' ' -f2)
+  [ -n "$BEST" ] && export YOLO_CL_WAIT=$BEST && echo "[wait] the scale phase runs with YOLO_CL_WAIT=$BEST"
+fi
 if has scale; then
   echo "== scale ($NGPU GPUs, $(date +%T))"
   scale() {   # TAG DEVICES V3-WORKERS TINY-WORKERS ('-': none): serve and streams on DEVICES
@@ -96,26 +111,17 @@ if has scale; then
     timeout 70 python3 tools/bench_serve.py --size 416 --streams 8 --device-processes --skip detector,serve \
       --clip .bench/library1.mp4 --clip-repeat 4 --image models/images/dog.jpg $2 --json "$OUT/scale-streams-$1.json" \
       > "$OUT/scale-streams-$1.log" 2>&1
-    grep -h "detect_batch x\|POST /detect x\|streams (" "$OUT"/scale-*-"$1".log | sed "s/^/[$1] /"
+    grep -h "detect_batch x\|POST /detect x\|streams (\|\[server\]\|lost" "$OUT"/scale-*-"$1".log | sed "s/^/[$1] /"
   }
-  scale one "--device 0:0" 1,4 -
+  scale one "--device 0:0" "${SCALE_ONE_WORKERS:-4}" -
   [ "$NGPU" -ge 2 ] && scale all "--devices all" $((4 * NGPU)) $((8 * NGPU))
-fi
-if has wait; then
-  echo "== wait ($(date +%T))"
-  DEV="--device 0:0"; [ "$NGPU" -ge 2 ] && DEV="--devices all"
-  for w in spin sleep spin sleep; do
-    YOLO_CL_WAIT=$w serve_v3 120 $((4 * NGPU)) $DEV > "/tmp/wait-$w.log" 2>&1
-    grep -h "detect_batch x\|POST /detect x\|\[server\]" "/tmp/wait-$w.log" | sed "s/^/[YOLO_CL_WAIT=$w] /"
-    cat "/tmp/wait-$w.log" >> "$OUT/wait.log"
-  done
 fi
 if has tests; then
   echo "== tests ($(date +%T))"
   mkdir -p ../shared/videos && cp -r .bench/images ../shared/ && cp .bench/library1.mp4 ../shared/videos/
   YOLO_CL_DEVICE=0:0 timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -x -p no:cacheprovider tests/test_launch.py \
     tests/test_device_nms.py tests/test_device_prepost.py tests/test_inflight.py tests/test_staging.py \
-    tests/test_fleet.py > "$OUT/tests.log" 2>&1
+    tests/test_fleet.py tests/test_waiting.py > "$OUT/tests.log" 2>&1
   tail -n 8 "$OUT/tests.log"
 fi
 if has split; then
