@@ -273,6 +273,25 @@ def server_timing(marks: list, batch: int, inline: bool = False) -> str:
 
 
 # -- the application ------------------------------------------------------------------------------
+class FailureLog:
+    """One stderr line per request the server failed (a 500), so an operator sees why; under a
+    storm of them at most one line a second, with how many were not shown."""
+
+    def __init__(self, out=None, every_s: float = 1.0, clock=time.monotonic) -> None:
+        self.out, self.every_s, self.clock = out, every_s, clock
+        self.last = -float("inf")
+        self.unshown = 0
+
+    def note(self, what: str) -> None:
+        now = self.clock()
+        if now - self.last < self.every_s:
+            self.unshown += 1
+            return
+        more = f" ({self.unshown} more failed since the last line)" if self.unshown else ""
+        print(f"yolo-cl serve: {' '.join(what.split())}{more}", file=self.out or sys.stderr, flush=True)
+        self.last, self.unshown = now, 0
+
+
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
 
@@ -435,6 +454,7 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
     # Requests past this are answered 503 before their body is read: queue + one batch per device.
     max_in_flight = fleet.max_queue + sum(b.max_batch for b in fleet.batchers)
     counter = {"n": 0}
+    failures = FailureLog()
     jpeg_cache: dict = {}                  # stream id -> (seq, jpeg bytes)
     jpeg_lock = threading.Lock()
 
@@ -448,6 +468,9 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
             resp = await _detect(request, t0)
         except HTTPException as e:
             resp = error_response(e.status_code, e.detail)
+        except Exception as e:               # noqa: BLE001 - answered here, so the connection stays open
+            failures.note(f"POST /detect: {type(e).__name__}: {e}")
+            resp = error_response(500, f"internal error: {type(e).__name__}")
         finally:
             metrics.in_flight -= 1
         metrics.count(resp.status_code)
@@ -475,6 +498,7 @@ def build_app(fleet: Fleet, limits: Optional[Limits] = None, metrics: Optional[M
         except asyncio.TimeoutError:
             return error_response(504, f"no answer within {limits.timeout:g} s")
         except YoloClError as e:
+            failures.note(f"POST /detect: {e}")
             return error_response(500, str(e))
         counter["n"] += 1
         h, w = image.shape[:2]

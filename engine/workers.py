@@ -9,6 +9,12 @@ SO_REUSEPORT, so the kernel spreads new connections over the workers. Worker 0 a
 ``--source`` streams; the others pass ``GET /streams...`` to it over a Unix socket, and whichever
 worker is asked ``GET /metrics`` gathers every worker's figures (label ``worker``).
 
+Several workers share each device, so a thread that spins in the driver's wait (NVIDIA's does,
+for as long as the device works) takes a core the others' JPEG decodes need: workers wait by
+sleeping through most of a predictable wait (``YOLO_CL_WAIT=sleep``, ``engine/waiting.py``)
+unless ``YOLO_CL_WAIT`` says otherwise. On two H100s that cut the server's CPU from 11.9 to
+7.0 ms an image at the same or better throughput (BENCHMARKS.md, "Eleventh GPU session").
+
 A worker listens only once its executors are built. One that dies is started again (after a
 pause that grows while it keeps dying young); SIGTERM and SIGINT stop every worker and end
 the supervisor (exit status 0 and 130, as the single-process server).
@@ -171,6 +177,14 @@ def _end_with_parent() -> None:
     threading.Thread(target=watch, name="yolo-cl-parent-watch", daemon=True).start()
 
 
+def worker_environment(plan: WorkerPlan, environ=os.environ) -> None:
+    """What a worker sets in its own environment before building its Detector: sleeping device
+    waits when there are several workers, unless the user chose a wait mode."""
+    from .waiting import WAIT_ENV
+    if plan.workers > 1:
+        environ.setdefault(WAIT_ENV, "sleep")
+
+
 def worker_main(plan: WorkerPlan, index: int, conn) -> None:
     """A worker process: its Detector and Fleet, worker 0's streams, then uvicorn on the shared
     port and its own Unix socket until SIGTERM/SIGINT."""
@@ -181,6 +195,7 @@ def worker_main(plan: WorkerPlan, index: int, conn) -> None:
     from .serve import Peers, build_app, listen, run_app
     sock = unix = fleet = None
     _end_with_parent()
+    worker_environment(plan)
     try:
         with routed(False):
             try:

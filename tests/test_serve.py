@@ -317,3 +317,70 @@ def test_page_in_a_browser_shows_the_stream_updating(server):
         assert "stream(s)" in b.find_element(By.ID, "total").text
     finally:
         b.quit()
+
+
+# -- a request the server fails ------------------------------------------------------------------
+def test_a_failed_batch_is_a_500_on_an_open_connection_and_one_stderr_line(capsys):
+    """A batch that raises (here a RuntimeError, as a driver failure would) answers each of its
+    requests a one-line JSON 500 on the same keep-alive connection (uvicorn closes a connection
+    whose request escaped the app), and the server writes one line saying what failed; the
+    next request is answered normally."""
+    import socket as socketlib
+    import uvicorn
+    from yolo_cl import Detector
+    from yolo_cl.fleet import Fleet
+    from yolo_cl.serve import build_app, listen
+
+    det = Detector("yolov3-tiny", input_size=SIZE)
+    real = det.detect_batch
+    fails = {"left": 1}
+
+    def sometimes(*a, **k):
+        if fails["left"]:
+            fails["left"] -= 1
+            raise RuntimeError("clEnqueueNDRangeKernel failed: OUT_OF_RESOURCES")
+        return real(*a, **k)
+    det.detect_batch = sometimes
+    fleet = Fleet([det], max_batch=2)
+    sock = listen("127.0.0.1", 0)
+    sock.listen(16)
+    server = uvicorn.Server(uvicorn.Config(build_app(fleet), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        data = DOG.read_bytes()
+        req = (f"POST /detect HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+        with socketlib.create_connection(sock.getsockname()) as conn:
+            answers = []
+            for _ in range(2):
+                conn.sendall(req)
+                f = conn.makefile("rb")
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    head += f.read(1)
+                length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+                answers.append((int(head[9:12]), json.loads(f.read(length))))
+        (s500, err), (s200, ok) = answers
+        assert s500 == 500 and err == {"error": "internal error: RuntimeError"}
+        assert s200 == 200 and isinstance(ok["objects"], list)
+        lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("yolo-cl serve:")]
+        assert lines == ["yolo-cl serve: POST /detect: RuntimeError: clEnqueueNDRangeKernel failed: OUT_OF_RESOURCES"]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        fleet.close()
+        sock.close()
+
+
+def test_failure_log_keeps_to_a_line_a_second():
+    import io
+    from yolo_cl.serve import FailureLog
+    now = [0.0]
+    out = io.StringIO()
+    log = FailureLog(out, clock=lambda: now[0])
+    for t, what in ((0.0, "a"), (0.3, "b"), (0.6, "c"), (1.2, "d"), (1.5, "e\nsecond line")):
+        now[0] = t
+        log.note(what)
+    assert out.getvalue().splitlines() == ["yolo-cl serve: a", "yolo-cl serve: d (2 more failed since the last line)"]

@@ -170,3 +170,19 @@ def test_workers_end_when_the_supervisor_is_killed():
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(p) for p in pids), "orphaned workers kept running"
+
+
+def test_several_workers_wait_by_sleeping_unless_told_otherwise():
+    from yolo_cl.waiting import Waiter, wanted
+    from yolo_cl.workers import WorkerPlan, worker_environment
+    for n, env, want in ((2, {}, "sleep"), (1, {}, None), (4, {"YOLO_CL_WAIT": "driver"}, "driver"),
+                         (4, {"YOLO_CL_WAIT": "callback"}, "callback")):
+        environ = dict(env)
+        worker_environment(WorkerPlan(detector={}, devices=["0:0"], workers=n), environ)
+        assert environ.get("YOLO_CL_WAIT") == want
+    os.environ.pop("YOLO_CL_WAIT", None)
+    worker_environment(WorkerPlan(detector={}, devices=["0:0"], workers=2))
+    try:
+        assert wanted() == "sleep" and Waiter(wanted()).mode == "sleep"
+    finally:
+        os.environ.pop("YOLO_CL_WAIT", None)

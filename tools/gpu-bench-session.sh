@@ -16,13 +16,15 @@
 #   serve  tools/bench_serve.py: detect_batch against serve --workers 1,2,4,8 at batch 8, then
 #          4 streams; on every device where there are two (issue 23).
 #   scale  one GPU against every GPU, same load per device (issue 20's two-device target): serve
-#          --workers 4 per device and 8 file streams through one process per device, for yolov3
-#          416 fp16 (random weights, --thresh 1: device-bound) and yolov3-tiny 416 (real weights);
+#          --workers 4 per device (96 clients per device) for yolov3 416 fp16 (random weights,
+#          --thresh 1: device-bound), yolov3-tiny 416 (real weights, 8 workers per device) on every
+#          GPU, and 8 file streams through one process per device; YOLO_CL_WAIT as set (default:
+#          the servers' own), SCALE_NO_STREAMS=1 leaves the streams out;
 #   split  yolov3 416 fp16 with split-K sums in a second launch (the default) and inside
 #          the GEMM launch (YOLO_CL_MMA_SPLIT_SUM=kernel), alternating (issue 17);
 #   wait   yolov3 416 fp16 served with 4 workers per GPU on every GPU with each YOLO_CL_WAIT mode
 #          (engine/waiting.py: driver, sleep, callback; WAIT_MODES narrows them), and detect_batch's
-#          CPU per image each way; a later scale phase in the same call runs with the best mode;
+#          CPU per image each way;
 #   tests  the GPU-path tests (launches, device pre/post-processing and NMS, frames in flight,
 #          staging, Fleet) with ../shared's images and clip made from .bench/.
 # HOST_MODELS and HOST_VIDEO (default: the clip played 6 times) narrow the host phase.
@@ -83,38 +85,35 @@ if has serve; then
     $DEV --json "$OUT/streams.json" > "$OUT/streams.log" 2>&1
   tail -n 30 "$OUT/serve.log"; tail -n 12 "$OUT/streams.log"
 fi
-serve_v3() {   # TIMEOUT WORKERS DEVICE-ARGS...: yolov3 416 fp16 served (random weights, no box passes)
+serve_v3() {   # TIMEOUT WORKERS CLIENTS DEVICE-ARGS...: yolov3 416 fp16 served (random weights, no box passes)
   timeout "$1" python3 tools/bench_serve.py --model models/cfg/yolov3.cfg --weights /tmp/w/yolov3.weights --thresh 1 \
-    --precision fp16 --size 416 --batch 8 --concurrency 96 --seconds 6 --rounds 2 --skip streams --workers "$2" \
-    --image models/images/dog.jpg "${@:3}"
+    --precision fp16 --size 416 --batch 8 --concurrency "$3" --seconds 6 --rounds 2 --skip streams --workers "$2" \
+    --image models/images/dog.jpg "${@:4}"
 }
 if has wait; then
   echo "== wait ($(date +%T))"
   DEV="--device 0:0"; [ "$NGPU" -ge 2 ] && DEV="--devices all"
   for w in ${WAIT_MODES:-driver sleep callback}; do
-    YOLO_CL_WAIT=$w serve_v3 120 $((4 * NGPU)) $DEV > "/tmp/wait-$w.log" 2>&1
+    YOLO_CL_WAIT=$w serve_v3 120 $((4 * NGPU)) $((96 * NGPU)) $DEV > "/tmp/wait-$w.log" 2>&1
     grep -h "detect_batch x\|POST /detect x\|\[server\]\|lost" "/tmp/wait-$w.log" | sed "s/^/[YOLO_CL_WAIT=$w] /"
     cat "/tmp/wait-$w.log" >> "$OUT/wait.log"
   done
-  # the scale phase then runs with the mode that served the most images a second
-  BEST=$(for w in ${WAIT_MODES:-driver sleep callback}; do
-    echo "$(grep -o 'POST /detect x[0-9]* clients.*: [0-9.]* img/s' "/tmp/wait-$w.log" | grep -o '[0-9.]* img/s' | tail -n 1 | cut -d' ' -f1) $w"
-  done | sort -g | tail -n 1 | cut -d' ' -f2)
-  [ -n "$BEST" ] && export YOLO_CL_WAIT=$BEST && echo "[wait] the scale phase runs with YOLO_CL_WAIT=$BEST"
 fi
 if has scale; then
-  echo "== scale ($NGPU GPUs, $(date +%T))"
-  scale() {   # TAG DEVICES V3-WORKERS TINY-WORKERS ('-': none): serve and streams on DEVICES
-    serve_v3 150 "$3" $2 --json "$OUT/scale-v3-$1.json" > "$OUT/scale-v3-$1.log" 2>&1
-    [ "$4" != - ] && timeout 80 python3 tools/bench_serve.py --size 416 --batch 8 --concurrency 128 --seconds 6 --rounds 2 --skip streams \
-      --workers "$4" --image models/images/dog.jpg $2 --json "$OUT/scale-tiny-$1.json" > "$OUT/scale-tiny-$1.log" 2>&1
-    timeout 70 python3 tools/bench_serve.py --size 416 --streams 8 --device-processes --skip detector,serve \
-      --clip .bench/library1.mp4 --clip-repeat 4 --image models/images/dog.jpg $2 --json "$OUT/scale-streams-$1.json" \
-      > "$OUT/scale-streams-$1.log" 2>&1
-    grep -h "detect_batch x\|POST /detect x\|streams (\|\[server\]\|lost" "$OUT"/scale-*-"$1".log | sed "s/^/[$1] /"
+  echo "== scale ($NGPU GPUs, YOLO_CL_WAIT=${YOLO_CL_WAIT:-default}, $(date +%T))"
+  scale() {   # TAG DEVICES V3-WORKERS TINY-WORKERS ('-': none) DEVICES-COUNT: serve and streams on DEVICES
+    local tag="$1-${YOLO_CL_WAIT:-default}"
+    serve_v3 150 "$3" $((96 * $5)) $2 --json "$OUT/scale-v3-$tag.json" > "$OUT/scale-v3-$tag.log" 2>&1
+    [ "$4" != - ] && timeout 80 python3 tools/bench_serve.py --size 416 --batch 8 --concurrency $((64 * $5)) --seconds 6 \
+      --rounds 2 --skip streams --workers "$4" --image models/images/dog.jpg $2 --json "$OUT/scale-tiny-$tag.json" \
+      > "$OUT/scale-tiny-$tag.log" 2>&1
+    [ -z "${SCALE_NO_STREAMS:-}" ] && timeout 70 python3 tools/bench_serve.py --size 416 --streams 8 --device-processes \
+      --skip detector,serve --clip .bench/library1.mp4 --clip-repeat 4 --image models/images/dog.jpg $2 \
+      --json "$OUT/scale-streams-$tag.json" > "$OUT/scale-streams-$tag.log" 2>&1
+    grep -h "detect_batch x\|POST /detect x\|streams (\|\[server\]\|lost" "$OUT"/scale-*-"$tag".log | sed "s/^/[$tag] /"
   }
-  scale one "--device 0:0" "${SCALE_ONE_WORKERS:-4}" -
-  [ "$NGPU" -ge 2 ] && scale all "--devices all" $((4 * NGPU)) $((8 * NGPU))
+  scale one "--device 0:0" "${SCALE_ONE_WORKERS:-4}" - 1
+  [ "$NGPU" -ge 2 ] && scale all "--devices all" $((4 * NGPU)) $((8 * NGPU)) "$NGPU"
 fi
 if has tests; then
   echo "== tests ($(date +%T))"
