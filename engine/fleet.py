@@ -33,6 +33,7 @@ import numpy as np
 from .darknet_json import json_frame
 from .errors import YoloClError
 from .executor import batch_bucket
+from .noise import for_children
 from .preprocess import check_image
 
 EVENT_RING = 256          # per-frame events a stream keeps for slow readers
@@ -728,7 +729,8 @@ class ProcessFleet:
             conn, child = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_device_main, name=f"yolo-cl-device-{k}",
                                args=(self.detector_opts, self.devices[k], k, plan, self.interval, child))
-            proc.start()
+            with for_children():            # the process's own messages reach the real stderr
+                proc.start()
             child.close()
             self._procs.append((k, proc, conn))
 

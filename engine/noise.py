@@ -6,6 +6,9 @@ libraries raise warnings (NumPy's RuntimeWarning on an overflow). While :func:`r
 active, descriptor 2 points at ``/dev/null`` and ``sys.stderr`` at a duplicate of the real
 stderr, so yolo-cl's own one-line errors, notes and progress still reach the user and
 nothing else does; Python warnings are ignored and OpenCV's log is silenced.
+
+A process started inside :func:`routed` inherits descriptor 2, ``/dev/null``: start it inside
+:func:`for_children` so its own messages reach the real stderr (it routes its own chatter).
 """
 from __future__ import annotations
 
@@ -21,6 +24,26 @@ def _stderr_is_fd2() -> bool:
         return sys.stderr is not None and sys.stderr.fileno() == 2
     except (AttributeError, OSError, ValueError):   # replaced by a test harness or an IDE
         return False
+
+
+_REAL: list = []          # while routed: a descriptor of the real stderr (innermost last)
+
+
+@contextmanager
+def for_children() -> Iterator[None]:
+    """Within this block descriptor 2 is the real stderr again (when routed), so the processes
+    started in it write their messages where the user sees them."""
+    if not _REAL:
+        yield
+        return
+    sys.stderr.flush()
+    hidden = os.dup(2)
+    os.dup2(_REAL[-1], 2)
+    try:
+        yield
+    finally:
+        os.dup2(hidden, 2)
+        os.close(hidden)
 
 
 @contextmanager
@@ -46,6 +69,7 @@ def routed(verbose: bool = False) -> Iterator[None]:
             os.dup2(null, 2)
             os.close(null)
             sys.stderr = own
+            _REAL.append(saved)
         except OSError:
             if saved is not None:
                 os.close(saved)
@@ -56,6 +80,7 @@ def routed(verbose: bool = False) -> Iterator[None]:
             yield
     finally:
         if saved is not None:
+            _REAL.remove(saved)
             try:
                 own.flush()
             except (OSError, ValueError):

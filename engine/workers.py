@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import YoloClError
+from .noise import for_children
 
 START_TIMEOUT_S = 600.0       # a cold start compiles every kernel
 STOP_TIMEOUT_S = 15.0
@@ -67,7 +68,8 @@ class _Worker:
         self.index = index
         self.conn, child = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=worker_main, args=(plan, index, child), name=f"yolo-cl-worker-{index}")
-        self.proc.start()
+        with for_children():                # the worker's own lines (a failed request) reach the real stderr
+            self.proc.start()
         child.close()
         self.started = time.monotonic()
 

@@ -92,6 +92,25 @@ def test_blob_second_image_of_a_batch_and_a_larger_frame(tiny):
         assert np.abs(device_blob(tiny, img, place, index=1, batch=2) - ref).max() <= 2 / 255
 
 
+def test_blob_after_the_table_cache_was_emptied(tiny, monkeypatch):
+    """A frame size seen again after its resize tables were dropped from the cache (the frames
+    between had other sizes) is resized with live tables, not the freed buffers its kernel's
+    arguments were set to, which newer tables may since occupy."""
+    import yolo_cl.kernels.preprocess as prep_mod
+    monkeypatch.setattr(prep_mod, "TABLE_CACHE", 4)
+    rng = np.random.default_rng(4)
+    first = rng.integers(0, 256, (300, 500, 3), dtype=np.uint8)      # the largest: the stage never grows
+    others = [rng.integers(0, 256, (40 + 7 * k, 60 + 11 * k, 3), dtype=np.uint8) for k in range(6)]
+    # the first frame through the batch-1 executor's kernel, the others through the batch-2
+    # executor's (so the batch-1 kernel keeps its arguments), then the first again
+    for img, batch in [(first, 1)] + [(o, 2) for o in others] + [(first, 1)]:
+        place = tiny.placement(img.shape[1], img.shape[0])
+        ref = to_blob(img, place.net_w, place.net_h, place=place)
+        if tiny.precision.half:
+            ref = ref.astype(np.float16).astype(np.float32)
+        assert np.abs(device_blob(tiny, img, place, batch=batch) - ref).max() <= 2 / 255, img.shape
+
+
 def heads_cfg(scale: float, new_coords: int) -> str:
     """Two 2-class heads, the second behind a 2x2 maxpool, with ``scale_x_y`` and ``new_coords``."""
     head = conv(21, 1, pad=0, bn=0, act="linear")

@@ -11,6 +11,8 @@ For each MODEL:SIZE:BATCH (``--models``):
   forward     ``Detector.forward(blob)`` wall
   enqueue     microseconds per launch to enqueue the plan (queue not waited on)
   detect      ``detect_batch`` wall on BATCH 1280x720 BGR frames, device and host pre/post-processing
+              (a plain frame and a ``frame_array`` one on the device path, a plain one on the host's:
+              the three take ``--reps`` turns of ``--detect-block`` calls in a row, the median call)
   inflight    frames per second of submit(N+1) / result(N) over 1280x720 frames (device path)
   launches    kernel launches per frame: network, and the whole device-path frame
 For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the first model:
@@ -69,16 +71,20 @@ def median_ms(fn, reps: int, warm: int = 2) -> float:
     return float(np.median(ts))
 
 
-def interleaved_ms(fns: list, reps: int) -> list:
-    """Median ms of each function, the functions called in turn ``reps`` times after a warm-up."""
+def interleaved_ms(fns: list, reps: int, block: int = 1) -> list:
+    """Median ms of one call of each function: the functions take turns ``reps`` times after a
+    warm-up, each turn ``block`` calls back to back (as a program's loop calls it: a call does
+    not follow another path's call, whose host work and frames are still in the caches),
+    each call timed."""
     for fn in fns:
         fn()
     ts: list = [[] for _ in fns]
     for _ in range(reps):
         for t, fn in zip(ts, fns):
-            t0 = time.perf_counter()
-            fn()
-            t.append((time.perf_counter() - t0) * 1e3)
+            for _ in range(block):
+                t0 = time.perf_counter()
+                fn()
+                t.append((time.perf_counter() - t0) * 1e3)
     return [float(np.median(t)) for t in ts]
 
 
@@ -152,7 +158,7 @@ def frame_1280x720(seed: int = 0) -> np.ndarray:
 
 
 def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = (),
-                profile_detect: bool = False) -> tuple:
+                profile_detect: bool = False, detect_block: int = 10) -> tuple:
     name, size, batch = (spec.split(":") + ["416", "1"])[:3]
     size, batch = int(size), int(batch)
     cfg, wts = model_files(name, tmp)
@@ -213,9 +219,11 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
             det.detect_batch(imgs)
         return run
 
-    # The paths alternate, so a machine whose load changes treats them alike.
+    # The paths take turns, so a machine whose load changes treats them alike; each turn is
+    # detect_block calls in a row, as a program's loop calls detect.
+    row["detect_block"] = detect_block
     row["detect_device_ms"], row["detect_pinned_frame_ms"], row["detect_host_ms"] = interleaved_ms(
-        [on_path(True, frames), on_path(True, pinned_frames), on_path(False, frames)], reps)
+        [on_path(True, frames), on_path(True, pinned_frames), on_path(False, frames)], reps, detect_block)
     det.device_preprocess = True
     n = max(8, reps)
 
@@ -458,6 +466,8 @@ def main() -> None:
                     help="MODEL:SIZE:BATCH,... (zoo names)")
     ap.add_argument("--precision", default="fp32", help="fp32, fp16 or fp32,fp16")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--detect-block", type=int, default=10, help="detect calls in a row per turn of each path "
+                    "(the paths take --reps turns)")
     ap.add_argument("--video", default=str(VIDEO) if VIDEO.is_file() else "", help="clip for the video rates ('' skips)")
     ap.add_argument("--video-frames", type=int, default=300)
     ap.add_argument("--zoo", default="", help="zoo names to count launches of, e.g. yolov3-tiny,yolov4-tiny,yolov3,yolov4")
@@ -497,7 +507,7 @@ def main() -> None:
         for prec in args.precision.split(","):
             for spec in filter(None, args.models.split(",")):
                 row, det = bench_model(spec, prec, tmp, args.reps, tuple(int(v) for v in args.flush.split(",") if v),
-                                       args.profile_detect)
+                                       args.profile_detect, args.detect_block)
                 data["models"].append(row)
                 save()
                 if first is None and row["batch"] == 1:

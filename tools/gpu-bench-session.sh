@@ -25,6 +25,10 @@
 #   wait   yolov3 416 fp16 served with 4 workers per GPU on every GPU with each YOLO_CL_WAIT mode
 #          (engine/waiting.py: driver, sleep, callback; WAIT_MODES narrows them), and detect_batch's
 #          CPU per image each way;
+#   stress tools/stress_device_path.py: yolov3-tiny 416 through a Fleet from many threads, 1 and 8
+#          processes on GPU 0 (and 8 on each GPU at once where there are two), every answer checked;
+#   streams 8 file streams on GPU 0 in one process against one stream's device-bound rate, 3 rounds
+#          of the clip played 6 times (issue 20's N-streams target);
 #   tests  the GPU-path tests (launches, device pre/post-processing and NMS, frames in flight,
 #          staging, Fleet) with ../shared's images and clip made from .bench/.
 # HOST_MODELS and HOST_VIDEO (default: the clip played 6 times) narrow the host phase.
@@ -114,6 +118,25 @@ if has scale; then
   }
   scale one "--device 0:0" "${SCALE_ONE_WORKERS:-4}" - 1
   [ "$NGPU" -ge 2 ] && scale all "--devices all" $((4 * NGPU)) $((8 * NGPU)) "$NGPU"
+fi
+if has stress; then
+  echo "== stress ($(date +%T))"
+  stress() {   # TAG DEVICE PROCESSES THREADS
+    timeout 120 python3 tools/stress_device_path.py --model yolov3-tiny --size 416 --device "$2" --processes "$3" \
+      --threads "$4" --seconds 10 > "$OUT/stress-$1.log" 2>&1
+    sed "s/^/[stress $1] /" "$OUT/stress-$1.log" | grep -v "answers checked, none failed"
+  }
+  stress 1x16 0:0 1 16
+  stress 8x8 0:0 8 8
+  if [ "$NGPU" -ge 2 ]; then
+    stress gpu0-8x8 0:0 8 8 & stress gpu1-8x8 0:1 8 8 & wait
+  fi
+fi
+if has streams; then
+  echo "== streams ($(date +%T))"
+  timeout 150 python3 tools/bench_serve.py --size 416 --streams 8 --stream-rounds 3 --clip-repeat 6 --skip detector,serve \
+    --clip .bench/library1.mp4 --image models/images/dog.jpg --device 0:0 --json "$OUT/streams8.json" > "$OUT/streams8.log" 2>&1
+  grep -h "streams" "$OUT/streams8.log"
 fi
 if has tests; then
   echo "== tests ($(date +%T))"

@@ -97,10 +97,14 @@ class DevicePreprocess:
         entry = per_index.get((index, slot))
         if entry is None:
             entry = per_index[(index, slot)] = [cl.Kernel(self._program, "yc_preprocess"), None]
-        key = (id(st.device), w, h, place, id(counter))
+        tw, th = self._table(w, place.new_w), self._table(h, place.new_h)
+        # the buffers themselves, not their ids: the key keeps what the kernel's arguments point
+        # at alive, and a buffer freed when its stage grew or the table cache was cleared cannot
+        # pass for a new one that Python happened to give the same id
+        key = (st.device, tw, th, w, h, place, counter)
         if entry[1] != key:
             y_off = executor.plan.offset(g) + index * g.size
-            entry[0].set_args(st.device, np.int32(w * 3), self._table(w, place.new_w), self._table(h, place.new_h),
+            entry[0].set_args(st.device, np.int32(w * 3), tw, th,
                               executor.arena, np.int32(y_off), np.int32(g.w), np.int32(g.h),
                               np.int32(place.new_w), np.int32(place.new_h), np.int32(place.x0), np.int32(place.y0),
                               counter if counter is not None else self._no_counter,
