@@ -130,6 +130,10 @@ if has stress; then
   stress 8x8 0:0 8 8
   if [ "$NGPU" -ge 2 ]; then
     stress gpu0-8x8 0:0 8 8 & stress gpu1-8x8 0:1 8 8 & wait
+    # the server that lost requests in the tenth and eleventh sessions: yolov3-tiny, 8 workers per GPU
+    timeout 90 python3 tools/bench_serve.py --size 416 --batch 8 --concurrency $((64 * NGPU)) --seconds 6 --rounds 1 \
+      --skip streams --workers $((8 * NGPU)) --image models/images/dog.jpg --devices all > "$OUT/stress-serve.log" 2>&1
+    grep -h "POST /detect x\|\[server\]\|lost or failed\|Error" "$OUT/stress-serve.log" | cut -c1-600 | head -n 20
   fi
 fi
 if has streams; then
