@@ -6,7 +6,8 @@
  * takes a row of the candidate buffer through an atomic counter per image:
  *   (g as int bits, x, y, w, h relative to the network input, objectness, CLASSES probs)
  * g = head's first index + anchor * HW + cell orders candidates as the host decode does.
- * Rows past `cap` are counted but not written. Global size: (anchor-cells of all heads, batch).
+ * Rows past `cap` are counted but not written. Global size: (anchor-cells of all heads, images):
+ * a batch's padding inputs (fewer images than the executor's batch) are not decoded.
  *
  * heads: HEAD_INTS ints per head (x_off, x_bstride, LW, LH, new_coords, first index, anchor
  * offset into `anchors`, 0); fheads: (scale_x_y, 0.5 (scale_x_y - 1)) per head. */
@@ -68,12 +69,14 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
  * (Darknet's do_nms_sort / diounms_sort): for each class, candidates in order of falling
  * probability (ties in the host decode's order, g), each one that no earlier kept candidate
  * suppresses is kept; a suppressed candidate's probability of that class is zeroed in place.
- * One work-group per image (global size: local size x batch); an image with more than NMS_MAX
+ * One work-group per image (global size: local size x images); an image with more than NMS_MAX
  * candidates (or more than the buffer holds) is left to the host, and so is a network of more
  * than NMS_CLASSES classes. Boxes are compared in the image's relative coordinates, where
  * correct_boxes puts them on the host: x and w scaled by sx, y and h by sy (offsets cancel).
  * kind: 0 IoU, 1 greedynms (IoU - (d^2/c^2)^0.6), 2 diounms (IoU - (d^2/c^2)^beta). Candidates
  * whose box or probabilities are not finite take no part (the host drops them).
+ * Ranks (the host's order by g) are made unique by the row index, so the visiting order is a
+ * permutation whatever the rows hold: the pass never follows an unset entry out of bounds.
  * Everything the greedy pass reads is in local memory: the suppression bits of every pair, and
  * per class (only the classes some candidate has) its probabilities and their visiting order;
  * one work-item walks that order with the kept candidates as a bit mask, so a candidate's test
@@ -106,9 +109,11 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
         __global const float* r = R + i * rowlen;
         const float x = r[1] * sx, y = r[2] * sy, w = r[3] * sx, h = r[4] * sy;
         const int g = as_int(r[0]);
-        int before = 0;
-        for (int j = 0; j < n; ++j)
-            before += as_int(R[j * rowlen]) < g;
+        int before = 0;                                /* unique even if two rows share a g */
+        for (int j = 0; j < n; ++j) {
+            const int gj = as_int(R[j * rowlen]);
+            before += gj < g || (gj == g && j < i);
+        }
         bx[i] = x; by[i] = y; bw[i] = w; bh[i] = h;
         rank[i] = before;
         ok[i] = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);

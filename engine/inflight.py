@@ -94,7 +94,7 @@ class DevicePath:
                     continue
                 self.rt.queue.flush()        # the upload starts while the network is enqueued
                 ex.enqueue()
-                part.event = part.decoder.enqueue(thresh, slot, zero=False,
+                part.event = part.decoder.enqueue(thresh, slot, zero=False, images=len(idx),
                                                   nms=self._nms_args(part.places, nms, nms_kind))
                 part.since = time.monotonic()
                 pending.parts.append(part)

@@ -99,6 +99,20 @@ def test_device_nms_zeroes_what_the_host_nms_zeroes(rt, kind, n, classes, ties, 
         assert 0 < kept < (images[0][:, 6:] > 0).sum()       # some kept, some suppressed
 
 
+@pytest.mark.parametrize("kind", sorted(NMS_KINDS))
+def test_rows_that_share_a_g_are_visited_once_each(rt, kind):
+    """Two rows with the same g (a candidate decoded twice into one list): the kernel orders
+    them by row, as the host's stable sort does, and visits each once. With equal ranks two
+    rows took one place of the visiting order and left another unset, which the pass then
+    followed to a row index out of the buffer."""
+    rng = np.random.default_rng(11)
+    once = candidates(rng, 12, 3, True)
+    rows = np.concatenate([once, once[:7]])
+    got = device_nms(rt, [rows], 3, 0.45, kind, 0.5, 1.0, 1.0)[0]
+    order = np.argsort(rows[:, 0].view(np.int32), kind="stable")
+    np.testing.assert_array_equal(got[order][:, 6:], host_nms(rows, 0.45, kind, 0.5, 1.0, 1.0))
+
+
 @pytest.mark.parametrize("fit", ["letterbox", "stretch"])
 def test_detect_runs_the_nms_on_the_device(fit, monkeypatch):
     """The real network on every shared image: the host path's detections, with the host's NMS

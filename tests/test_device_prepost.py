@@ -154,6 +154,29 @@ def test_decode_matches_host_on_synthetic_heads(tmp_path, new_coords, scale, hal
             np.testing.assert_allclose(probs, ref_p, rtol=2e-5, atol=1e-6)
 
 
+def test_padding_inputs_of_a_partial_batch_are_not_decoded():
+    """Three images on a batch-4 executor: the fourth input is padding, whose counter no
+    preprocessing zeroed; the decode leaves it alone (it used to add that input's candidates to
+    the last frame's, frame after frame, until the NMS read a list of repeated rows)."""
+    det = Detector("yolov3-tiny", input_size=160, device_preprocess=True, device_decode=True)
+    frames = [cv2.imread(str(p)) for p in IMAGES][:3]
+    frames += [frames[0]] * (3 - len(frames))
+    want = [det.detect(f) for f in frames]
+    ex = det.executor(4)
+    dec = det.device_path.decoder(ex)
+    cl, q = det.runtime.cl, det.runtime.queue
+    sentinel = np.full(4, 777, np.int32)
+    for slot in range(len(dec._sets)):
+        cl.enqueue_copy(q, dec.counter(slot), sentinel)
+    for _ in range(3 * len(dec._sets)):
+        for got, w in zip(det.detect_batch(frames), want):
+            assert same_detections(got, w)
+    for slot in range(len(dec._sets)):
+        counts = np.empty(4, np.int32)
+        cl.enqueue_copy(q, counts, dec.counter(slot))
+        assert counts[3] == 777 and (counts[:3] != 777).all(), counts
+
+
 @pytest.mark.parametrize("precision,fit", [("fp32", f) for f in FITS] + [("fp16", "letterbox")])
 def test_real_network_same_detections(precision, fit):
     dev = Detector("yolov3-tiny", precision=precision, fit=fit, device_preprocess=True, device_decode=True)

@@ -121,12 +121,13 @@ if has scale; then
 fi
 if has stress; then
   echo "== stress ($(date +%T))"
-  stress() {   # TAG DEVICE PROCESSES THREADS
+  stress() {   # TAG DEVICE PROCESSES THREADS [ARGS]
     timeout 120 python3 tools/stress_device_path.py --model yolov3-tiny --size 416 --device "$2" --processes "$3" \
-      --threads "$4" --seconds 10 > "$OUT/stress-$1.log" 2>&1
-    sed "s/^/[stress $1] /" "$OUT/stress-$1.log" | grep -v "answers checked, none failed"
+      --threads "$4" --seconds "${STRESS_SECONDS:-10}" "${@:5}" > "$OUT/stress-$1.log" 2>&1
+    grep -v "PyOpenCL WARNING\|failed with code\|CompilerWarning\|_prg.build" "$OUT/stress-$1.log" | sed "s/^/[stress $1] /"
   }
   stress 1x16 0:0 1 16
+  stress 1x16-fp16 0:0 1 16 --precision fp16
   stress 8x8 0:0 8 8
   if [ "$NGPU" -ge 2 ]; then
     stress gpu0-8x8 0:0 8 8 & stress gpu1-8x8 0:1 8 8 & wait

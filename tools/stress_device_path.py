@@ -28,19 +28,36 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def same(a: list, b: list, tol: float = 1e-3) -> bool:
-    """Same classes in the same order, confidences and pixel boxes within ``tol``."""
-    return len(a) == len(b) and all(
-        x.class_id == y.class_id and abs(x.confidence - y.confidence) <= tol
-        and np.abs(np.subtract(x.box, y.box)).max() <= tol for x, y in zip(a, b))
+def iou(a, b) -> float:
+    """IoU of two (x1, y1, x2, y2) pixel boxes."""
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    return inter / max(1e-9, (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def same(a: list, b: list, half: bool) -> bool:
+    """fp32: the same classes in the same order, confidences and pixel boxes within 1e-3 (a batch
+    and a single image run the same arithmetic). fp16, whose batch kernels round differently:
+    the same classes, IoU >= 0.9, confidences within 0.02 (issue 17's accuracy bar)."""
+    if len(a) != len(b):
+        return False
+    if half:
+        return all(x.class_id == y.class_id and abs(x.confidence - y.confidence) <= 0.02 and iou(x.box, y.box) >= 0.9
+                   for x, y in zip(a, b))
+    return all(x.class_id == y.class_id and abs(x.confidence - y.confidence) <= 1e-3
+               and np.abs(np.subtract(x.box, y.box)).max() <= 1e-3 for x, y in zip(a, b))
 
 
 def worker(k: int, args, out) -> None:
     from yolo_cl import Detector
     from yolo_cl.fleet import Fleet
     data = np.frombuffer(Path(args.image).read_bytes(), np.uint8)
+    opts = {"device_preprocess": True, "device_decode": True} if args.device_path else {}
+    if args.host_decode:
+        opts["device_decode"] = False
     det = Detector(args.model, weights=args.weights, input_size=args.size, precision=args.precision,
-                   device=args.device, **({"device_preprocess": True, "device_decode": True} if args.device_path else {}))
+                   device=args.device, **opts)
     want = det.detect(cv2.imdecode(data, cv2.IMREAD_COLOR), args.thresh)
     fleet = Fleet([det], max_batch=args.batch, max_queue=4 * args.threads)
     while not fleet.ready:
@@ -55,8 +72,10 @@ def worker(k: int, args, out) -> None:
         while time.monotonic() < end and state["error"] is None:
             img = cv2.imdecode(data, cv2.IMREAD_COLOR)
             try:
-                got = fleet.enqueue(img, args.thresh, inline=(c + i) % 2 == 0).future.result(60)
-                bad = None if same(got, want) else f"wrong answer: {len(got)} detections, expected {len(want)}"
+                got = fleet.enqueue(img, args.thresh, inline=not args.no_inline and (c + i) % 2 == 0).future.result(60)
+                bad = None if same(got, want, det.precision.half) else (
+                    f"wrong answer: {[(d.class_id, round(d.confidence, 3)) for d in got]}, expected "
+                    f"{[(d.class_id, round(d.confidence, 3)) for d in want]}")
             except Exception as e:            # noqa: BLE001 - the point is to report it
                 where = traceback.extract_tb(e.__traceback__)[-1]
                 bad = f"{type(e).__name__}: {e} (raised at {Path(where.filename).name}:{where.lineno})"
@@ -88,6 +107,8 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--host-decode", action="store_true", help="decode the heads on the host")
+    ap.add_argument("--no-inline", action="store_true", help="every request through the batch thread")
     ap.add_argument("--device-path", action="store_true",
                     help="preprocess and decode on the device even where the default is the host (a CPU)")
     args = ap.parse_args()

@@ -78,20 +78,25 @@ class DeviceDecoder:
         frame needs no separate fill."""
         return self._sets[slot]["count"]
 
-    def enqueue(self, thresh: float, slot: int = 0, zero: bool = True, nms: Optional[tuple] = None):
+    def enqueue(self, thresh: float, slot: int = 0, zero: bool = True, nms: Optional[tuple] = None,
+                images: Optional[int] = None):
         """Decode the heads now in the arena (queue order) into candidate set ``slot`` and start
         reading the counters and the first rows back; returns the event of the last read.
-        ``zero=False``: the frame's preprocessing kernels already zeroed the counters. ``nms``:
-        (IoU threshold, kind, beta_nms, sx, sy) to run the NMS on the device too, ``sx``/``sy``
-        being what ``correct_boxes`` scales x/w and y/h by for every image of the batch."""
+        ``zero=False``: the frame's preprocessing kernels already zeroed the counters (of its
+        images only). ``nms``: (IoU threshold, kind, beta_nms, sx, sy) to run the NMS on the
+        device too, ``sx``/``sy`` being what ``correct_boxes`` scales x/w and y/h by for every
+        image of the batch. ``images``: how many of the batch's inputs hold images (the rest are
+        padding up to the executor's batch: not decoded, since their counters were not zeroed
+        and would pile up frame after frame; default the whole batch)."""
         cl, q = self.rt.cl, self.rt.queue
         st = self._sets[slot]
+        n = self.batch if images is None else max(1, min(int(images), self.batch))
         if st["thresh"] != thresh:
             st["kernel"].set_arg(8, np.float32(thresh))
             st["thresh"] = thresh
         if zero:
-            cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, self.batch * 4)
-        cl.enqueue_nd_range_kernel(q, st["kernel"], self.gsize, None)
+            cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, n * 4)
+        cl.enqueue_nd_range_kernel(q, st["kernel"], (self.gsize[0], n), None)
         if self.classes > NMS_CLASSES:
             nms = None
         st["nms_done"] = nms is not None
@@ -103,13 +108,13 @@ class DeviceDecoder:
                              (7, np.float32(sx)), (8, np.float32(sy))):
                     nk.set_arg(i, v)
                 st["nms"] = nms
-            cl.enqueue_nd_range_kernel(q, st["nms_kernel"], (self.nms_local * self.batch,), (self.nms_local,))
+            cl.enqueue_nd_range_kernel(q, st["nms_kernel"], (self.nms_local * n,), (self.nms_local,))
         # Keep the read events until the slot's next use: pyopencl waits for a dropped read
         # event (it guards the host array) holding the GIL, which would stall this thread and
         # every other until the forward pass is done.
-        reads = st["reads"] = [cl.enqueue_copy(q, st["host_count"], st["count"], is_blocking=False)]
+        reads = st["reads"] = [cl.enqueue_copy(q, st["host_count"][:n], st["count"], is_blocking=False)]
         rows, stride = st["host_rows"], self.cap * self.rowlen * 4
-        for b in range(self.batch):
+        for b in range(n):
             reads.append(cl.enqueue_copy(q, rows[b, :self.first], st["rows"], src_offset=b * stride,
                                          is_blocking=False))
         return reads[-1]
