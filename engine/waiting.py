@@ -16,8 +16,10 @@ longer one moves it up by an eighth of the difference, and a wait found already 
 
 ``YOLO_CL_WAIT=callback`` instead asks the driver to call back when the event completes
 (``clSetEventCallback``) and blocks on a ``threading.Event`` until then: no prediction and no
-polling, but the wake-up costs whatever the driver's callback delivery costs. Neither is on
-unless asked for; ``YOLO_CL_WAIT=driver`` (the default) leaves every wait to the driver.
+polling, but the wake-up costs whatever the driver's callback delivery costs (on NVIDIA as much
+CPU as the spin, and a slower wake-up). ``YOLO_CL_WAIT=driver``, the default, leaves every wait
+to the driver; ``serve --workers N`` (N > 1) asks for ``sleep`` (``workers.worker_environment``),
+where it cut the server's CPU by 40% on two H100s at the same throughput.
 """
 from __future__ import annotations
 
