@@ -33,6 +33,7 @@ from .runtime import Runtime
 from .zoo import default_names, read_names
 
 MAX_EXECUTORS = 8     # (batch, size) executors kept, least recently used dropped first
+PINNED_FRAME_BYTES = 128 << 20   # pinned frames frame_array may lend per size (made only as they are asked for)
 log = logging.getLogger("yolo_cl.detector")
 
 
@@ -248,7 +249,10 @@ class Detector:
         goes to the device by DMA as it is, without the copy into pinned memory a plain array
         needs (0.24 ms for 1280x720 on an H100 host). It is the caller's until nothing refers to
         it any more; a frame handed to ``submit`` must stay unchanged until its ``result``. A
-        plain array while the caller holds every pinned one of that size."""
+        plain array while the caller holds every pinned one of that size: at least 8, and as
+        many as ``PINNED_FRAME_BYTES`` of them hold, since every stream of a Fleet on this
+        detector keeps a few frames in flight (eight 1280x720 streams on an H100 held more than
+        8, and the frames past that were copied and page-faulted in, each one)."""
         from .hostsets import HostSets
         from .staging import pinned
         if height <= 0 or width <= 0:
@@ -259,7 +263,8 @@ class Detector:
                 if len(self._frames) >= 4:          # a few sizes: a stream's frames are one size
                     self._frames.clear()
                 sets = self._frames[(height, width)] = HostSets(
-                    lambda: [pinned(self.runtime, (height, width, 3), np.uint8)[1]], cap=8)
+                    lambda: [pinned(self.runtime, (height, width, 3), np.uint8)[1]],
+                    cap=max(8, PINNED_FRAME_BYTES // (height * width * 3)))
             return sets.lend(lambda: np.empty((height, width, 3), np.uint8))
 
     def detect(self, image_bgr: np.ndarray, thresh: float = 0.25, nms: float = 0.45) -> list:

@@ -135,6 +135,19 @@ def test_frames_in_pinned_memory_go_without_a_host_copy(monkeypatch):
         det.frame_array(0, 640)
 
 
+def test_many_frames_held_at_once_are_all_pinned():
+    """Eight streams on one detector hold a few frames each: frame_array keeps lending pinned
+    frames past the old 8 (as many as PINNED_FRAME_BYTES hold), each its own, then plain ones."""
+    from yolo_cl.detector import PINNED_FRAME_BYTES
+    det = Detector("yolov3-tiny", input_size=160)
+    held = [det.frame_array(360, 640) for _ in range(24)]
+    assert all(staging.is_pinned(f) for f in held) and len({f.ctypes.data for f in held}) == 24
+    h, w = 1200, 1600                                        # 5.76 MB frames: the byte budget binds
+    cap = max(8, PINNED_FRAME_BYTES // (h * w * 3))
+    big = [det.frame_array(h, w) for _ in range(cap + 2)]
+    assert [staging.is_pinned(f) for f in big] == [True] * cap + [False, False]
+
+
 def test_a_video_on_the_device_path_decodes_into_pinned_frames(monkeypatch, tmp_path):
     from yolo_cl.video import CaptureSource, Pipeline
     monkeypatch.setenv("YOLO_CL_HOST_PREPOST", "0")
