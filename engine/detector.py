@@ -109,6 +109,9 @@ class Detector:
             and len({h.p["classes"] for h in self.heads}) == 1
         self._device_path = None
         self._frames: dict = {}        # (height, width) -> HostSets of pinned frames frame_array lends
+        # frame_array's own lock: a stream's decode thread must not wait while another thread
+        # holds the queue's lock to enqueue a whole batch (py-spy, 8 streams on an H100)
+        self._frames_lock = threading.Lock()
         self.executor(1)   # build and compile everything now, not on the first frame
         if self.device_preprocess:
             self.device_path.decoder(self.executor(1))
@@ -257,7 +260,7 @@ class Detector:
         from .staging import pinned
         if height <= 0 or width <= 0:
             raise YoloClError(f"frame_array({height}, {width}): the size must be positive")
-        with self._lock:
+        with self._frames_lock:
             sets = self._frames.get((height, width))
             if sets is None:
                 if len(self._frames) >= 4:          # a few sizes: a stream's frames are one size

@@ -148,6 +148,22 @@ def test_many_frames_held_at_once_are_all_pinned():
     assert [staging.is_pinned(f) for f in big] == [True] * cap + [False, False]
 
 
+def test_frame_array_does_not_wait_for_the_queue_lock():
+    """A stream's decode thread asks frame_array for its next frame while another thread holds
+    the detector's queue lock to enqueue a batch: it gets the frame at once."""
+    import threading
+    det = Detector("yolov3-tiny", input_size=160)
+    det.frame_array(360, 640)                           # the pinned pool made beforehand
+    got: list = []
+    with det._lock:                                     # as DevicePath.submit holds it
+        t = threading.Thread(target=lambda: got.append(det.frame_array(360, 640)), daemon=True)
+        t.start()
+        t.join(5)
+        lent_while_held = bool(got)
+    t.join(30)
+    assert lent_while_held and staging.is_pinned(got[0])
+
+
 def test_a_video_on_the_device_path_decodes_into_pinned_frames(monkeypatch, tmp_path):
     from yolo_cl.video import CaptureSource, Pipeline
     monkeypatch.setenv("YOLO_CL_HOST_PREPOST", "0")

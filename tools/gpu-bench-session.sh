@@ -29,6 +29,8 @@
 #          processes on GPU 0 (and 8 on each GPU at once where there are two), every answer checked;
 #   streams 8 file streams on GPU 0 in one process against one stream's device-bound rate, 3 rounds
 #          of the clip played 6 times (issue 20's N-streams target);
+#   profile 8 file streams in one process under py-spy (its wheel carried in .whl/): the threads'
+#          busiest frames;
 #   tests  the GPU-path tests (launches, device pre/post-processing and NMS, frames in flight,
 #          staging, Fleet) with ../shared's images and clip made from .bench/.
 # HOST_MODELS and HOST_VIDEO (default: the clip played 6 times) narrow the host phase.
@@ -142,6 +144,24 @@ if has streams; then
   timeout 150 python3 tools/bench_serve.py --size 416 --streams 8 --stream-rounds 3 --clip-repeat 6 --skip detector,serve \
     --clip .bench/library1.mp4 --image models/images/dog.jpg --device 0:0 --json "$OUT/streams8.json" > "$OUT/streams8.log" 2>&1
   grep -h "streams" "$OUT/streams8.log"
+fi
+if has profile; then
+  echo "== profile ($(date +%T))"
+  # where 8 file streams in one process spend their threads' time (py-spy, its wheel in .whl/)
+  timeout 100 /tmp/site/bin/py-spy record --format raw --rate 250 --nonblocking -o "$OUT/streams-profile.txt" -- \
+    python3 tools/bench_serve.py --size 416 --streams 8 --stream-rounds 1 --clip-repeat 6 --skip detector,serve \
+    --clip .bench/library1.mp4 --image models/images/dog.jpg --device 0:0 2>&1 | grep "streams (" | cut -c1-300
+  python3 - "$OUT/streams-profile.txt" <<'PY'
+import collections, sys
+own = collections.Counter()
+for line in open(sys.argv[1]):
+    stack, _, n = line.rstrip().rpartition(" ")
+    if stack:
+        own[stack.split(";")[-1]] += int(n)
+total = sum(own.values())
+for frame, n in own.most_common(15):
+    print(f"[profile] {100 * n / total:5.1f}% {frame[:140]}")
+PY
 fi
 if has tests; then
   echo "== tests ($(date +%T))"
