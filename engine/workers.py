@@ -12,7 +12,7 @@ worker is asked ``GET /metrics`` gathers every worker's figures (label ``worker`
 Several workers share each device, so a thread that spins in the driver's wait (NVIDIA's does,
 for as long as the device works) takes a core the others' JPEG decodes need: workers wait by
 sleeping through most of a predictable wait (``YOLO_CL_WAIT=sleep``, ``engine/waiting.py``)
-unless ``YOLO_CL_WAIT`` says otherwise. On two H100s that cut the server's CPU from 11.9 to
+unless ``YOLO_CL_WAIT`` says otherwise (worker 0, when it runs streams, keeps the driver's). On two H100s that cut the server's CPU from 11.9 to
 7.0 ms an image at the same or better throughput (BENCHMARKS.md, "Eleventh GPU session").
 
 A worker listens only once its executors are built. One that dies is started again (after a
@@ -179,11 +179,13 @@ def _end_with_parent() -> None:
     threading.Thread(target=watch, name="yolo-cl-parent-watch", daemon=True).start()
 
 
-def worker_environment(plan: WorkerPlan, environ=os.environ) -> None:
-    """What a worker sets in its own environment before building its Detector: sleeping device
-    waits when there are several workers, unless the user chose a wait mode."""
+def worker_environment(plan: WorkerPlan, index: int, environ=os.environ) -> None:
+    """What worker ``index`` sets in its own environment before building its Detector: sleeping
+    device waits when there are several workers, unless the user chose a wait mode, or this is
+    worker 0 running ``--source`` streams (whose short back-to-back waits sleeping slowed: eight
+    streams on two H100s ran 1026 frames/s with it against 1383 without)."""
     from .waiting import WAIT_ENV
-    if plan.workers > 1:
+    if plan.workers > 1 and not (index == 0 and plan.sources):
         environ.setdefault(WAIT_ENV, "sleep")
 
 
@@ -197,7 +199,7 @@ def worker_main(plan: WorkerPlan, index: int, conn) -> None:
     from .serve import Peers, build_app, listen, run_app
     sock = unix = fleet = None
     _end_with_parent()
-    worker_environment(plan)
+    worker_environment(plan, index)
     try:
         with routed(False):
             try:

@@ -175,13 +175,16 @@ def test_workers_end_when_the_supervisor_is_killed():
 def test_several_workers_wait_by_sleeping_unless_told_otherwise():
     from yolo_cl.waiting import Waiter, wanted
     from yolo_cl.workers import WorkerPlan, worker_environment
-    for n, env, want in ((2, {}, "sleep"), (1, {}, None), (4, {"YOLO_CL_WAIT": "driver"}, "driver"),
-                         (4, {"YOLO_CL_WAIT": "callback"}, "callback")):
+    for n, index, sources, env, want in ((2, 0, [], {}, "sleep"), (1, 0, [], {}, None),
+                                         (4, 0, [], {"YOLO_CL_WAIT": "driver"}, "driver"),
+                                         (4, 3, [], {"YOLO_CL_WAIT": "callback"}, "callback"),
+                                         (2, 0, ["cam.mp4"], {}, None),       # worker 0 runs the streams
+                                         (2, 1, ["cam.mp4"], {}, "sleep")):
         environ = dict(env)
-        worker_environment(WorkerPlan(detector={}, devices=["0:0"], workers=n), environ)
-        assert environ.get("YOLO_CL_WAIT") == want
+        worker_environment(WorkerPlan(detector={}, devices=["0:0"], workers=n, sources=sources), index, environ)
+        assert environ.get("YOLO_CL_WAIT") == want, (n, index, sources, env)
     os.environ.pop("YOLO_CL_WAIT", None)
-    worker_environment(WorkerPlan(detector={}, devices=["0:0"], workers=2))
+    worker_environment(WorkerPlan(detector={}, devices=["0:0"], workers=2), 1)
     try:
         assert wanted() == "sleep" and Waiter(wanted()).mode == "sleep"
     finally:
