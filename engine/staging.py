@@ -74,3 +74,22 @@ def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0):
         events.append(cl.enqueue_copy(q, dst, host[i:i + step], dst_offset=dst_offset + i, is_blocking=False))
     return events
 
+
+def upload_rows(rt, dst, src: np.ndarray, rows: np.ndarray, host: np.ndarray):
+    """Enqueue only the rows ``rows`` (indices along axis 0, ascending) of ``src``, packed one
+    after another, into ``dst`` through the pinned array ``host``: chunked as :func:`upload`,
+    each chunk gathered into ``host`` and its DMA enqueued at once. A frame the network input
+    is resized down from reads two source rows per input row, so a tall frame sends a fraction
+    of its bytes (a 1920x1080 frame resized to 234 rows: 468 of 1080). Returns the DMA events,
+    kept as :func:`upload`'s are."""
+    cl, q = rt.cl, rt.queue
+    row = src[0].nbytes
+    n = len(rows) * row
+    per = max(1, (CHUNK if n >= MIN_BYTES and wanted(rt) else n) // row)
+    packed = host[:n].reshape((len(rows),) + src.shape[1:])
+    events = []
+    for i in range(0, len(rows), per):
+        j = min(len(rows), i + per)
+        np.take(src, rows[i:j], axis=0, out=packed[i:j])
+        events.append(cl.enqueue_copy(q, dst, packed[i:j], dst_offset=i * row, is_blocking=False))
+    return events

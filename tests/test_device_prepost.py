@@ -17,7 +17,7 @@ import pytest
 from yolo_cl import Detector
 from yolo_cl import postprocess as post
 from yolo_cl.kernels.decode import DeviceDecoder
-from yolo_cl.kernels.preprocess import resize_tables
+from yolo_cl.kernels.preprocess import packed_rows, resize_tables
 from yolo_cl.preprocess import FITS, to_blob
 
 from boxes import same_detections
@@ -47,6 +47,18 @@ def test_tables_reproduce_cv2_resize(src, dst):
     ref = cv2.resize(img, (dst[1], dst[0]), interpolation=cv2.INTER_LINEAR).astype(int)
     diff = np.abs(table_resize(img, dst[1], dst[0]).astype(int) - ref)
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+@pytest.mark.parametrize("src,dst", [(720, 234), (1080, 234), (3024, 312), (417, 96), (100, 60), (5, 3)])
+def test_packed_rows_read_what_the_whole_frame_gives(src, dst):
+    """The rows a resize reads, packed, with the renumbered table: the same pixels as the whole
+    frame with the plain table."""
+    img = np.random.default_rng(src).integers(0, 256, (src, 7, 3), dtype=np.uint8)
+    rows, table = packed_rows(src, dst)
+    full = resize_tables(src, dst)
+    assert (np.diff(rows) > 0).all() and len(rows) <= min(src, 2 * dst)
+    np.testing.assert_array_equal(rows[table[:, :2]], full[:, :2])
+    np.testing.assert_array_equal(table[:, 2:], full[:, 2:])
 
 
 @pytest.fixture(scope="module", params=["fp32", "fp16"])
@@ -80,6 +92,33 @@ def test_blob_matches_host_path(tiny, fit):
             assert np.abs(got - ref).max() <= 2 / 255, (fit, h, w)
     finally:
         tiny.fit = "stretch"
+
+
+def test_tall_plain_frames_send_only_the_rows_the_resize_reads(tiny, monkeypatch):
+    """A plain frame resized to at most half its rows goes packed (only the rows read), and the
+    blob is bit-equal to sending the whole frame; a pinned frame and a short one go whole."""
+    import yolo_cl.kernels.preprocess as prep_mod
+    from yolo_cl import staging
+    sent = []
+    real = staging.upload_rows
+    monkeypatch.setattr(staging, "upload_rows", lambda rt, dst, src, rows, host: sent.append(len(rows))
+                        or real(rt, dst, src, rows, host))
+    rng = np.random.default_rng(5)
+    tall = rng.integers(0, 256, (720, 1280, 3), dtype=np.uint8)
+    short = rng.integers(0, 256, (101, 37, 3), dtype=np.uint8)
+    pinned = tiny.frame_array(720, 1280)
+    pinned[...] = tall
+    place, short_place = tiny.placement(1280, 720), tiny.placement(37, 101)
+    packed = device_blob(tiny, tall, place)
+    assert sent == [len(packed_rows(720, place.new_h)[0])] and sent[0] <= 2 * place.new_h
+    whole = device_blob(tiny, pinned, place)
+    device_blob(tiny, short, short_place)
+    assert len(sent) == 1                              # neither the pinned nor the short frame
+    np.testing.assert_array_equal(packed, whole)
+    monkeypatch.setattr(prep_mod, "ROWS_SHARE", 0.0)     # packing off: a fresh stager sends it whole
+    tiny.device_path.prep._packed.clear()
+    np.testing.assert_array_equal(device_blob(tiny, tall, place), packed)
+    assert len(sent) == 1
 
 
 def test_blob_second_image_of_a_batch_and_a_larger_frame(tiny):

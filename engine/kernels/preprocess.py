@@ -1,7 +1,8 @@
 """Frames -> network input on the device (cl/preprocess.cl).
 
 A BGR uint8 frame is copied once into a pinned host buffer (``ALLOC_HOST_PTR``, mapped for
-the life of the stager; a large one in chunks, see :mod:`yolo_cl.staging`), sent to a device
+the life of the stager; a large one in chunks, see :mod:`yolo_cl.staging`; of a frame resized
+down to at most half its rows, only the rows the resize reads, packed), sent to a device
 staging buffer by a non-blocking copy, and one kernel resizes it as ``cv2.resize(INTER_LINEAR)``
 does, places it (stretch, letterbox, crop), swaps BGR -> RGB, scales to [0, 1] and writes fp32
 or half straight into the executor's input region. Staging buffers are reused and only grow
@@ -11,6 +12,7 @@ on another one's frame.
 from __future__ import annotations
 
 import weakref
+from typing import Optional
 
 import numpy as np
 
@@ -20,6 +22,18 @@ from ..staging import pinned
 
 COEF = 2048            # OpenCV's INTER_RESIZE_COEF_SCALE (11 fractional bits)
 TABLE_CACHE = 64       # coordinate tables kept per source/target length pair
+ROWS_SHARE = 0.5       # a plain frame sends only the rows its resize reads when they are at most this share
+
+
+def packed_rows(src: int, dst: int) -> tuple:
+    """(rows, table): the source rows the vertical resize from ``src`` to ``dst`` rows reads,
+    ascending, and its table with each tap renumbered to the tap's place among those rows, so
+    the kernel reads a frame of only those rows, packed, exactly as it reads the whole one."""
+    table = resize_tables(src, dst)
+    rows, taps = np.unique(table[:, :2], return_inverse=True)
+    packed = table.copy()
+    packed[:, :2] = taps.reshape(-1, 2)
+    return rows, packed
 
 
 def resize_tables(src: int, dst: int) -> np.ndarray:
@@ -57,6 +71,7 @@ class DevicePreprocess:
         self._program = rt.program("preprocess.cl", {"HALF_STORAGE": half})
         self._stages: dict = {}      # (slot, batch index) -> _Stage
         self._tables: dict = {}      # (source length, target length) -> device int4 table
+        self._packed: dict = {}      # (source rows, target rows) -> (rows sent, device table) or None
         # executor -> {(batch index, slot): [kernel, last argument key]}: a kernel per slot, so frames
         # that alternate slots keep their arguments set; weak, so a dropped executor's go too
         self._kernels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -80,6 +95,19 @@ class DevicePreprocess:
             t = self._tables[(src, dst)] = self.rt.upload(resize_tables(src, dst), "resize table")
         return t
 
+    def _rows(self, src: int, dst: int) -> Optional[tuple]:
+        """(rows, device table) to send a plain frame of ``src`` rows packed, or None where its
+        resize to ``dst`` rows reads more than ``ROWS_SHARE`` of them (then the whole frame)."""
+        key = (src, dst)
+        if key not in self._packed:
+            if len(self._packed) >= TABLE_CACHE:
+                self.rt.queue.finish()
+                self._packed.clear()
+            rows, table = packed_rows(src, dst)
+            self._packed[key] = ((rows, self.rt.upload(table, "packed resize table"))
+                                 if len(rows) <= ROWS_SHARE * src else None)
+        return self._packed[key]
+
     def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0,
                 counter=None) -> None:
         """Upload ``image`` (HxWx3 uint8 BGR, C-contiguous) and write it, laid out by ``place``,
@@ -87,9 +115,16 @@ class DevicePreprocess:
         candidate counters) on the way. Returns once the frame is in pinned memory: copied
         there, or already there (``staging.is_pinned``), then read by the DMA later."""
         h, w = image.shape[:2]
-        st = self._stage((slot, index), image.nbytes)
+        packed = None if staging.is_pinned(image) else self._rows(h, place.new_h)
         cl, q = self.rt.cl, self.rt.queue
-        st.copied = staging.upload(self.rt, st.device, image, st.host)  # a frame_array frame: no copy
+        if packed is None:
+            st = self._stage((slot, index), image.nbytes)
+            st.copied = staging.upload(self.rt, st.device, image, st.host)  # a frame_array frame: no copy
+            th = self._table(h, place.new_h)
+        else:                        # a plain frame resized down: only the rows the resize reads
+            rows, th = packed
+            st = self._stage((slot, index), len(rows) * w * 3)
+            st.copied = staging.upload_rows(self.rt, st.device, image, rows, st.host)
         g = executor.graph.input
         per_index = self._kernels.get(executor)
         if per_index is None:
@@ -97,7 +132,7 @@ class DevicePreprocess:
         entry = per_index.get((index, slot))
         if entry is None:
             entry = per_index[(index, slot)] = [cl.Kernel(self._program, "yc_preprocess"), None]
-        tw, th = self._table(w, place.new_w), self._table(h, place.new_h)
+        tw = self._table(w, place.new_w)
         # the buffers themselves, not their ids: the key keeps what the kernel's arguments point
         # at alive, and a buffer freed when its stage grew or the table cache was cleared cannot
         # pass for a new one that Python happened to give the same id
