@@ -16,7 +16,9 @@ anyway, for tests; ``=off`` never).
 """
 from __future__ import annotations
 
+import bisect
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -25,6 +27,8 @@ CHUNK = 2 << 20          # bytes per copy and per DMA
 MIN_BYTES = 8 << 20      # smaller arrays: one copy, one DMA
 
 _pinned: dict = {}       # start address -> end address of every live pinned array
+_starts: list = []       # their start addresses, sorted: is_pinned is a bisection, not a scan
+_lock = threading.Lock()  # a finalizer may drop an array on any thread
 
 
 def pinned(rt, shape: tuple, dtype) -> tuple:
@@ -35,16 +39,29 @@ def pinned(rt, shape: tuple, dtype) -> tuple:
     buf = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
     host, _ = cl.enqueue_map_buffer(rt.queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape, dtype)
     start = host.__array_interface__["data"][0]
-    _pinned[start] = start + nbytes
-    weakref.finalize(host, _pinned.pop, start, None)
+    with _lock:
+        _pinned[start] = start + nbytes
+        bisect.insort(_starts, start)
+    weakref.finalize(host, _forget, start)
     return buf, host
 
 
+def _forget(start: int) -> None:
+    with _lock:
+        if _pinned.pop(start, None) is not None:
+            del _starts[bisect.bisect_left(_starts, start)]
+
+
 def is_pinned(array: np.ndarray) -> bool:
-    """Whether ``array`` lies in memory made by :func:`pinned` (the driver DMAs from it as it is)."""
+    """Whether ``array`` lies in memory made by :func:`pinned` (the driver DMAs from it as it is).
+    Asked for every frame, with a hundred pinned arrays alive (a stream's frames, stages,
+    candidate buffers): the pinned range that starts last at or before the array is the only one
+    that can hold it."""
     start = array.__array_interface__["data"][0]
     end = start + array.nbytes
-    return any(s <= start and end <= e for s, e in list(_pinned.items()))
+    with _lock:
+        i = bisect.bisect_right(_starts, start) - 1
+        return i >= 0 and end <= _pinned[_starts[i]]
 
 
 def wanted(rt) -> bool:

@@ -55,6 +55,21 @@ def test_pinned_arrays_are_recognised(rt):
     assert not staging.is_pinned(tail)
 
 
+def test_many_pinned_arrays_each_found_and_forgotten_when_dropped(rt):
+    """Among a hundred pinned arrays each one and its views are found, a plain array is not, a
+    span that runs past one array's end is not, and a dropped array leaves the registry."""
+    import gc
+    arrays = [staging.pinned(rt, (1000 + 37 * k,), np.uint8)[1] for k in range(100)]
+    assert all(staging.is_pinned(a) and staging.is_pinned(a[5:17]) and staging.is_pinned(a[-1:]) for a in arrays)
+    first = min(arrays, key=lambda a: a.ctypes.data)
+    past_end = np.lib.stride_tricks.as_strided(first, shape=(first.nbytes + 1,), strides=(1,))
+    assert not staging.is_pinned(past_end) and not staging.is_pinned(np.empty(5000, np.uint8))
+    gone = arrays[50].ctypes.data
+    del arrays[50], first, past_end
+    gc.collect()
+    assert gone not in staging._pinned and all(staging.is_pinned(a) for a in arrays)
+
+
 @pytest.mark.parametrize("nbytes", [7, 1999, 2000, 2001, 12345, 50_000])
 def test_upload_lands_every_byte(rt, chunks, nbytes):
     cl = rt.cl
