@@ -84,6 +84,27 @@ def test_upload_lands_every_byte(rt, chunks, nbytes):
     assert np.all(back[:32] == 0xAB) and np.all(back[32 + nbytes:] == 0xAB)
 
 
+@pytest.mark.parametrize("staged", [False, True])
+def test_upload_rows_lands_the_rows_packed(rt, monkeypatch, staged):
+    """The rows named, in order, one after another from the buffer's start: in one piece, and
+    (``staged``) in chunks of whole rows, each chunk's DMA enqueued as it is gathered."""
+    if staged:
+        chunked(monkeypatch)
+    cl = rt.cl
+    frame = np.random.default_rng(8).integers(0, 256, (90, 37, 3), dtype=np.uint8)   # 111-byte rows
+    rows = np.flatnonzero(np.arange(90) % 3 != 2).astype(np.int32)                    # 60 rows, 6660 bytes
+    _, host = staging.pinned(rt, (frame.nbytes,), np.uint8)
+    dst = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, frame.nbytes)
+    cl.enqueue_fill_buffer(rt.queue, dst, np.uint8(0xAB), 0, frame.nbytes)
+    events = staging.upload_rows(rt, dst, frame, rows, host)
+    assert len(events) == (1 if not staged else -(-len(rows) // (1000 // 111)))
+    events[-1].wait()
+    back = np.empty(frame.nbytes, np.uint8)
+    cl.enqueue_copy(rt.queue, back, dst)
+    n = len(rows) * 111
+    assert np.array_equal(back[:n].reshape(len(rows), 37, 3), frame[rows]) and np.all(back[n:] == 0xAB)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_executor_run_and_submit_equal_the_plain_copy(precision, monkeypatch):
     det = Detector("yolov3-tiny", input_size=SIZE, precision=precision)
