@@ -71,6 +71,11 @@ def wanted(rt) -> bool:
     return value == "on" or (value not in ("on", "off") and not rt.is_cpu)
 
 
+def _chunk(rt, nbytes: int) -> int:
+    """Bytes per copy and DMA for an upload of ``nbytes``: ``CHUNK`` where chunking pays, else all."""
+    return CHUNK if nbytes >= MIN_BYTES and wanted(rt) else nbytes
+
+
 def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0):
     """Enqueue ``src`` (C-contiguous) into the device buffer ``dst`` at ``dst_offset`` through the
     pinned array ``host`` (flat uint8, at least ``src.nbytes``): chunk by chunk, each chunk's
@@ -84,7 +89,7 @@ def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0):
         return [cl.enqueue_copy(q, dst, src, dst_offset=dst_offset, is_blocking=False)]
     s = src.reshape(-1).view(np.uint8)
     n = s.nbytes
-    step = max(1, CHUNK if n >= MIN_BYTES and wanted(rt) else n)
+    step = max(1, _chunk(rt, n))
     events = []
     for i in range(0, n, step):
         np.copyto(host[i:i + step], s[i:i + step])
@@ -102,7 +107,7 @@ def upload_rows(rt, dst, src: np.ndarray, rows: np.ndarray, host: np.ndarray):
     cl, q = rt.cl, rt.queue
     row = src[0].nbytes
     n = len(rows) * row
-    per = max(1, (CHUNK if n >= MIN_BYTES and wanted(rt) else n) // row)
+    per = max(1, _chunk(rt, n) // row)
     packed = host[:n].reshape((len(rows),) + src.shape[1:])
     events = []
     for i in range(0, len(rows), per):

@@ -51,7 +51,7 @@ class DeviceDecoder:
                         rt.upload(np.asarray(anchors, np.float32), "anchors")]
         prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half, "NMS_MAX": NMS_MAX,
                                           "NMS_CLASSES": NMS_CLASSES})
-        self.gsize = (base, B)
+        self.cells = base                  # anchor-cells of all heads: the decode's first global size
         self._zero = np.zeros(1, np.int32)
         self.cap = max(1, min(base, CAP))
         self.first = min(self.cap, FIRST)
@@ -96,7 +96,7 @@ class DeviceDecoder:
             st["thresh"] = thresh
         if zero:
             cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, n * 4)
-        cl.enqueue_nd_range_kernel(q, st["kernel"], (self.gsize[0], n), None)
+        cl.enqueue_nd_range_kernel(q, st["kernel"], (self.cells, n), None)
         if self.classes > NMS_CLASSES:
             nms = None
         st["nms_done"] = nms is not None

@@ -86,27 +86,27 @@ class DevicePreprocess:
             st.copied[-1].wait()     # the previous frame of this slot has left the pinned buffer
         return st
 
-    def _table(self, src: int, dst: int):
-        t = self._tables.get((src, dst))
-        if t is None:
-            if len(self._tables) >= TABLE_CACHE:
+    def _cached(self, cache: dict, key: tuple, make):
+        """``cache[key]``, made by ``make()`` the first time; a cache past ``TABLE_CACHE``
+        entries is emptied first (once the queue no longer reads what it holds)."""
+        if key not in cache:
+            if len(cache) >= TABLE_CACHE:
                 self.rt.queue.finish()
-                self._tables.clear()
-            t = self._tables[(src, dst)] = self.rt.upload(resize_tables(src, dst), "resize table")
-        return t
+                cache.clear()
+            cache[key] = make()
+        return cache[key]
+
+    def _table(self, src: int, dst: int):
+        return self._cached(self._tables, (src, dst),
+                            lambda: self.rt.upload(resize_tables(src, dst), "resize table"))
 
     def _rows(self, src: int, dst: int) -> Optional[tuple]:
         """(rows, device table) to send a plain frame of ``src`` rows packed, or None where its
         resize to ``dst`` rows reads more than ``ROWS_SHARE`` of them (then the whole frame)."""
-        key = (src, dst)
-        if key not in self._packed:
-            if len(self._packed) >= TABLE_CACHE:
-                self.rt.queue.finish()
-                self._packed.clear()
+        def make() -> Optional[tuple]:
             rows, table = packed_rows(src, dst)
-            self._packed[key] = ((rows, self.rt.upload(table, "packed resize table"))
-                                 if len(rows) <= ROWS_SHARE * src else None)
-        return self._packed[key]
+            return (rows, self.rt.upload(table, "packed resize table")) if len(rows) <= ROWS_SHARE * src else None
+        return self._cached(self._packed, (src, dst), make)
 
     def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0,
                 counter=None) -> None:
