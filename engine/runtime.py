@@ -176,6 +176,8 @@ class Runtime:
         self.fp16 = "cl_khr_fp16" in self.device.extensions     # half arithmetic (precision.half_math)
         self.is_cpu = bool(self.device.type & cl.device_type.CPU)
         self.builds = 0          # programs compiled from source (not from a cache) in this process
+        # compiler options added to every build (e.g. NVIDIA's -cl-nv-maxrregcount=N), for experiments
+        self.build_options = os.environ.get("YOLO_CL_BUILD_OPTIONS", "").strip()
         self.on_first_build = None   # called once, before the first compile from source (a notice)
 
     # -- identity ----------------------------------------------------------------------------
@@ -270,7 +272,7 @@ class Runtime:
 
         Thread-safe, and threads building different programs do not wait for each other (the
         tuner compiles its candidates in parallel: compiling, not timing, dominates a search)."""
-        opts = _options(defines or {})
+        opts = " ".join(o for o in (_options(defines or {}), self.build_options) if o)
         key = (source, opts)
         prg = self._programs.get(key)
         if prg is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 
@@ -37,8 +38,16 @@ CONFIGS = [dict(MWG=128, NWG=128, KWG=32, WM=2, WN=2), dict(MWG=128, NWG=128, KW
            dict(MWG=128, NWG=128, KWG=16, WM=2, WN=4, ST=2), dict(MWG=128, NWG=128, KWG=8, WM=2, WN=4, ST=4)]
 
 
+def registers(rt, program) -> str:
+    """The registers per work-item NVIDIA's compiler reports for ``program`` (its build log under
+    ``-cl-nv-verbose``), or "" where the log does not say."""
+    log = program.get_build_info(rt.device, rt.cl.program_build_info.LOG) or ""
+    found = re.findall(r"Used (\d+) registers", log)
+    return f" {found[-1]} registers" if found else ""
+
+
 def time_gemm(rt, mode: str, cfg: dict, n: int, reps: int) -> tuple:
-    """(best ms, relative error on a row slice) of an n x n x n GEMM under ``cfg``."""
+    """(best ms, relative error on a row slice, registers) of an n x n x n GEMM under ``cfg``."""
     cl = rt.cl
     rng = np.random.default_rng(0)
     half = mode == "f16"
@@ -52,7 +61,8 @@ def time_gemm(rt, mode: str, cfg: dict, n: int, reps: int) -> tuple:
     d = gm.defines({"HALF_STORAGE": half, "NO_BIAS": True}, cfg, n, n, n, mode, gm.b_vector(cfg, mode, False, n))
     (_, name, d, args, gs, ls), = gm.launch_specs(cfg, d, n, n, n, 1, 1, [a, bias], [b] + i32(0, 0, 0, n),
                                                   [c] + i32(0, 0, n), [c] + i32(0, 0), [])
-    k = cl.Kernel(rt.program("gemm_mma.cl", d), name)
+    prg = rt.program("gemm_mma.cl", d)
+    k = cl.Kernel(prg, name)
     k.set_args(*args)
     evs = [cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls) for _ in range(reps + 1)]
     rt.queue.finish()
@@ -65,7 +75,7 @@ def time_gemm(rt, mode: str, cfg: dict, n: int, reps: int) -> tuple:
     Br = B if half else gm.tf32_round(B)
     ref = Ar.astype(np.float64) @ Br.astype(np.float64)
     err = float(np.linalg.norm(out[rows].astype(np.float64) - ref) / np.linalg.norm(ref))
-    return ms, err
+    return ms, err, registers(rt, prg)
 
 
 def iou(a: tuple, b: tuple) -> float:
@@ -113,9 +123,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--modes", default="f16,tf32")
     ap.add_argument("--images", help="folder of .jpg images for the detection accuracy check")
+    ap.add_argument("--build-options", default="",
+                    help="'|'-separated compiler option sets to sweep, e.g. '|-cl-nv-maxrregcount=128' "
+                         "(each GEMM is timed under each; with NVIDIA, -cl-nv-verbose is added to report registers)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")     # the probe's verdict, if it says no
-    rt = Runtime(profiling=True)
+    rt = Runtime(profiling=True, binary_cache=not args.build_options)   # a cached binary has no build log
     d = rt.device
     cc = ""
     if "cl_nv_device_attribute_query" in d.extensions:
@@ -126,6 +139,8 @@ def main() -> int:
         t0 = time.perf_counter()
         ok[mode] = gm.available(rt, mode)
         print(f"probe {mode}: {'yes' if ok[mode] else 'no'} ({time.perf_counter() - t0:.2f} s)", flush=True)
+    option_sets = args.build_options.split("|") if args.build_options else [rt.build_options]
+    nv = "NVIDIA" in rt.vendor.upper()
     for mode in args.modes.split(","):
         if not ok[mode]:
             continue
@@ -133,13 +148,17 @@ def main() -> int:
             for cfg in CONFIGS:
                 if gm.why_illegal(cfg, n, n, n, mode, lim=gm.device_limits(rt)) is not None:
                     continue
-                try:
-                    ms, err = time_gemm(rt, mode, cfg, n, args.reps)
-                except Exception as e:      # noqa: BLE001 - report and go on with the next config
-                    print(f"{mode} {n}^3 {cfg}: FAILED {str(e).splitlines()[0][:200]}", flush=True)
-                    continue
-                print(f"{mode} {n}^3 {' '.join(f'{k}{v}' for k, v in cfg.items())}: {ms:.3f} ms "
-                      f"{2 * n ** 3 / ms / 1e9:.1f} TFLOP/s  rel err {err:.2e}", flush=True)
+                for opts in option_sets:
+                    rt.build_options = " ".join(o for o in (opts.strip(), "-cl-nv-verbose" if nv and args.build_options
+                                                            else "") if o)
+                    try:
+                        ms, err, regs = time_gemm(rt, mode, cfg, n, args.reps)
+                    except Exception as e:      # noqa: BLE001 - report and go on with the next config
+                        print(f"{mode} {n}^3 {cfg} [{opts}]: FAILED {str(e).splitlines()[0][:200]}", flush=True)
+                        continue
+                    print(f"{mode} {n}^3 {' '.join(f'{k}{v}' for k, v in cfg.items())}"
+                          f"{f' [{opts}]' if args.build_options else ''}: {ms:.3f} ms "
+                          f"{2 * n ** 3 / ms / 1e9:.1f} TFLOP/s  rel err {err:.2e}{regs}", flush=True)
     if args.images:
         accuracy(args.images)
     return 0
