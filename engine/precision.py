@@ -51,6 +51,10 @@ FP32 = Precision("fp32", False, 1e-4, "", (2, 4))
 FP16 = Precision("fp16", True, 1e-2, "f16", (2,))
 TF32 = Precision("tf32", False, 2e-2, "tf32", (2, 4))
 PRECISIONS = {p.name: p for p in (FP32, FP16, TF32)}
+# Tensor-core modes next to which the FMA kernel families stay on offer (tuned, stored, bound):
+# fp32 FMA is at least as accurate as tf32, and on an H100 NVIDIA's tf32 mma.sync loses to it
+# on some layers (yolov3's stride-1 3x3 convs, as Winograd) while winning on others.
+FMA_COMPETES = ("tf32",)
 
 
 def precision_named(name: str) -> Precision:

@@ -219,7 +219,7 @@ class Tuner:
         if build not in BUILDS:
             raise YoloClError(f"build '{build}' is not one of {', '.join(BUILDS)}")
         self.rt, self.precision, self.batch, self.clock = rt, precision, batch, clock
-        self.mma = gemm_mma.mode_for(rt, precision)     # tensor cores: the mma family alone is searched
+        self.mma = gemm_mma.mode_for(rt, precision)     # the families offered next to it are searched
         self.keys = family.space_keys()
         self.fraction, self.reps, self.seed = fraction, reps, seed
         self.progress = progress

@@ -34,6 +34,8 @@ def test_each_device_gets_its_families_heuristic(tmp_path):
     assert family.heuristic(node, gpu, 1, FP16, "f16") == gemm_mma.heuristic_config(node, "f16", 1)
     assert [f.name for f in family.offered(cpu, "")] == [None, "cpu"]
     assert [f.name for f in family.offered(gpu, "f16")] == [None, "mma"]
+    assert [f.name for f in family.offered(gpu, "tf32")] == [None, "mma", "local"]     # fp32 FMA competes
+    assert family.heuristic(node, gpu, 1, TF32, "tf32") == gemm_mma.heuristic_config(node, "tf32", 1)
     cands = family.candidates(node, cpu, 1, FP16, "")
     assert cands and {c["family"] for c in cands} == {"cpu"}
     assert not any(c["algo"] == "winograd" and c["m"] == 4 for c in cands)      # FP16 allows F(2x2) only
@@ -41,8 +43,9 @@ def test_each_device_gets_its_families_heuristic(tmp_path):
 
 
 def test_tensor_cores_set_fma_configs_aside():
+    """At f16 an FMA config never stands for a conv; at tf32 it may (fp32 is at least as accurate)."""
     local = {"algo": "implicit", "family": "local"}
-    assert family.competes(local, "") and not family.competes(local, "f16")
+    assert family.competes(local, "") and not family.competes(local, "f16") and family.competes(local, "tf32")
     assert family.competes({"algo": "implicit", "family": "mma"}, "f16")
     assert family.competes({"algo": "depthwise"}, "f16")
 

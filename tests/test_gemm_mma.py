@@ -462,6 +462,43 @@ def test_tune_retunes_a_shape_whose_own_entry_is_an_fma_config(rt, tmp_path, mon
     assert need(mma) == (0, total)
 
 
+def test_tf32_binds_fma_configs_next_to_tensor_cores(rt, tmp_path):
+    """At tf32 the FMA family competes: a conv whose stored config is the local GEMM's (Winograd
+    or implicit, timed faster there) runs on it beside the tensor-core convs, and the net still
+    matches the NumPy Darknet forward pass within tf32's gate; at fp16 the same table's FMA
+    entries stand aside for the tensor cores."""
+    from darknet_io import forward_numpy, write_random_weights
+    from tiny_graphs import FixedTuning, graph_of
+    from yolo_cl.executor import Executor
+    from yolo_cl.kernels import gemm_local as gl
+    from yolo_cl.kernels import winograd
+    cfg = tmp_path / "mixed.cfg"
+    cfg.write_text(WINO_CFG)
+    weights = write_random_weights(str(cfg), str(tmp_path / "mixed.weights"), calib_size=32)
+    blob = np.random.default_rng(5).random((2, 3, 18, 22), dtype=np.float32)
+    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
+    ref = ref[max(ref)]
+    mma_tile = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2)
+
+    def pick(node) -> dict:
+        if winograd.applicable(node):       # the 3x3 stride-1 convs: fp32 FMA Winograd
+            return gl.wino_heuristic(node, 2, 2)
+        if node.attrs["stride_x"] == 2:     # the strided one: the local implicit GEMM
+            return gl.heuristic_config(node, 2)
+        return {"algo": gm.conv_algos(node)[0], "family": "mma", **mma_tile}
+    runs = {}
+    for precision in (TF32, FP16):
+        ex = Executor(rt, graph_of(str(cfg), weights), batch=2, precision=precision, tuning=FixedTuning(pick),
+                      mma=gm.mode_for(rt, precision))
+        families = {(l.config or {}).get("family") for l in ex.launches if l.node.op == "conv"} - {None}
+        runs[precision.name] = families, {l.name for l in ex.launches}, ex.run(blob)[0]
+    families, names, out = runs["tf32"]
+    assert families == {"local", "mma"} and {"gemm_mma", "gemm_local", "wino_gemm"} <= names
+    assert rel_err(out, ref) < 2e-2
+    families, names, out = runs["fp16"]
+    assert families == {"mma"} and "gemm_local" not in names and rel_err(out, ref) < 2e-2
+
+
 WINO_CFG = (net_header(22, 18) + conv(13) + conv(13, act="mish") + shortcut(-2, act="leaky")
             + conv(20, stride=2, bn=0) + conv(9, 1) + route(-2) + conv(7) + route(-1, -3)
             + conv(11, bn=0, act="linear"))

@@ -9,6 +9,8 @@ writes the faster per shape key (by at least ``--margin``) into a tuning file (`
 the user database). Each config's time is its best over ``--rounds`` round-robin timings. Variants:
 
   ``heuristic``  the config the heuristic would pick for that conv (any family);
+  ``fp32``       at tf32, the config fp32 runs for that conv (its database entry, else its heuristic):
+                 IEEE FMA, at least as accurate, and faster than tf32 tensor cores on some layers;
   ``gather:G``   for the tensor-core family's implicit convs, the stored config with the implicit
                  B gather ``GA`` G (``ST`` raised to 2, which the gathers need);
   ``wg:N``       for the CPU family, the stored config with work-groups of N items (``WG``; 0 lets
@@ -36,6 +38,7 @@ B needs no gather could take.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from typing import Optional
 
@@ -46,10 +49,16 @@ from yolo_cl.kernels.family import tuning_database
 from yolo_cl.kernels.gemm_cpu import fused_illegal
 from yolo_cl.kernels.gemm_mma import mode_for
 from yolo_cl.model import load_model
-from yolo_cl.precision import precision_named
+from yolo_cl.precision import FMA_COMPETES, FP32, precision_named
 from yolo_cl.runtime import Runtime
 from yolo_cl.tuner import ConvBench
 from yolo_cl.tuning_db import shape_key
+
+
+@functools.lru_cache(maxsize=None)
+def fp32_database(rt):
+    """The tuning database fp32 reads on ``rt``'s device (for the ``fp32`` variant)."""
+    return tuning_database(rt, FP32, "")
 
 
 def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1) -> Optional[dict]:
@@ -57,6 +66,11 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
     if name == "heuristic":
         h = heuristic_config(node, rt, batch, precision, mma)
         return None if h == cfg else h
+    if name == "fp32":
+        if mma not in FMA_COMPETES:
+            return None
+        f = fp32_database(rt).conv_config(node, batch) or heuristic_config(node, rt, batch, FP32, "")
+        return None if f == cfg else f
     if name.startswith("set:"):
         sets = dict(kv.split("=", 1) for kv in name[4:].split("/"))
         if "SS" in sets and int(cfg.get("SK", 1)) < 2:
@@ -82,7 +96,7 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
         if cfg.get("family") != "cpu" or not winograd.applicable(node) or fused_illegal(node, c) is not None:
             return None
         return None if cfg == c else c
-    raise SystemExit(f"retime: unknown variant '{name}' (heuristic, gather:G, wg:N, fused:KB, set:K=V/...)")
+    raise SystemExit(f"retime: unknown variant '{name}' (heuristic, fp32, gather:G, wg:N, fused:KB, set:K=V/...)")
 
 
 def retime(models: list, size: int, precision_name: str, variants: list, reps: int, margin: float,
@@ -162,7 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--untuned", action="store_true", help="also time convs without a stored entry (baseline: the heuristic)")
     ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--variants", default="heuristic", help="comma-separated: heuristic, gather:G, wg:N, fused:KB, set:K=V/K=V")
+    ap.add_argument("--variants", default="heuristic", help="comma-separated: heuristic, fp32, gather:G, wg:N, fused:KB, set:K=V/K=V")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3, help="times each config is timed, round-robin; the best counts")
     ap.add_argument("--clock", default="events", choices=("events", "cpu"))

@@ -14,7 +14,7 @@ from typing import Optional, Protocol
 
 from . import direct, gemm_cpu, gemm_local, gemm_mma
 from ..graph import Node
-from ..precision import Precision
+from ..precision import FMA_COMPETES, Precision
 from ..search import SpaceKeys
 from ..tuning_db import TuningDatabase
 
@@ -85,9 +85,11 @@ def heuristic(node: Node, rt, batch: int, precision: Precision, mma: str) -> dic
 
 
 def competes(cfg: dict, mma: str) -> bool:
-    """Whether a tuned config is worth using: with tensor cores on, an FMA family's tuned GEMM
-    does not compete with them (depthwise convs have no tensor-core kernel)."""
-    return not mma or cfg.get("algo") == "depthwise" or family_of(cfg).tensor_cores
+    """Whether a tuned config is worth using: with f16 tensor cores on, an FMA family's tuned GEMM
+    does not compete with them (depthwise convs have no tensor-core kernel; an fp16 record's FMA
+    entries were tuned before there were tensor-core kernels). With tf32 it does
+    (``precision.FMA_COMPETES``): a tf32 record holds an FMA config only where it was timed faster."""
+    return not mma or mma in FMA_COMPETES or cfg.get("algo") == "depthwise" or family_of(cfg).tensor_cores
 
 
 def why_illegal(node: Node, cfg, rt) -> Optional[str]:

@@ -28,6 +28,7 @@ from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_d
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
+from ..precision import FMA_COMPETES
 
 FAMILY = "local"
 MPAD, KPAD = 128, 32            # A is padded to these: every MWG divides MPAD, every KWG divides KPAD
@@ -459,7 +460,7 @@ class LocalGemm:
     derived, schedule, block = DERIVED, ("PF",), ("MWG", "NWG", "m")
 
     def offered(self, rt, mma: str) -> bool:
-        return not rt.is_cpu and not mma
+        return not rt.is_cpu and (not mma or mma in FMA_COMPETES)
 
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
         if is_depthwise(node):
