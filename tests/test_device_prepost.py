@@ -115,10 +115,23 @@ def test_tall_plain_frames_send_only_the_rows_the_resize_reads(tiny, monkeypatch
     device_blob(tiny, short, short_place)
     assert len(sent) == 1                              # neither the pinned nor the short frame
     np.testing.assert_array_equal(packed, whole)
-    monkeypatch.setattr(prep_mod, "ROWS_SHARE", 0.0)     # packing off: a fresh stager sends it whole
+    monkeypatch.setattr(prep_mod, "ROWS_SHARE_CPU", 0.0)     # packing off: a fresh stager sends it whole
+    monkeypatch.setattr(prep_mod, "ROWS_SHARE_GPU", 0.0)
     tiny.device_path.prep._packed.clear()
     np.testing.assert_array_equal(device_blob(tiny, tall, place), packed)
     assert len(sent) == 1
+
+
+def test_a_gpu_packs_only_well_under_half_the_rows():
+    """1920x1080 letterboxed to 234 rows reads 468 rows (43%): packed on a CPU device, where the
+    gather won, sent whole on a GPU, where it lost (H100); 4K to 416 rows (38%) is packed on both."""
+    from test_tuner import fake_rt
+    from yolo_cl.kernels.preprocess import rows_share
+    cpu, gpu = fake_rt(), fake_rt(kind="GPU")
+    hd = len(packed_rows(1080, 234)[0]) / 1080
+    uhd = len(packed_rows(2160, 416)[0]) / 2160
+    assert rows_share(gpu) < hd <= rows_share(cpu)
+    assert uhd <= rows_share(gpu) <= rows_share(cpu)
 
 
 def test_blob_second_image_of_a_batch_and_a_larger_frame(tiny):

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from yolo_cl import Detector, staging
-from yolo_cl.kernels.preprocess import ROWS_SHARE, packed_rows
+from yolo_cl.kernels.preprocess import packed_rows, rows_share
 
 
 def main() -> None:
@@ -57,7 +57,7 @@ def main() -> None:
                 fn()
                 t.append((time.perf_counter() - t0) * 1e3)
         a, b = (float(np.median(t)) for t in ts.values())
-        used = "packed" if len(rows) <= ROWS_SHARE * h else "whole"
+        used = "packed" if len(rows) <= rows_share(rt) * h else "whole"
         print(f"{w}x{h} -> {place.new_w}x{place.new_h} ({det.fit}): whole {frame.nbytes / 1e6:.2f} MB {a:.3f} ms; "
               f"packed {len(rows)} of {h} rows {len(rows) * w * 3 / 1e6:.2f} MB {b:.3f} ms ({b / a:.2f}x); "
               f"the device path sends it {used}", flush=True)

@@ -22,7 +22,17 @@ from ..staging import pinned
 
 COEF = 2048            # OpenCV's INTER_RESIZE_COEF_SCALE (11 fractional bits)
 TABLE_CACHE = 64       # coordinate tables kept per source/target length pair
-ROWS_SHARE = 0.5       # a plain frame sends only the rows its resize reads when they are at most this share
+# A plain frame sends only the rows its resize reads when they are at most this share of its rows.
+# Gathering rows costs more per byte than one contiguous copy, so packing pays only well under all
+# of them: at 43% of the rows it won on PoCL and lost on an H100 host, at 38% it won on both
+# (BENCHMARKS.md, "Twelfth GPU session").
+ROWS_SHARE_CPU = 0.5
+ROWS_SHARE_GPU = 0.4
+
+
+def rows_share(rt) -> float:
+    """The largest share of a plain frame's rows that ``rt``'s device path sends packed."""
+    return ROWS_SHARE_CPU if rt.is_cpu else ROWS_SHARE_GPU
 
 
 def packed_rows(src: int, dst: int) -> tuple:
@@ -102,10 +112,11 @@ class DevicePreprocess:
 
     def _rows(self, src: int, dst: int) -> Optional[tuple]:
         """(rows, device table) to send a plain frame of ``src`` rows packed, or None where its
-        resize to ``dst`` rows reads more than ``ROWS_SHARE`` of them (then the whole frame)."""
+        resize to ``dst`` rows reads more than ``rows_share`` of them (then the whole frame)."""
         def make() -> Optional[tuple]:
             rows, table = packed_rows(src, dst)
-            return (rows, self.rt.upload(table, "packed resize table")) if len(rows) <= ROWS_SHARE * src else None
+            return (rows, self.rt.upload(table, "packed resize table")) if len(rows) <= rows_share(self.rt) * src \
+                else None
         return self._cached(self._packed, (src, dst), make)
 
     def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0,

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""What NVIDIA's OpenCL lets a kernel reach, beyond mma.sync (issue 17's remaining targets).
+
+    python3 tools/probe_nv_limits.py
+
+Prints, for the first GPU (or ``YOLO_CL_DEVICE``):
+  * whether kernels using Hopper's sm_90a-only instructions (``wgmma.fence``, ``setmaxnreg``)
+    build, without and with ``-cl-nv-arch sm_90a``, and which PTX ``.target`` the build emits;
+  * the largest dynamic local memory (``__local`` kernel argument) a work-group can launch with;
+  * the L2 read bandwidth: 256 work-groups of 256 items summing a 16 MB buffer (it stays in the
+    50 MB L2) with 16-byte loads, best of 5; the bound of a GEMM whose tiles re-read A and B from L2.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from yolo_cl.runtime import Runtime
+
+KERNELS = {
+    "plain": "__kernel void k(__global float* x) { x[get_global_id(0)] += 1.0f; }",
+    "wgmma.fence (sm_90a)": '__kernel void k(__global float* x) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); '
+                            'x[get_global_id(0)] += 1.0f; }',
+    "setmaxnreg (sm_90a)": '__kernel void k(__global float* x) { asm volatile("setmaxnreg.inc.sync.aligned.u32 240;"); '
+                           'x[get_global_id(0)] += 1.0f; }',
+}
+LOCAL = """__kernel void k(__global float* x, __local float* s, int n) {
+    for (int i = get_local_id(0); i < n; i += get_local_size(0)) s[i] = i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    x[get_global_id(0)] = s[n - 1 - get_local_id(0)];
+}"""
+L2 = """__kernel void k(__global const uint4* x, int n, int rounds, __global uint* out) {
+    uint4 acc = (uint4)(0u);
+    for (int r = 0; r < rounds; ++r)      /* each round reads every element at another place of its
+                                             loop (a rotation by r * 4099): nothing to reuse or fold */
+        for (int i = get_global_id(0); i < n; i += get_global_size(0)) acc += x[(i + r * 4099) & (n - 1)] * (uint)(r + 1);
+    out[get_global_id(0)] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+}"""
+
+
+def builds(rt, name: str, src: str) -> None:
+    cl = rt.cl
+    for opts in ("", "-cl-nv-arch sm_90a"):
+        try:
+            prg = cl.Program(rt.context, src).build(options=opts)
+            ptx = prg.get_info(cl.program_info.BINARIES)[0].decode(errors="replace")
+            target = next((l.split()[1] for l in ptx.splitlines() if l.startswith(".target")), "?")
+            print(f"{name} [{opts or 'no options'}]: builds, PTX .target {target}")
+        except cl.Error as e:
+            why = next((l.strip() for l in str(e).splitlines() if "error" in l.lower() or "understand" in l.lower()),
+                       str(e).splitlines()[0])
+            print(f"{name} [{opts or 'no options'}]: does not build: {why[:160]}")
+
+
+def main() -> int:
+    rt = Runtime(profiling=True, binary_cache=False)
+    cl, d = rt.cl, rt.device
+    print(f"device: {rt.device_name} (driver {rt.driver}); CL_DEVICE_LOCAL_MEM_SIZE {d.local_mem_size} bytes")
+    for name, src in KERNELS.items():
+        builds(rt, name, src)
+    x = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, 4 * 256)
+    k = cl.Kernel(cl.Program(rt.context, LOCAL).build(), "k")
+    for kb in (32, 40, 44, 47, 48, 64):
+        n = kb * 256
+        try:
+            k.set_args(x, cl.LocalMemory(4 * n), np.int32(n))
+            cl.enqueue_nd_range_kernel(rt.queue, k, (256,), (256,))
+            rt.queue.finish()
+            print(f"dynamic local memory {kb} KB: launches")
+        except cl.Error as e:
+            print(f"dynamic local memory {kb} KB: refused ({str(e).splitlines()[0].split(':')[-1].strip()})")
+    n = (16 << 20) // 16                  # a power of two: the rotation is a mask
+    buf = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                    hostbuf=np.arange(4 * n, dtype=np.uint32))
+    out = cl.Buffer(rt.context, cl.mem_flags.WRITE_ONLY, 4 * 256 * 256)
+    k2 = cl.Kernel(cl.Program(rt.context, L2).build(), "k")
+    rounds = 20
+    k2.set_args(buf, np.int32(n), np.int32(rounds), out)
+    best = min(_time(rt, k2) for _ in range(6))
+    print(f"L2 read bandwidth: {16 * n * rounds / best / 1e6:.0f} GB/s (16 MB read {rounds} times in {best:.3f} ms)")
+    return 0
+
+
+def _time(rt, k) -> float:
+    ev = rt.cl.enqueue_nd_range_kernel(rt.queue, k, (256 * 256,), (256,))
+    ev.wait()
+    return (ev.profile.end - ev.profile.start) * 1e-6
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
