@@ -123,6 +123,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--modes", default="f16,tf32")
     ap.add_argument("--images", help="folder of .jpg images for the detection accuracy check")
+    ap.add_argument("--configs", default="",
+                    help="','-separated configs to time instead of the built-in list, e.g. MWG=128/NWG=192/KWG=32/WM=2/WN=4/ST=2")
     ap.add_argument("--build-options", default="",
                     help="'|'-separated compiler option sets to sweep, e.g. '|-cl-nv-maxrregcount=128' "
                          "(each GEMM is timed under each; with NVIDIA, -cl-nv-verbose is added to report registers)")
@@ -144,8 +146,10 @@ def main() -> int:
     for mode in args.modes.split(","):
         if not ok[mode]:
             continue
+        configs = [{k: int(v) for k, v in (kv.split("=") for kv in c.split("/"))} for c in args.configs.split(",")] \
+            if args.configs else CONFIGS
         for n in (int(s) for s in args.sizes.split(",")):
-            for cfg in CONFIGS:
+            for cfg in configs:
                 if gm.why_illegal(cfg, n, n, n, mode, lim=gm.device_limits(rt)) is not None:
                     continue
                 for opts in option_sets:

@@ -6,7 +6,8 @@
 Prints, for the first GPU (or ``YOLO_CL_DEVICE``):
   * whether kernels using Hopper's sm_90a-only instructions (``wgmma.fence``, ``setmaxnreg``)
     build, without and with ``-cl-nv-arch sm_90a``, and which PTX ``.target`` the build emits;
-  * the largest dynamic local memory (``__local`` kernel argument) a work-group can launch with;
+  * the largest dynamic local memory (``__local`` kernel argument) and static ``__local`` array a
+    work-group can launch with (the mma family's tiles are static arrays, up to exactly 48 KB);
   * the L2 read bandwidth: 256 work-groups of 256 items summing a 16 MB buffer (it stays in the
     50 MB L2) with 16-byte loads, best of 5; the bound of a GEMM whose tiles re-read A and B from L2.
 """
@@ -27,6 +28,12 @@ LOCAL = """__kernel void k(__global float* x, __local float* s, int n) {
     for (int i = get_local_id(0); i < n; i += get_local_size(0)) s[i] = i;
     barrier(CLK_LOCAL_MEM_FENCE);
     x[get_global_id(0)] = s[n - 1 - get_local_id(0)];
+}"""
+STATIC = """__kernel void k(__global float* x) {
+    __local float s[N];
+    for (int i = get_local_id(0); i < N; i += get_local_size(0)) s[i] = i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    x[get_global_id(0)] = s[N - 1 - get_local_id(0)];
 }"""
 L2 = """__kernel void k(__global const uint4* x, int n, int rounds, __global uint* out) {
     uint4 acc = (uint4)(0u);
@@ -68,6 +75,15 @@ def main() -> int:
             print(f"dynamic local memory {kb} KB: launches")
         except cl.Error as e:
             print(f"dynamic local memory {kb} KB: refused ({str(e).splitlines()[0].split(':')[-1].strip()})")
+    for kb in (47, 48):
+        try:
+            ks = cl.Kernel(cl.Program(rt.context, STATIC).build(options=f"-DN={kb * 256}"), "k")
+            ks.set_args(x)
+            cl.enqueue_nd_range_kernel(rt.queue, ks, (256,), (256,))
+            rt.queue.finish()
+            print(f"static local array of {kb} KB: launches")
+        except cl.Error as e:
+            print(f"static local array of {kb} KB: refused ({str(e).splitlines()[0].split(':')[-1].strip()})")
     n = (16 << 20) // 16                  # a power of two: the rotation is a mask
     buf = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                     hostbuf=np.arange(4 * n, dtype=np.uint32))
