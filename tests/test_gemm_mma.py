@@ -320,14 +320,15 @@ NET = (net_header(24, 24) + conv(16) + conv(32, stride=2) + conv(16, 1) + conv(3
        + conv(18, 1, bn=0, act="linear"))
 
 
-def net_and_reference(tmp_path, text: str, size: int, seed: int) -> tuple:
+def net_and_reference(tmp_path, text: str, size, seed: int, batch: int = 1) -> tuple:
     """(cfg path, weights path, a random input blob, the NumPy Darknet forward pass's last output)
-    of a cfg ``text`` with random weights."""
+    of a cfg ``text`` with random weights; ``size``: the input's side, or its (height, width)."""
     from darknet_io import forward_numpy, write_random_weights
     cfg = tmp_path / "net.cfg"
     cfg.write_text(text)
     weights = write_random_weights(str(cfg), str(tmp_path / "net.weights"), calib_size=32)
-    blob = np.random.default_rng(seed).random((1, 3, size, size), dtype=np.float32)
+    h, w = (size, size) if isinstance(size, int) else size
+    blob = np.random.default_rng(seed).random((batch, 3, h, w), dtype=np.float32)
     ref = forward_numpy(str(cfg), weights, blob, keep="heads")
     return cfg, weights, blob, ref[max(ref)]
 
@@ -464,22 +465,48 @@ def test_tune_retunes_a_shape_whose_own_entry_is_an_fma_config(rt, tmp_path, mon
     assert need(mma) == (0, total)
 
 
+WINO_CFG = (net_header(22, 18) + conv(13) + conv(13, act="mish") + shortcut(-2, act="leaky")
+            + conv(20, stride=2, bn=0) + conv(9, 1) + route(-2) + conv(7) + route(-1, -3)
+            + conv(11, bn=0, act="linear"))
+
+
+@pytest.mark.parametrize("precision,m,st", [("fp16", 2, 2), ("fp16", 2, 1), ("tf32", 4, 3)])
+def test_winograd_on_tensor_cores(rt, tmp_path, precision, m, st):
+    """Winograd F(m x m, 3x3) with this family's GEMM over the transform points, every 3x3
+    stride-1 conv of a small net (odd maps, mish, a fused shortcut, convs writing into a concat,
+    batch 2; the 22x18 input's 11x9 tiles are a multiple of 8, so B goes by 16-byte chunks at ST
+    > 1, the 11x9 map's 6x5 are not), the rest implicit, against the NumPy Darknet forward pass."""
+    from tiny_graphs import FixedTuning, graph_of
+    from yolo_cl.executor import Executor
+    from yolo_cl.kernels import winograd
+    cfg, weights, blob, ref = net_and_reference(tmp_path, WINO_CFG, (18, 22), 4, batch=2)
+    tile = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=st)
+
+    def pick(node) -> dict:
+        algo = "winograd" if winograd.applicable(node) else "implicit"
+        return {"algo": algo, "family": "mma", **tile, **({"m": m} if algo == "winograd" else {})}
+    precision = PRECISIONS[precision]
+    ex = Executor(rt, graph_of(str(cfg), weights), batch=2, precision=precision, tuning=FixedTuning(pick),
+                  mma=gm.mode_for(rt, precision))
+    wino = [l for l in ex.launches if l.name == "wino_gemm"]
+    assert len(wino) == 4 and all(l.config["m"] == m for l in wino)
+    assert all(l.name in ("gemm_mma", "wino_gemm", "wino_input", "wino_output") for l in ex.launches
+               if l.node.op == "conv")
+    out = ex.run(blob)[0]
+    assert rel_err(out, ref) < 2e-2
+    assert gm.KERNEL_FAMILY.why_illegal(ex.graph.nodes[0], {"algo": "winograd", "m": 6, **tile}, rt) is not None
+
+
 def test_tf32_binds_fma_configs_next_to_tensor_cores(rt, tmp_path):
     """At tf32 the FMA family competes: a conv whose stored config is the local GEMM's (Winograd
     or implicit, timed faster there) runs on it beside the tensor-core convs, and the net still
     matches the NumPy Darknet forward pass within tf32's gate; at fp16 the same table's FMA
     entries stand aside for the tensor cores."""
-    from darknet_io import forward_numpy, write_random_weights
     from tiny_graphs import FixedTuning, graph_of
     from yolo_cl.executor import Executor
     from yolo_cl.kernels import gemm_local as gl
     from yolo_cl.kernels import winograd
-    cfg = tmp_path / "mixed.cfg"
-    cfg.write_text(WINO_CFG)
-    weights = write_random_weights(str(cfg), str(tmp_path / "mixed.weights"), calib_size=32)
-    blob = np.random.default_rng(5).random((2, 3, 18, 22), dtype=np.float32)
-    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
-    ref = ref[max(ref)]
+    cfg, weights, blob, ref = net_and_reference(tmp_path, WINO_CFG, (18, 22), 5, batch=2)
     mma_tile = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2)
 
     def pick(node) -> dict:
@@ -499,44 +526,6 @@ def test_tf32_binds_fma_configs_next_to_tensor_cores(rt, tmp_path):
     assert rel_err(out, ref) < 2e-2
     families, names, out = runs["fp16"]
     assert families == {"mma"} and "gemm_local" not in names and rel_err(out, ref) < 2e-2
-
-
-WINO_CFG = (net_header(22, 18) + conv(13) + conv(13, act="mish") + shortcut(-2, act="leaky")
-            + conv(20, stride=2, bn=0) + conv(9, 1) + route(-2) + conv(7) + route(-1, -3)
-            + conv(11, bn=0, act="linear"))
-
-
-@pytest.mark.parametrize("precision,m,st", [("fp16", 2, 2), ("fp16", 2, 1), ("tf32", 4, 3)])
-def test_winograd_on_tensor_cores(rt, tmp_path, precision, m, st):
-    """Winograd F(m x m, 3x3) with this family's GEMM over the transform points, every 3x3
-    stride-1 conv of a small net (odd maps, mish, a fused shortcut, convs writing into a concat,
-    batch 2; the 22x18 input's 11x9 tiles are a multiple of 8, so B goes by 16-byte chunks at ST
-    > 1, the 11x9 map's 6x5 are not), the rest implicit, against the NumPy Darknet forward pass."""
-    from darknet_io import forward_numpy, write_random_weights
-    from tiny_graphs import FixedTuning, graph_of
-    from yolo_cl.executor import Executor
-    from yolo_cl.kernels import winograd
-    cfg = tmp_path / "wino.cfg"
-    cfg.write_text(WINO_CFG)
-    weights = write_random_weights(str(cfg), str(tmp_path / "wino.weights"), calib_size=32)
-    blob = np.random.default_rng(4).random((2, 3, 18, 22), dtype=np.float32)
-    ref = forward_numpy(str(cfg), weights, blob, keep="heads")
-    ref = ref[max(ref)]
-    tile = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=st)
-
-    def pick(node) -> dict:
-        algo = "winograd" if winograd.applicable(node) else "implicit"
-        return {"algo": algo, "family": "mma", **tile, **({"m": m} if algo == "winograd" else {})}
-    precision = PRECISIONS[precision]
-    ex = Executor(rt, graph_of(str(cfg), weights), batch=2, precision=precision, tuning=FixedTuning(pick),
-                  mma=gm.mode_for(rt, precision))
-    wino = [l for l in ex.launches if l.name == "wino_gemm"]
-    assert len(wino) == 4 and all(l.config["m"] == m for l in wino)
-    assert all(l.name in ("gemm_mma", "wino_gemm", "wino_input", "wino_output") for l in ex.launches
-               if l.node.op == "conv")
-    out = ex.run(blob)[0]
-    assert rel_err(out, ref) < 2e-2
-    assert gm.KERNEL_FAMILY.why_illegal(ex.graph.nodes[0], {"algo": "winograd", "m": 6, **tile}, rt) is not None
 
 
 def test_winograd_named_but_not_searched(rt, tmp_path):
