@@ -95,17 +95,23 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
  * yc_maxpool_rows computes it (pixels outside the input are skipped), written to Y0, Y1, Y2
  * (Y2 unused with two). Each row of the largest window is read once: its maxima over the three
  * nested column ranges grow outwards, and each window takes the rows within its radius.
- * Global size (H, C, batch): one work-item per (row, channel, image). */
+ * Global size (H, C, batch): one work-item per (row, channel, image); with MP_PIXELS (GPUs, as
+ * yc_maxpool_rows) (H * W, C, batch), one per pixel. */
 __kernel void yc_maxpool_nested(__global const dtype* restrict X, const int x_off, const int x_bstride,
                                 const int H, const int W,
                                 __global dtype* restrict Y0, const int y0_off, const int y0_bstride,
                                 __global dtype* restrict Y1, const int y1_off, const int y1_bstride,
                                 __global dtype* restrict Y2, const int y2_off, const int y2_bstride)
 {
-    const int oy = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+#ifdef MP_PIXELS
+    const int p = get_global_id(0), oy = p / W, first = p - oy * W, last = first + 1;
+#else
+    const int oy = get_global_id(0), first = 0, last = W;
+#endif
+    const int c = get_global_id(1), b = get_global_id(2);
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
     const size_t row = ((size_t)c * H + oy) * W;
-    for (int ox = 0; ox < W; ++ox) {
+    for (int ox = first; ox < last; ++ox) {
         float m0 = -FLT_MAX, m1 = -FLT_MAX, m2 = -FLT_MAX;
         #pragma unroll
         for (int dy = -MP_R2; dy <= MP_R2; ++dy) {

@@ -309,18 +309,44 @@ POOL_CASES = {
 }
 
 
+@pytest.fixture(params=["rows", "pixels"])
+def small_kernels(request, monkeypatch):
+    """Run the pools and upsampling both ways, whatever the test device: a row of output per
+    work-item (what a CPU runs) and an element per work-item (what a GPU runs)."""
+    from yolo_cl import kernels
+    everywhere = {"CPU": True, "GPU": True, "ACCELERATOR": True}
+    monkeypatch.setattr(kernels, "ROW_KERNELS", everywhere if request.param == "rows" else {})
+    return request.param
+
+
+def assert_small_kernel_geometry(det, way: str) -> None:
+    """Each pool / upsample launch has a work-item per row (``rows``: of the output for a pool,
+    of the input for the others) or per output element (``pixels``)."""
+    seen = 0
+    for l in det.executor(1).launches:
+        if l.name in ("maxpool_rows", "maxpool_nested", "upsample"):
+            x, out = l.node.inputs[0], l.node.output
+            rows = out.h if l.name == "maxpool_rows" else x.h
+            pixels = x.h * x.w if l.name == "maxpool_nested" else out.h * out.w
+            assert l.gsize[0] == (rows if way == "rows" else pixels), (l.name, way, l.gsize)
+            seen += 1
+    assert seen
+
+
 @pytest.mark.parametrize("case", list(POOL_CASES))
-def test_pool(tmp_path, case):
+def test_pool(tmp_path, case, small_kernels):
     body, size, channels = POOL_CASES[case]
-    check(tmp_path, body, size, channels)
+    det = check(tmp_path, body, size, channels)
+    if "maxpool" in body and "maxpool_depth" not in body:
+        assert_small_kernel_geometry(det, small_kernels)
 
 
-def test_spp_block(tmp_path):
+def test_spp_block(tmp_path, small_kernels):
     """YOLOv4's SPP: three stride-1 maxpools routed with their input; the pools write into the concat."""
     body = (conv(4, 1, 1) + sec("maxpool", size=5, stride=1) + sec("route", layers=-2) +
             sec("maxpool", size=9, stride=1) + sec("route", layers=-4) + sec("maxpool", size=13, stride=1) +
             sec("route", layers=[-1, -3, -5, -6]))
-    check(tmp_path, body, (17, 13), 3)
+    assert_small_kernel_geometry(check(tmp_path, body, (17, 13), 3), small_kernels)
 
 
 # -- route ------------------------------------------------------------------------------------------------
@@ -439,6 +465,12 @@ MISC_CASES = {
     "softmax_groups_temperature": (conv(6, 3, 1, bn=0, act="linear") + sec("softmax", groups=3, temperature=2.5),
                                    (7, 3), 3),
 }
+
+
+@pytest.mark.parametrize("case", [c for c in MISC_CASES if c.startswith("upsample")])
+def test_upsample_both_ways(tmp_path, case, small_kernels):
+    body, size, channels = MISC_CASES[case]
+    assert_small_kernel_geometry(check(tmp_path, body, size, channels), small_kernels)
 
 
 @pytest.mark.parametrize("case", list(MISC_CASES))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BindContext, Launch, i32
+from . import BindContext, Launch, i32, row_kernels
 from ..graph import Node
 
 
@@ -65,9 +65,11 @@ def bind_nested_pools(ctx: BindContext, node: Node) -> list:
     x = node.inputs[0]
     sizes, outs = node.attrs["sizes"], node.attrs["outputs"]
     radii = [s // 2 for s in sizes] + [0] * (3 - len(sizes))
-    d = ctx.defines(MP_N=len(sizes), MP_R0=radii[0], MP_R1=radii[1], MP_R2=radii[2])
+    rows = row_kernels(ctx.rt)
+    d = ctx.defines(MP_N=len(sizes), MP_R0=radii[0], MP_R1=radii[1], MP_R2=radii[2], MP_PIXELS=not rows)
     args = ctx.view(x) + i32(x.h, x.w)
     for k in range(3):
         args += ctx.view(outs[k]) if k < len(outs) else [ctx.arena, np.int32(0), np.int32(0)]
     k = ctx.kernel("fused.cl", "yc_maxpool_nested", d, args)
-    return [Launch(k, (x.h, x.c, ctx.batch), None, node, "maxpool_nested", {"sizes": list(sizes)})]
+    return [Launch(k, (x.h if rows else x.h * x.w, x.c, ctx.batch), None, node, "maxpool_nested",
+                   {"sizes": list(sizes)})]

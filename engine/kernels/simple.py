@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BindContext, Launch, act_id, i32
+from . import BindContext, Launch, act_id, i32, row_kernels
 
 CONN_WG = {"cpu": 1, "gpu": 64}   # yc_connected's lanes per output: a row per work-item on CPUs
 from ..graph import Node
@@ -28,8 +28,10 @@ def bind(ctx: BindContext, node: Node) -> list:
     d = ctx.defines()
     if node.op == "maxpool":
         args = X + i32(x.h, x.w) + Y + i32(out.h, out.w)
-        window = ctx.defines(MP_SIZE=a["size"], MP_SX=a["stride_x"], MP_SY=a["stride_y"], MP_PAD=a["padding"] // 2)
-        return [_launch(ctx, node, "yc_maxpool_rows", window, args, (out.h, out.c, B))]
+        rows = row_kernels(ctx.rt)
+        window = ctx.defines(MP_SIZE=a["size"], MP_SX=a["stride_x"], MP_SY=a["stride_y"], MP_PAD=a["padding"] // 2,
+                             MP_PIXELS=not rows)
+        return [_launch(ctx, node, "yc_maxpool_rows", window, args, (out.h if rows else hw, out.c, B))]
     if node.op == "maxpool_depth":
         args = X + i32(x.c, x.h * x.w) + Y + i32(out.c)
         return [_launch(ctx, node, "yc_maxpool_depth", d, args, (hw, out.c, B))]
@@ -37,7 +39,7 @@ def bind(ctx: BindContext, node: Node) -> list:
         return [_launch(ctx, node, "yc_avgpool", d, X + i32(x.h * x.w) + Y, (out.c, B))]
     if node.op == "upsample":
         args = X + i32(x.h, x.w) + Y + [np.int32(a["stride"]), np.float32(a["scale"])]
-        if ctx.rt.is_cpu:        # a row per work-item: no division per output element
+        if row_kernels(ctx.rt):  # a row per work-item: no division per output element
             k = ctx.kernel("layers.cl", "yc_upsample_rows", ctx.defines(UP_S=a["stride"]), args)
             return [Launch(k, (x.h, out.c, B), None, node, "upsample")]
         return [_launch(ctx, node, "yc_upsample", d, args, (hw, out.c, B))]
