@@ -33,7 +33,7 @@ from .runtime import Runtime
 from .zoo import default_names, read_names
 
 MAX_EXECUTORS = 8     # (batch, size) executors kept, least recently used dropped first
-PINNED_FRAME_BYTES = 128 << 20   # pinned frames frame_array may lend per size (made only as they are asked for)
+PINNED_FRAME_BYTES = 256 << 20   # pinned frames frame_array may lend per size (made only as they are asked for)
 log = logging.getLogger("yolo_cl.detector")
 
 
