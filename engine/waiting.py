@@ -72,8 +72,9 @@ class Waiter:
         self.mode, self.floor_s, self.share = mode, floor_s, share
         self._clock, self._sleep, self._settled, self._on_complete = clock, sleep, settled, on_complete
         self._predicted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.slept = 0                   # waits that began with a sleep (for tests and benchmarks)
-        self.called_back = 0             # waits ended by the driver's callback
+        self.waits = 0                   # waits asked of this waiter (for tests and benchmarks)
+        self.slept = 0                   # waits that began with a sleep
+        self.called_back = 0             # waits ended by the driver's callback (not over when asked)
 
     def predicted(self, key) -> float:
         """The wait predicted for ``key`` in seconds (0 before the first)."""
@@ -81,6 +82,7 @@ class Waiter:
 
     def wait(self, event, key, since: float) -> None:
         """Return once ``event`` is complete; ``since`` is when its work was enqueued (``clock``)."""
+        self.waits += 1
         if self.mode == "callback":
             self._wait_for_callback(event)
             return
