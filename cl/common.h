@@ -194,6 +194,16 @@ inline float yc_activate(float x, const int a) {
         }                                                                                      \
     }
 
+/* The output pixels (oy, first..last-1 along the row) a pooling work-item computes: with
+ * MP_PIXELS one (global id 0 is the pixel's index in the OW-wide map: GPUs), else the whole row
+ * oy (global id 0 is the row: CPUs, engine/kernels/__init__.row_kernels). */
+#ifdef MP_PIXELS
+#define YC_POOL_SPAN(OW_, oy, first, last) \
+    const int oy = (int)get_global_id(0) / (OW_), first = (int)get_global_id(0) - oy * (OW_), last = first + 1
+#else
+#define YC_POOL_SPAN(OW_, oy, first, last) const int oy = get_global_id(0), first = 0, last = (OW_)
+#endif
+
 /* The arguments of every GEMM kernel (gemm.cl, gemm_local.cl, gemm_mma.cl), in the order one host
  * binding passes them: A (packed weights), the bias, B with its offset, batch and group strides
  * and row length, C with its offset, batch stride and row length, the fused shortcut's R with its

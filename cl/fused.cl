@@ -103,11 +103,7 @@ __kernel void yc_maxpool_nested(__global const dtype* restrict X, const int x_of
                                 __global dtype* restrict Y1, const int y1_off, const int y1_bstride,
                                 __global dtype* restrict Y2, const int y2_off, const int y2_bstride)
 {
-#ifdef MP_PIXELS
-    const int p = get_global_id(0), oy = p / W, first = p - oy * W, last = first + 1;
-#else
-    const int oy = get_global_id(0), first = 0, last = W;
-#endif
+    YC_POOL_SPAN(W, oy, first, last);
     const int c = get_global_id(1), b = get_global_id(2);
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
     const size_t row = ((size_t)c * H + oy) * W;

@@ -16,11 +16,7 @@ __kernel void yc_maxpool_rows(__global const dtype* restrict X, const int x_off,
                               __global dtype* restrict Y, const int y_off, const int y_bstride,
                               const int OH, const int OW)
 {
-#ifdef MP_PIXELS
-    const int p = get_global_id(0), oy = p / OW, first = p - oy * OW, last = first + 1;
-#else
-    const int oy = get_global_id(0), first = 0, last = OW;
-#endif
+    YC_POOL_SPAN(OW, oy, first, last);
     const int c = get_global_id(1), b = get_global_id(2);
     const int y0 = oy * MP_SY - MP_PAD;
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
