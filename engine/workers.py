@@ -12,8 +12,9 @@ worker is asked ``GET /metrics`` gathers every worker's figures (label ``worker`
 Several workers share each device, so a thread that spins in the driver's wait (NVIDIA's does,
 for as long as the device works) takes a core the others' JPEG decodes need: workers wait by
 sleeping through most of a predictable wait (``YOLO_CL_WAIT=sleep``, ``engine/waiting.py``)
-unless ``YOLO_CL_WAIT`` says otherwise (worker 0, when it runs streams, keeps the driver's). On two H100s that cut the server's CPU from 11.9 to
-7.0 ms an image at the same or better throughput (BENCHMARKS.md, "Eleventh GPU session").
+unless ``YOLO_CL_WAIT`` says otherwise (worker 0, when it runs streams, keeps the driver's).
+On two H100s that cut the server's CPU from 11.9 to 7.0 ms an image at the same or better
+throughput (BENCHMARKS.md, "Eleventh GPU session").
 
 A worker listens only once its executors are built. One that dies is started again (after a
 pause that grows while it keeps dying young); SIGTERM and SIGINT stop every worker and end

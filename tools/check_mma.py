@@ -142,19 +142,18 @@ def main() -> int:
         ok[mode] = gm.available(rt, mode)
         print(f"probe {mode}: {'yes' if ok[mode] else 'no'} ({time.perf_counter() - t0:.2f} s)", flush=True)
     option_sets = args.build_options.split("|") if args.build_options else [rt.build_options]
-    nv = "NVIDIA" in rt.vendor.upper()
+    verbose = "-cl-nv-verbose" if args.build_options and "NVIDIA" in rt.vendor.upper() else ""
+    configs = [{k: int(v) for k, v in (kv.split("=") for kv in c.split("/"))} for c in args.configs.split(",")] \
+        if args.configs else CONFIGS
     for mode in args.modes.split(","):
         if not ok[mode]:
             continue
-        configs = [{k: int(v) for k, v in (kv.split("=") for kv in c.split("/"))} for c in args.configs.split(",")] \
-            if args.configs else CONFIGS
         for n in (int(s) for s in args.sizes.split(",")):
             for cfg in configs:
                 if gm.why_illegal(cfg, n, n, n, mode, lim=gm.device_limits(rt)) is not None:
                     continue
                 for opts in option_sets:
-                    rt.build_options = " ".join(o for o in (opts.strip(), "-cl-nv-verbose" if nv and args.build_options
-                                                            else "") if o)
+                    rt.build_options = " ".join(o for o in (opts.strip(), verbose) if o)
                     try:
                         ms, err, regs = time_gemm(rt, mode, cfg, n, args.reps)
                     except Exception as e:      # noqa: BLE001 - report and go on with the next config

@@ -1,8 +1,8 @@
 """Frames -> network input on the device (cl/preprocess.cl).
 
 A BGR uint8 frame is copied once into a pinned host buffer (``ALLOC_HOST_PTR``, mapped for
-the life of the stager; a large one in chunks, see :mod:`yolo_cl.staging`; of a frame resized
-down to at most half its rows, only the rows the resize reads, packed), sent to a device
+the life of the stager; a large one in chunks, see :mod:`yolo_cl.staging`; of a plain frame
+whose resize reads at most ``rows_share`` of its rows, only those rows, packed), sent to a device
 staging buffer by a non-blocking copy, and one kernel resizes it as ``cv2.resize(INTER_LINEAR)``
 does, places it (stretch, letterbox, crop), swaps BGR -> RGB, scales to [0, 1] and writes fp32
 or half straight into the executor's input region. Staging buffers are reused and only grow
