@@ -62,17 +62,42 @@ def _fast_serve_environment() -> None:
     # HAProxy's stats page and metrics listen on fixed ports (8404, 9101) on every interface:
     # a second local instance (or anything else there) would collide; free ports instead.
     for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-        os.environ.setdefault(name, str(_free_port()))
+        os.environ.setdefault(name, str(free_port()))
     # A stopping replica keeps answering this long so that HAProxy stops sending it requests
     # first; on one node HAProxy reloads within 0.1 s, and Ray's 30 s held every Ctrl-C 30 s.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free now, for a server that binds it later, chosen below the kernel's range of
+    ephemeral ports: between the choice and the bind Ray starts dozens of processes, each binding
+    ports the kernel picks from that range (bind to port 0), and in one CI run one of them took
+    the port chosen for HAProxy's metrics. Below the range only an explicit bind can collide.
+    Where nothing there is free, any free port."""
+    import random
     import socket
+    low = _ephemeral_ports()[0]
+    below = range(max(1024, low - 8192), low)
+    for port in random.sample(below, min(64, len(below))):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_ports() -> tuple:
+    """(first, last) of the ports the kernel hands out for binds to port 0 (Linux's default
+    where it does not say)."""
+    try:
+        first, last = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return first, last
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def haproxy_available() -> bool:

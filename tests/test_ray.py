@@ -21,16 +21,12 @@ ray = pytest.importorskip("ray", reason="the ray extra (pip install 'yolo-cl[ray
 serve = pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
+from yolo_cl import ray as yr  # noqa: E402 - after the skips: it imports ray
+
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT.parent / "shared" / "images"
 DOG = IMAGES / "dog.jpg"
 SIZE = 160
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +38,19 @@ def cli_json():
     return {Path(f["filename"]).name: f for f in json.loads(r.stdout)}
 
 
+def test_free_ports_are_bindable_and_below_the_ephemeral_range():
+    """The ports chosen for servers that bind later (HAProxy's metrics and stats, Serve's HTTP)
+    lie below the range the kernel hands out for binds to port 0, which Ray's starting processes
+    draw from: one of them once took the metrics port."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(8):
+        port = yr.free_port()
+        assert 1024 <= port < low
+        with socket.socket() as s:
+            s.bind(("", port))
+
+
 def cluster_haproxy() -> bool:
-    from yolo_cl import ray as yr
     return yr.haproxy_available() and os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "1") == "1"
 
 
@@ -83,7 +90,7 @@ def descendant_commands(pid: int) -> list:
 
 
 def test_cli_serve_on_ray(cli_json, tmp_path):
-    port = free_port()
+    port = yr.free_port()
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "serve", "--ray", "--port", str(port), "--size",
                              str(SIZE), "--devices", "0,0", "--max-batch", "2"], env=env,
@@ -107,7 +114,6 @@ def test_cli_serve_on_ray(cli_json, tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster():
-    from yolo_cl import ray as yr
     os.environ["RAY_AUTH_MODE"] = "disabled"
     yr.start(devices=2)
     yield yr
@@ -118,7 +124,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def serve_url(cluster):
     """Ray Serve's HTTP proxy on a free port (one per Ray instance: the tests deploy in turn)."""
-    port = free_port()
+    port = yr.free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     return f"http://127.0.0.1:{port}"
 
