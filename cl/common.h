@@ -204,33 +204,6 @@ inline float yc_activate(float x, const int a) {
 #define YC_POOL_SPAN(OW_, oy, first, last) const int oy = get_global_id(0), first = 0, last = (OW_)
 #endif
 
-#ifdef POOL
-/* A [maxpool] (MP_SIZE, strides MP_SX x MP_SY, padding MP_PAD) read through by the kernel that
- * consumes it (graph.mark_read_fusions): the maximum of the window whose top-left pixel is at
- * offset a of S, row sy0 and column sx0, over its pixels inside S's SH x SW (as yc_maxpool_rows). */
-inline float yc_pool_window(const __global dtype* S, const int a, const int sy0, const int sx0, const int SH,
-                            const int SW)
-{
-    float m = -FLT_MAX;
-    #pragma unroll
-    for (int dy = 0; dy < MP_SIZE; ++dy) {
-        if ((uint)(sy0 + dy) >= (uint)SH) continue;
-        #pragma unroll
-        for (int dx = 0; dx < MP_SIZE; ++dx) {
-            if ((uint)(sx0 + dx) < (uint)SW) {
-                const float v = LD(S, a + dy * SW + dx);
-                m = v > m ? v : m;
-            }
-        }
-    }
-    return m;
-}
-/* The pool's output at (y, x), Sc being one channel of its SH x SW input. */
-#define YC_POOL_AT(Sc, y, x, SH, SW) \
-    yc_pool_window((Sc), ((y) * MP_SY - MP_PAD) * (SW) + (x) * MP_SX - MP_PAD, (y) * MP_SY - MP_PAD, \
-                   (x) * MP_SX - MP_PAD, (SH), (SW))
-#endif
-
 /* The arguments of every GEMM kernel (gemm.cl, gemm_local.cl, gemm_mma.cl), in the order one host
  * binding passes them: A (packed weights), the bias, B with its offset, batch and group strides
  * and row length, C with its offset, batch stride and row length, the fused shortcut's R with its

@@ -18,6 +18,27 @@
 #define SEG_N 0
 #endif
 
+#ifdef POOL
+/* The [maxpool]'s output at (y, x): the maximum of its window over S0 (pixels outside skipped). */
+inline float yc_pool_at(const __global dtype* Sc, const int y, const int x, const int S0H, const int S0W)
+{
+    const int sy0 = y * MP_SY - MP_PAD, sx0 = x * MP_SX - MP_PAD;
+    float m = -FLT_MAX;
+    for (int dy = 0; dy < MP_SIZE; ++dy) {
+        const int sy = sy0 + dy;
+        if (sy < 0 || sy >= S0H) continue;
+        for (int dx = 0; dx < MP_SIZE; ++dx) {
+            const int sx = sx0 + dx;
+            if (sx >= 0 && sx < S0W) {
+                const float v = LD(Sc, sy * S0W + sx);
+                m = v > m ? v : m;
+            }
+        }
+    }
+    return m;
+}
+#endif
+
 __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_off, const int x_bstride,
                                   const int C, const int H, const int W,
                                   __global dtype* restrict V, const int v_off, const int TW, const int P,
@@ -34,7 +55,7 @@ __kernel void yc_wino_input_fused(__global const dtype* restrict X, const int x_
     float d[T2];
 #ifdef POOL
     const __global dtype* Sc = S0 + s0_off + (size_t)b * s0_bstride + (size_t)c * S0H * S0W;
-    YC_WINO_GATHER(d, y0, x0, H, W, YC_POOL_AT(Sc, y, x, S0H, S0W))
+    YC_WINO_GATHER(d, y0, x0, H, W, yc_pool_at(Sc, y, x, S0H, S0W))
 #else
     const __global dtype* Xc = X + x_off + (size_t)b * x_bstride + (size_t)c * H * W;
     int sw = W, st = 1;

@@ -24,8 +24,6 @@
  *                  (same program) sums them and applies the epilogue
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only for dimensions the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B is gathered from the NCHW input (trailing args H, W, OW)
- *   POOL MP_SIZE MP_SX MP_SY MP_PAD MP_SH MP_SW  (IMPLICIT) that input is a folded [maxpool] of B
- *                  (MP_SH x MP_SW), each element its window's maximum (cl/common.h yc_pool_window)
  *   HALF_MATH      (common.h) tiles, fragments and products in half; each KWG k-slice is summed
  *                  in half (hacc) and then added to the float accumulators, so rounding grows
  *                  with KWG, not with K; the epilogue and split-K partial sums stay float
@@ -197,11 +195,6 @@ void yc_gemm_local(YC_GEMM_PARAMS)
 #endif
 
 #if SB && defined(IMPLICIT)
-#ifdef POOL     /* the input is a folded [maxpool] of B (MP_SH x MP_SW): each element its window's maximum */
-#define IN_AT(c, iy, ix) ((hreal)YC_POOL_AT(Bg + (size_t)(c) * MP_SH * MP_SW, iy, ix, MP_SH, MP_SW))
-#else
-#define IN_AT(c, iy, ix) HLD(Bg, (size_t)((c) * H + (iy)) * W + (ix))
-#endif
 #define LOAD_B(kt)                                                                      \
     for (int p = 0; p < LB_PER; ++p) {                                                  \
         const int k = (kt) + tid / NWG + p * (THREADS / NWG);                           \
@@ -209,7 +202,7 @@ void yc_gemm_local(YC_GEMM_PARAMS)
         const int ky = rr / KS, kx = rr - ky * KS;                                      \
         const int iy = iy0 + ky * DIL, ix = ix0 + kx * DIL;                             \
         const bool ok = nvalid && k < K && iy >= 0 && iy < H && ix >= 0 && ix < W;     \
-        rb[p] = ok ? IN_AT(c, iy, ix) : (hreal)0.0f;                                   \
+        rb[p] = ok ? HLD(Bg, (size_t)(c * H + iy) * W + ix) : (hreal)0.0f;              \
     }
 #elif SB
 #ifdef CHECK_K

@@ -29,10 +29,6 @@
  *                  epilogue; without, into C's buffer, for gemm_local.cl's yc_gemm_splitk
  *   CHECK_M CHECK_N CHECK_K  bounds checks, emitted only where the tile does not divide
  *   IMPLICIT KS SX SY PAD DIL  B gathered from the NCHW input (trailing args H, W, OW)
- *   POOL MP_SIZE MP_SX MP_SY MP_PAD MP_SH MP_SW  (IMPLICIT, GATHER 0 or 1) the conv's H x W input is
- *                  a folded [maxpool] of B (MP_SH x MP_SW, graph.mark_read_fusions): each input
- *                  element is its window's maximum, pixels outside B skipped, as yc_maxpool_rows
- *                  computes it, so the pool costs no launch and its output is never written
  *   STAGES         (config key "ST") local-memory stages. 1: one A/B buffer, the next tile
  *                  prefetched into registers, two barriers per k-step, B staged transposed ([n][k-word]). 2..4: a ring of STAGES
  *                  buffers, one barrier per k-step; A (and B with BVEC) copied global -> local by
@@ -292,42 +288,6 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #else
 #define K_OK(k) true
 #endif
-#ifdef POOL
-#if GATHER > 1
-#error "POOL reads its windows element by element: GATHER 0 or 1"
-#endif
-#ifdef MMA_F16
-/* Half bits <-> keys whose unsigned order is the values' order, so a window's maximum is exact
- * without converting (there is no half arithmetic to convert with). */
-inline uint yc_hkey(const uint h) { return h & 0x8000u ? ~h & 0xffffu : h | 0x8000u; }
-inline uint yc_hunkey(const uint k) { return k & 0x8000u ? k & 0x7fffu : ~k & 0xffffu; }
-#endif
-/* The pooled input element whose window starts at B offset `a`, row sy0 and column sx0 of B, as
- * mma input bits: the maximum of the window's pixels inside B (halves compared by their keys). */
-inline uint yc_pool_bits(const __global dtype* Bg, const int a, const int sy0, const int sx0)
-{
-#ifdef MMA_F16
-    uint m = 0u;
-    #pragma unroll
-    for (int dy = 0; dy < MP_SIZE; ++dy) {
-        if ((uint)(sy0 + dy) >= (uint)MP_SH) continue;
-        #pragma unroll
-        for (int dx = 0; dx < MP_SIZE; ++dx)
-            if ((uint)(sx0 + dx) < (uint)MP_SW)
-                m = max(m, yc_hkey((uint)((__global const ushort*)Bg)[a + dy * MP_SW + dx]));
-    }
-    return yc_hunkey(m);
-#else
-    return yc_tf32(yc_pool_window(Bg, a, sy0, sx0, MP_SH, MP_SW));
-#endif
-}
-/* The input element (c, iy, ix) of the conv (inside its H x W input): its pool window in B. */
-#define IN_BITS(c, iy, ix) \
-    yc_pool_bits(Bg, ((c) * MP_SH + (iy) * MP_SY - MP_PAD) * MP_SW + (ix) * MP_SX - MP_PAD, \
-                 (iy) * MP_SY - MP_PAD, (ix) * MP_SX - MP_PAD)
-#else
-#define IN_BITS(c, iy, ix) BBITS((size_t)((c) * H + (iy)) * W + (ix))
-#endif
 #ifdef IMPLICIT
 /* B[k][n] of the implicit im2col matrix as mma input bits; (iy0, ix0) is column n's first pixel. */
 inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, const int iy0, const int ix0,
@@ -336,7 +296,7 @@ inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, 
     const int c = k / (KS * KS), r = k - c * (KS * KS);
     const int ky = r / KS, kx = r - ky * KS;
     const int iy = iy0 + ky * DIL, ix = ix0 + kx * DIL;
-    return (ok && iy >= 0 && iy < H && ix >= 0 && ix < W) ? IN_BITS(c, iy, ix) : 0u;
+    return (ok && iy >= 0 && iy < H && ix >= 0 && ix < W) ? BBITS((size_t)(c * H + iy) * W + ix) : 0u;
 }
 #define B_AT(k, n) yc_b_implicit(Bg, (k), bok && K_OK(k), iy0, ix0, H, W)
 #else
@@ -374,12 +334,8 @@ inline int2 yc_gather_k(const int k, const int K, const int H, const int W)
 {
     const int c = k / (KS * KS), r = k - c * (KS * KS);
     const int ky = r / KS, kx = r - ky * KS;
-#ifdef POOL
-    const int off = (c * MP_SH + ky * DIL * MP_SY) * MP_SW + kx * DIL * MP_SX;   /* in B: the pool's input */
-#else
-    const int off = c * H * W + ky * DIL * W + kx * DIL;
-#endif
-    return k < K ? (int2)(off, as_int((short2)(kx * DIL, ky * DIL))) : (int2)(0, as_int((short2)(0, GNONE)));
+    return k < K ? (int2)(c * H * W + ky * DIL * W + kx * DIL, as_int((short2)(kx * DIL, ky * DIL)))
+                 : (int2)(0, as_int((short2)(0, GNONE)));
 }
 #endif
 
@@ -416,9 +372,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #ifdef IMPLICIT
     const int oy = bn / OW, ox = bn - (bn / OW) * OW;
     const int iy0 = oy * SY - PAD, ix0 = ox * SX - PAD;
-#if GATHER == 1 && defined(POOL)
-    const int goff = (iy0 * MP_SY - MP_PAD) * MP_SW + ix0 * MP_SX - MP_PAD;    /* its pool window's corner */
-#elif GATHER == 1
+#if GATHER == 1
     const int goff = iy0 * W + ix0;           /* the window's corner; + a table offset = the element */
 #endif
 #endif
@@ -625,18 +579,13 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 /* Element v is (k = v / NWG, n = v % NWG), so a warp's work-items read consecutive n (coalesced)
  * and store consecutive local elements (no bank conflict). */
 #if GATHER == 1
-#ifdef POOL
-#define G1_BITS(a, iy, ix) yc_pool_bits(Bg, (a), (iy) * MP_SY - MP_PAD, (ix) * MP_SX - MP_PAD)
-#else
-#define G1_BITS(a, iy, ix) BBITS(a)
-#endif
 /* Element v's k offsets from tile kt's table: one add and two bounds per element. */
 #define B_ELEM(k0, kt, v)                                                                        \
     const int2 e = (NBE % THREADS == 0 || v < NBE) ? gtab[((kt) & 1) * KWG + v / NWG]             \
                                                    : (int2)(0, as_int((short2)(0, GNONE)));      \
     const short2 d = as_short2(e.y);                                                             \
     const int iy = iy0 + d.y, ix = ix0 + d.x;                                                    \
-    rb[p] = nok && (uint)iy < (uint)H && (uint)ix < (uint)W ? G1_BITS(e.x + goff, iy, ix) : 0u;
+    rb[p] = nok && (uint)iy < (uint)H && (uint)ix < (uint)W ? BBITS(e.x + goff) : 0u;
 #else
 #define B_ELEM(k0, kt, v)                                                                        \
     B_COLUMN(v)                                                                                  \

@@ -49,7 +49,7 @@ class Detector:
     device (default: on a GPU, not on a CPU device; YOLO_CL_HOST_PREPOST=1 / 0 turns both off /
     on); off, the host does both (the reference path). ``fold`` runs SPP's pools as one launch and,
     on a GPU by default, max-pools, upsamples and route copies inside the Winograd convs that read
-    them, and max-pools inside the implicit-GEMM convs that read them (graph.py, Executor): fewer launches per frame, the same outputs; False (or
+    them (graph.py, Executor): fewer launches per frame, the same outputs; False (or
     YOLO_CL_FOLD=0) gives the unfolded plan, True (or YOLO_CL_FOLD=1) folds on a CPU too.
     """
 

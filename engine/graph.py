@@ -13,8 +13,7 @@ What happens here, and only here:
   (SPP's 5/9/13 into their concat) become one ``maxpool_nested`` node: one launch, one pass;
 - a ``[maxpool]``, ``[upsample]`` or route copy whose output only one conv reads is marked on that
   conv (``attrs["read_through"]``): a conv whose algorithm can compute the folded layers as it reads
-  its input (Winograd's input transform, cl/fused.cl; for a max-pool also the implicit GEMMs' gather,
-  cl/gemm_local.cl and cl/gemm_mma.cl) runs them, and the executor drops their launches.
+  its input (Winograd's input transform, cl/fused.cl) runs them, and the executor drops their launches.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.

@@ -346,27 +346,8 @@ def b_operand(ctx: BindContext, node: Node, algo: str) -> tuple:
         [ws, np.int32(0), np.int32(G * KN), np.int32(KN), np.int32(N)]
 
 
-def folded_pool(ctx: BindContext, node: Node, algo: str) -> Optional[Node]:
-    """The [maxpool] the graph folded into ``node``'s input (graph.mark_read_fusions) where the
-    GEMM computes it as it gathers (an implicit GEMM of an ungrouped conv), else None."""
-    srcs = (node.attrs.get("read_through") or []) if ctx.fold else []
-    if algo != "implicit" or node.attrs.get("groups", 1) != 1 or len(srcs) != 1 or srcs[0].op != "maxpool":
-        return None
-    return srcs[0]
-
-
-def pool_read(ctx: BindContext, pool: Node) -> tuple:
-    """(B arguments, defines) of an implicit GEMM reading through the folded ``pool``: B is the
-    pool's input, and the defines (POOL, cl/common.h) compute each window's maximum."""
-    s, p = pool.inputs[0], pool.attrs
-    return ctx.view(s) + i32(s.c * s.h * s.w, s.h * s.w), \
-        {"POOL": True, "MP_SIZE": p["size"], "MP_SX": p["stride_x"], "MP_SY": p["stride_y"],
-         "MP_PAD": p["padding"] // 2, "MP_SH": s.h, "MP_SW": s.w}
-
-
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
-    """Launches for a conv under a local-family config: [im2col,] GEMM (the implicit one reading
-    through a folded max-pool, :func:`folded_pool`), or Winograd's three."""
+    """Launches for a conv under a local-family config: [im2col,] GEMM, or Winograd's three."""
     if cfg["algo"] == "winograd":
         return bind_winograd(ctx, node, cfg)
     a = node.attrs
@@ -394,11 +375,6 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if implicit:
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
-    pool = folded_pool(ctx, node, algo)
-    if pool is not None:
-        b_args, pool_defines = pool_read(ctx, pool)
-        d.update(pool_defines)
-        cfg = {**cfg, "through": "maxpool"}
     yb, yoff, ybs = ctx.view(out)
     specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
                          residual_args(ctx, node), extra, ctx.workspace)

@@ -54,8 +54,7 @@ import numpy as np
 
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
                packed_upload, residual_args, winograd)
-from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, folded_pool, k_chunk,
-                         partial_bytes, pool_read,
+from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
                          round_up, scratch_bytes, split_k, tile_defines)
 from ..errors import YoloClError
 from ..graph import Node
@@ -438,10 +437,6 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                         lambda: pack_weights(a["weights"].reshape(a["filters"], -1), G, mode))
     x, out = node.inputs[0], node.output
     launches, b_args = b_operand(ctx, node, algo)
-    pool = folded_pool(ctx, node, algo)
-    if pool is not None:
-        cfg = pool_gather(cfg, M, N, K, mode, lim)
-        b_args, pool_defines = pool_read(ctx, pool)
     cfg = aligned_gather(cfg, *b_args[1:4])
     extra = []
     d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode,
@@ -449,9 +444,6 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if algo == "implicit":
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
-    if pool is not None:
-        d.update(pool_defines)
-        cfg = {**cfg, "through": "maxpool"}
     Z = ctx.batch * G
     if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
                              or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
@@ -472,15 +464,6 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum", dict(cfg),
                                node.flops * ctx.batch if i == 0 else 0))
     return launches
-
-
-def pool_gather(cfg: dict, M: int, N: int, K: int, mode: str, lim: DeviceLimits) -> dict:
-    """``cfg`` with a gather that can read a folded pool's windows: GA 2 and 3 (runs of one row)
-    become 1 where that is legal, else 0."""
-    if gather(cfg) <= 1:
-        return cfg
-    one = {**cfg, "GA": 1}
-    return one if why_illegal(one, M, N, K, mode, True, lim) is None else {**cfg, "GA": 0}
 
 
 def bind_winograd(ctx: BindContext, node: Node, cfg: dict) -> list:
