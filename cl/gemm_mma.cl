@@ -35,8 +35,10 @@
  *                  cp.async STAGES-1 tiles ahead, B otherwise through registers one tile ahead; B kept
  *                  [k][n] (n contiguous, rows padded by 8 elements: conflict-free stores and
  *                  ldmatrix.trans rows), its f16 fragments read with ldmatrix.x4.trans
- *   BVEC           (STAGES > 1, f16, not IMPLICIT; needs N and every B offset/stride a multiple of 8)
- *                  B rows copied as 16-byte chunks by cp.async too
+ *   BVEC           (STAGES > 1, not IMPLICIT; needs N and every B offset/stride a multiple of the
+ *                  elements of 16 bytes: 8 halves, 4 floats) B rows copied as 16-byte chunks by
+ *                  cp.async too; TF32 B then reaches local memory as plain floats, rounded to TF32
+ *                  as its fragments are loaded (the same values the register path stages)
  *   GATHER         (config key "GA"; STAGES > 1 and IMPLICIT) how the im2col B tile is gathered:
  *                  0  element by element, each finding its (c, ky, kx) and pixel by division;
  *                  1  the same coalesced element order, the tile's per-k offsets (c, ky, kx) computed
@@ -88,8 +90,8 @@
 #if STAGES > 4
 #error "STAGES is 1 to 4"
 #endif
-#if defined(BVEC) && (STAGES == 1 || defined(MMA_TF32) || defined(IMPLICIT))
-#error "BVEC needs STAGES > 1, MMA_F16 and an explicit B"
+#if defined(BVEC) && (STAGES == 1 || defined(IMPLICIT))
+#error "BVEC needs STAGES > 1 and an explicit B"
 #endif
 #ifndef GATHER
 #define GATHER 0
@@ -138,7 +140,8 @@
 #define BTILE (KWG * LDB)      /* ... and a B stage in elements */
 #define NBE (KWG * NWG)        /* B elements per tile */
 #define LBE_PER ((NBE + THREADS - 1) / THREADS)
-#define NBV (KWG * NWG / 8)    /* BVEC: 16-byte chunks per B tile; GATHER 2, 3: runs of 8 columns */
+#define VE (16 / BBYTES)       /* B elements per 16-byte chunk */
+#define NBV (KWG * NWG / VE)   /* BVEC: 16-byte chunks per B tile; GATHER 2, 3 (f16): runs of 8 columns */
 #define BV_PER ((NBV + THREADS - 1) / THREADS)
 #define ROUND_UP(x, r) ((((x) + (r) - 1) / (r)) * (r))
 
@@ -486,16 +489,16 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #endif
 
 /* Tile kt's asynchronous copies into stage s: A as 16-byte chunks (always in bounds: A is padded),
- * with BVEC B's rows too (a chunk is wholly inside or outside C's N, since N % 8 == 0). */
+ * with BVEC B's rows too (a chunk is wholly inside or outside C's N, since N % VE == 0). */
 #ifdef BVEC
 #define ASYNC_B(s, k0)                                                                           \
     for (int p = 0; p < BV_PER; ++p) {                                                           \
         const int v = tid + p * THREADS;                                                         \
         if (NBV % THREADS == 0 || v < NBV) {                                                     \
-            const int r = v / (NWG / 8), c = v - r * (NWG / 8);                                   \
-            const int kk = (k0) + r, nn = n0 + c * 8;                                            \
+            const int r = v / (NWG / VE), c = v - r * (NWG / VE);                                 \
+            const int kk = (k0) + r, nn = n0 + c * VE;                                           \
             const bool ok = K_OK(kk) && (nn < N);                                                \
-            CP_ASYNC16(Bs0 + (s) * BTILE + r * LDB + c * 8, Bg + (ok ? (size_t)kk * ldb + nn : 0), ok); \
+            CP_ASYNC16(Bs0 + (s) * BTILE + r * LDB + c * VE, Bg + (ok ? (size_t)kk * ldb + nn : 0), ok); \
         }                                                                                        \
     }
 #else
@@ -671,6 +674,9 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #ifdef MMA_F16
                 bf[j][0] = (uint)p[2 * t * LDB] | ((uint)p[(2 * t + 1) * LDB] << 16);
                 bf[j][1] = (uint)p[(2 * t + 8) * LDB] | ((uint)p[(2 * t + 9) * LDB] << 16);
+#elif defined(BVEC)
+                bf[j][0] = yc_tf32(as_float(p[t * LDB]));      /* copied as floats: rounded here */
+                bf[j][1] = yc_tf32(as_float(p[(t + 4) * LDB]));
 #else
                 bf[j][0] = p[t * LDB];
                 bf[j][1] = p[(t + 4) * LDB];

@@ -146,21 +146,26 @@ def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     assert "SS" in gm.why_illegal({**cfg, "SK": 1, "SS": 1}, M, N, K, mode)
 
 
+@pytest.mark.parametrize("mode", ["f16", "tf32"])
 @pytest.mark.parametrize("cfg,shape", [(dict(MWG=32, NWG=32, KWG=16, WM=2, WN=2, ST=2), (33, 40, 41)),
                                        (dict(MWG=64, NWG=16, KWG=32, WM=2, WN=1, ST=3), (64, 32, 128))],
                          ids=["ragged", "exact"])
-def test_b_rows_copied_as_chunks(rt, cfg, shape):
-    """BVEC (f16, N a multiple of 8): B rows reach local memory as 16-byte cp.async chunks, the
-    chunks past N and the rows past K zero-filled, with batches and the epilogue."""
+def test_b_rows_copied_as_chunks(rt, mode, cfg, shape):
+    """BVEC (N a multiple of a 16-byte chunk's elements: 8 halves, 4 floats): B rows reach local
+    memory as cp.async chunks, the chunks past N and the rows past K zero-filled, with batches and
+    the epilogue; TF32 B is copied unrounded and rounded to nearest as its fragments are loaded, so
+    the result is the product of the rounded inputs."""
     rng = np.random.default_rng(8)
     M, N, K = shape
-    A = rounded(rng.standard_normal((1, M, K)).astype(np.float32), "f16")
-    B = rounded(rng.standard_normal((2, 1, K, N)).astype(np.float32), "f16")
+    A = rounded(rng.standard_normal((1, M, K)).astype(np.float32), mode)
+    B = rng.standard_normal((2, 1, K, N)).astype(np.float32)
+    B = B if mode == "tf32" else rounded(B, mode)          # tf32: the kernel must round it
     bias = rng.standard_normal(M).astype(np.float32)
-    out = run_gemm(rt, cfg, "f16", A, B, bias, act=LEAKY, bvec=True)
-    assert rel_err(out, reference(A, B, bias, act=LEAKY)) < TOL["f16"]
-    assert not gm.b_vector(cfg, "f16", False, 36) and not gm.b_vector(cfg, "tf32", False, 32)
-    assert not gm.b_vector({**cfg, "ST": 1}, "f16", False, 32) and not gm.b_vector(cfg, "f16", True, 32)
+    out = run_gemm(rt, cfg, mode, A, B, bias, act=LEAKY, bvec=True)
+    assert rel_err(out, reference(A, rounded(B, mode), bias, act=LEAKY)) < TOL[mode]
+    assert not gm.b_vector(cfg, "f16", False, 36) and gm.b_vector(cfg, "tf32", False, 36)
+    assert not gm.b_vector(cfg, "tf32", False, 34)
+    assert not gm.b_vector({**cfg, "ST": 1}, mode, False, 32) and not gm.b_vector(cfg, mode, True, 32)
 
 
 def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):

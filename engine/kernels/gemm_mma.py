@@ -267,9 +267,11 @@ def local_bytes(cfg: dict, mode: str) -> int:
 
 
 def b_vector(cfg: dict, mode: str, implicit: bool, N: int, *b_ints) -> bool:
-    """Whether B can be copied as 16-byte chunks (BVEC): a staged f16 config, an explicit B, and N
-    and every B offset and stride (``b_ints``, in elements) multiples of 8."""
-    return stages(cfg) > 1 and mode == "f16" and not implicit and all(int(v) % 8 == 0 for v in (N,) + b_ints)
+    """Whether B can be copied as 16-byte chunks (BVEC): a staged config, an explicit B, and N and
+    every B offset and stride (``b_ints``, in elements) multiples of a chunk's elements (8 halves
+    for f16, 4 floats for tf32)."""
+    chunk = 8 if mode == "f16" else 4
+    return stages(cfg) > 1 and not implicit and all(int(v) % chunk == 0 for v in (N,) + b_ints)
 
 
 def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bvec: bool = False) -> dict:
