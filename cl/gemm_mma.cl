@@ -51,7 +51,10 @@
  *                  3  as 2, a run inside one row read as the two aligned 16-byte blocks that cover
  *                     it and shifted into place (needs B's offset and strides multiples of 8: a
  *                     block that holds an element of the row is read whole, within the row's
- *                     tensor up to the 16-byte granule of its last element)
+ *                     tensor up to the 16-byte granule of its last element);
+ *                  4  (tf32) element by element as 0, each float copied global -> local by its own
+ *                     4-byte cp.async (zero-filled outside the image) STAGES-1 tiles ahead with A,
+ *                     not through registers, and rounded to TF32 as fragments are loaded
  *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
@@ -99,8 +102,17 @@
 #if GATHER && (STAGES == 1 || !defined(IMPLICIT) || defined(BVEC))
 #error "GATHER needs STAGES > 1 and IMPLICIT"
 #endif
-#if GATHER >= 2 && defined(MMA_TF32)
+#if (GATHER == 2 || GATHER == 3) && defined(MMA_TF32)
 #error "GATHER 2 and 3 pack runs of halves: MMA_F16 only"
+#endif
+#if GATHER == 4 && !defined(MMA_TF32)
+#error "GATHER 4 copies single floats: MMA_TF32 only"
+#endif
+/* B reaches local memory by cp.async (no registers): its rows (BVEC) or its gathered floats (GATHER 4). */
+#if defined(BVEC) || GATHER == 4
+#define B_ASYNC 1
+#else
+#define B_ASYNC 0
 #endif
 #if !defined(LDSM) || defined(MMA_EMULATE)
 #undef LDSM
@@ -251,12 +263,16 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #endif
 #ifdef MMA_EMULATE
 #define CP_ASYNC16(dst, src, ok) (*(__local uint4*)(dst) = (ok) ? *(const __global uint4*)(src) : (uint4)(0u))
+#define CP_ASYNC4(dst, src, ok) (*(__local uint*)(dst) = (ok) ? *(const __global uint*)(src) : 0u)
 #define CP_COMMIT()
 #define CP_WAIT()
 #else
 #define CP_ASYNC16(dst, src, ok)                                                                 \
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                \
                  :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"((ok) ? 16 : 0) : "memory")
+#define CP_ASYNC4(dst, src, ok)                                                                  \
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"                                 \
+                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"((ok) ? 4 : 0) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define CP_WAIT() asm volatile("cp.async.wait_group " CP_PENDING_STR(CP_PENDING) ";" ::: "memory")
 #endif
@@ -464,7 +480,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     __local uint* As0 = (__local uint*)As4;
     __local btype* Bs0 = (__local btype*)Bs4;
     const int KT = (kend - kbeg + KWG - 1) / KWG;       /* k-tiles of this split */
-#if GATHER >= 2
+#if GATHER == 2 || GATHER == 3
     uint4 rg[BV_PER];
     /* This work-item's run: columns gn .. gn + 7 in every tile (NWG / 8 divides the work-group),
      * each column's window corner (ix0, iy0) as two shorts (a GNONE row past N). */
@@ -478,7 +494,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     /* A run inside one output row (stride 1): element i is the row offset's i-th neighbour. */
     const bool grow = SX == 1 && gn + 7 < N && gn - (gn / OW) * OW + 7 < OW;
     const __global ushort* Bh = (const __global ushort*)Bg;
-#elif !defined(BVEC)
+#elif !B_ASYNC
     uint rb[LBE_PER];
 #endif
 #if GATHER == 1
@@ -501,6 +517,22 @@ void yc_gemm_mma(YC_GEMM_PARAMS
             CP_ASYNC16(Bs0 + (s) * BTILE + r * LDB + c * VE, Bg + (ok ? (size_t)kk * ldb + nn : 0), ok); \
         }                                                                                        \
     }
+#elif GATHER == 4
+/* Element v is (k = v / NWG, n = v % NWG), as the register gathers order them; outside the image,
+ * past K or past N, a zero-filled copy. */
+#define ASYNC_B(s, k0)                                                                           \
+    for (int p = 0; p < LBE_PER; ++p) {                                                          \
+        const int v = tid + p * THREADS;                                                         \
+        if (NBE % THREADS == 0 || v < NBE) {                                                     \
+            B_COLUMN(v)                                                                          \
+            const int k = (k0) + v / NWG;                                                        \
+            const int c = k / (KS * KS), r = k - c * (KS * KS), ky = r / KS, kx = r - ky * KS;   \
+            const int iy = iy0 + ky * DIL, ix = ix0 + kx * DIL;                                  \
+            const bool ok = nok && K_OK(k) && (uint)iy < (uint)H && (uint)ix < (uint)W;          \
+            CP_ASYNC4(Bs0 + (s) * BTILE + (v / NWG) * LDB + v % NWG,                             \
+                      Bg + (ok ? (size_t)(c * H + iy) * W + ix : 0), ok);                        \
+        }                                                                                        \
+    }
 #else
 #define ASYNC_B(s, k0)
 #endif
@@ -516,7 +548,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     ASYNC_B(s, k0)
 /* B through registers (gathered, or ragged): LOAD_B(k0, kt) fetches tile kt (at k0) into registers,
  * STORE_B(s) stores them into stage s. */
-#if GATHER >= 2
+#if GATHER == 2 || GATHER == 3
 #if GATHER == 3
 /* A row run's 8 halves from a (index of element 0; ix its column, iy's row valid): the aligned
  * blocks at a & ~7 and 8 past it that hold an element of the row, shifted by a & 7 halves, the
@@ -620,7 +652,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     GTAB_BUILD(1, kbeg + KWG)
     barrier(CLK_LOCAL_MEM_FENCE);
 #endif
-#ifndef BVEC
+#if !B_ASYNC
     LOAD_B(kbeg, 0)
     STORE_B(0)
 #endif
@@ -638,7 +670,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         /* Tile kt + 2's table into tile kt's slot, which LOAD_B read before the barrier above. */
         GTAB_BUILD(kt & 1, kbeg + (kt + 2) * KWG)
 #endif
-#ifndef BVEC
+#if !B_ASYNC
         const bool more = kt + 1 < KT;
         if (more) {
             LOAD_B(kbeg + (kt + 1) * KWG, kt + 1)
@@ -674,7 +706,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #ifdef MMA_F16
                 bf[j][0] = (uint)p[2 * t * LDB] | ((uint)p[(2 * t + 1) * LDB] << 16);
                 bf[j][1] = (uint)p[(2 * t + 8) * LDB] | ((uint)p[(2 * t + 9) * LDB] << 16);
-#elif defined(BVEC)
+#elif B_ASYNC
                 bf[j][0] = yc_tf32(as_float(p[t * LDB]));      /* copied as floats: rounded here */
                 bf[j][1] = yc_tf32(as_float(p[(t + 4) * LDB]));
 #else
@@ -685,7 +717,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #endif
             MMA_ALL(acc, af, bf)
         }
-#ifndef BVEC
+#if !B_ASYNC
         if (more) {
             STORE_B((kt + 1) % STAGES)
         }

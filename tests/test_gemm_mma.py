@@ -229,6 +229,11 @@ GATHER_CASES = [  # (mode, config with GA, (ks, stride, pad, dil, groups), (C, H
     ("f16", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=3, GA=1, SK=2), (3, 1, 1, 1, 1), (7, 5, 6, 20)),
     ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=2, GA=1), (3, 2, 1, 1, 1), (5, 11, 13, 10)),
     ("tf32", dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=3, GA=1), (1, 1, 0, 1, 1), (9, 7, 9, 10)),
+    # GA 4 (tf32 floats by cp.async): a fixed column per work-item, a column per element (48 does
+    # not divide 64 work-items) in a grouped conv, split K
+    ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=2, GA=4), (3, 2, 1, 1, 1), (5, 11, 13, 10)),
+    ("tf32", dict(MWG=16, NWG=48, KWG=16, WM=1, WN=2, ST=3, GA=4), (3, 1, 1, 1, 2), (8, 7, 9, 10)),
+    ("tf32", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=4, GA=4, SK=2), (3, 1, 1, 1, 1), (7, 5, 6, 20)),
 ]
 
 
@@ -236,9 +241,9 @@ GATHER_CASES = [  # (mode, config with GA, (ks, stride, pad, dil, groups), (C, H
                          ids=[f"{m}-GA{c['GA']}-k{g[0]}s{g[1]}d{g[3]}g{g[4]}-{'x'.join(map(str, sh))}"
                               for m, c, g, sh in GATHER_CASES])
 def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
-    """The im2col gathers GA 1 (per-k table), GA 2 (runs of 8 columns) and GA 3 (aligned runs) against a direct float64
-    convolution: ragged W, H*W, channels and K, padding edges, batch 2, bias + leaky, a fused
-    residual + leaky, written into a concat slice."""
+    """The im2col gathers GA 1 (per-k table), GA 2 (runs of 8 columns), GA 3 (aligned runs) and GA
+    4 (tf32 by cp.async) against a direct float64 convolution: ragged W, H*W, channels and K,
+    padding edges, batch 2, bias + leaky, a fused residual + leaky, written into a concat slice."""
     ks, stride, pad, dil, groups = geom
     C, H, W, F = shape
     rng = np.random.default_rng(11)
@@ -255,6 +260,19 @@ def test_implicit_conv_gathers(rt, mode, cfg, geom, shape):
     assert rel_err(out.reshape(ref.shape), ref) < TOL[mode]
 
 
+def test_async_tf32_gather_rounds_what_it_copies(rt):
+    """GA 4 copies the input's floats unrounded; the fragments round them to nearest TF32, so
+    an unrounded input gives the product of the rounded one."""
+    rng = np.random.default_rng(12)
+    geom, (C, H, W, F) = (3, 1, 1, 1, 1), (6, 9, 10, 12)
+    x, w, bias, (M, N, K), geo = conv_case(rng, "tf32", geom, 1, C, H, W, F)
+    raw = x + rng.standard_normal(x.shape).astype(np.float32) * 1e-3       # bits TF32 drops
+    cfg = dict(MWG=16, NWG=32, KWG=8, WM=1, WN=2, ST=2, GA=4)
+    out = run_gemm(rt, cfg, "tf32", w.reshape(1, M, K), raw, bias, implicit=geo)
+    ref = conv_reference(rounded(raw, "tf32"), w, bias, 1, 1, 1, 1)
+    assert rel_err(out.reshape(ref.shape), ref) < TOL["tf32"]
+
+
 def test_gather_legality_and_override(monkeypatch):
     """GA > 0 only where its kernel path exists; the tuner's space offers every legal gather of a
     staged implicit config and both split-sum places (SS) of a split one, as schedule siblings;
@@ -269,10 +287,13 @@ def test_gather_legality_and_override(monkeypatch):
     assert "implicit" in gm.why_illegal({**base, "GA": 1}, M, N, K, "f16", implicit=False)
     assert "ST > 1" in gm.why_illegal({**base, "ST": 1, "GA": 2}, M, N, K, "f16", implicit=True)
     assert "divide" in gm.why_illegal({**base, "MWG": 16, "NWG": 64, "WM": 1, "WN": 1, "GA": 1}, M, N, K, "f16", implicit=True)
-    assert "one of" in gm.why_illegal({**base, "GA": 4}, M, N, K, "f16", implicit=True)
+    assert "tf32 only" in gm.why_illegal({**base, "GA": 4}, M, N, K, "f16", implicit=True)
+    assert gm.why_illegal({**base, "GA": 4}, M, N, K, "tf32", implicit=True) is None
+    assert "one of" in gm.why_illegal({**base, "GA": 5}, M, N, K, "tf32", implicit=True)
     assert gm.local_bytes({**base, "GA": 1}, "f16") == gm.local_bytes(base, "f16") + 2 * 32 * 8     # its k tables
     sp = gm.space(M, N, K, "f16", True)
     assert {c.get("GA") for c in sp} == {None, 0, 1, 2, 3}
+    assert {c.get("GA") for c in gm.space(M, N, K, "tf32", True)} == {None, 0, 1, 4}
     assert all(("GA" in c) == (gm.stages(c) > 1) for c in sp)
     assert not any("GA" in c for c in gm.space(M, N, K, "f16", False))
     from yolo_cl.kernels.gemm_local import DeviceLimits
@@ -282,6 +303,8 @@ def test_gather_legality_and_override(monkeypatch):
     monkeypatch.setenv(gm.GATHER_ENV, "2")
     assert gm.forced_gather({**base, "ST": 1}, "f16") == {**base, "GA": 2}
     assert gm.forced_gather(base, "tf32") == base                  # GA 2 is f16 only: left as tuned
+    monkeypatch.setenv(gm.GATHER_ENV, "4")
+    assert gm.forced_gather(base, "tf32") == {**base, "GA": 4} and gm.forced_gather(base, "f16") == base
     monkeypatch.setenv(gm.GATHER_ENV, "0")
     assert gm.forced_gather({**base, "ST": 1, "GA": 1}, "tf32") == {**base, "GA": 0}
 

@@ -24,8 +24,10 @@ element by element (each finding its (c, ky, kx) and pixel by division), 1 the s
 the tile's per-k offsets in a small local table built once per k-tile, 2 (f16) runs of 8
 neighbouring output columns per work-item, (c, ky, kx) once per run and a run inside one output
 row read from one row offset, 3 (f16) as 2 with such a run read as the two aligned 16-byte
-blocks that cover it (where B's offset and strides are multiples of 8 halves; 2 elsewhere).
-``YOLO_CL_MMA_GATHER=0|1|2|3`` forces one on every implicit conv (raising ST to 2 where it is 1,
+blocks that cover it (where B's offset and strides are multiples of 8 halves; 2 elsewhere), 4
+(tf32) element by element as 0, each float copied into local memory by its own 4-byte
+``cp.async`` with A, STAGES-1 tiles ahead, instead of through registers one tile ahead.
+``YOLO_CL_MMA_GATHER=0|1|2|3|4`` forces one on every implicit conv (raising ST to 2 where it is 1,
 for every value alike), to compare them in a network (``tools/mma_gather_ab.py``).
 
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
@@ -68,10 +70,11 @@ HEURISTIC_STAGES = 2            # the untuned pick's stages
 ALGOS = ("gemm1x1", "im2col", "implicit", "winograd")
 EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
-GATHERS = (0, 1, 2, 3)          # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs)
+GATHERS = (0, 1, 2, 3, 4)       # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs,
+                                # tf32 elements by cp.async)
 HEURISTIC_GATHER = 0            # the untuned pick's gather (GA 1 pays on deep 3x3 convs, costs on the first ones)
 WIDE_GATHER = 1                 # ... and the wide tiles' (H100, 608 batch 8: 128x128 GA 1 0.27 ms, GA 0 0.34)
-GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" to "3": that gather on every implicit conv (A/B)
+GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" to "4": that gather on every implicit conv (A/B)
 LDSM = 1                        # fragments through ldmatrix (the emulation reads them one word at a time)
 
 log = logging.getLogger("yolo_cl.kernels")
@@ -98,7 +101,8 @@ def forced_gather(cfg: dict, mode: str) -> dict:
     """``cfg`` with the gather ``YOLO_CL_MMA_GATHER`` names (and ST >= 2, which every gather
     but 0 needs, for all values alike), where it is set and legal for ``mode``; else ``cfg``."""
     value = os.environ.get(GATHER_ENV, "").strip()
-    if value not in {str(g) for g in GATHERS} or (int(value) >= 2 and mode != "f16"):
+    if value not in {str(g) for g in GATHERS} or (int(value) in (2, 3) and mode != "f16") \
+            or (int(value) == 4 and mode != "tf32"):
         return cfg
     return {**cfg, "GA": int(value), "ST": max(stages(cfg), 2)}
 
@@ -235,8 +239,10 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return f"GA (the implicit gather) must be one of {GATHERS}"
     if ga and (not implicit or stages(cfg) == 1):
         return "GA > 0 gathers an implicit conv's B at ST > 1"
-    if ga >= 2 and mode != "f16":
+    if ga in (2, 3) and mode != "f16":
         return "GA 2 and 3 pack runs of halves: f16 only"
+    if ga == 4 and mode != "tf32":
+        return "GA 4 copies single floats by cp.async: tf32 only"
     if ga == 1 and threads % nwg:
         return "GA 1 needs NWG to divide the work-group"
     sk = split_k(cfg)
