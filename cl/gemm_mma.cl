@@ -308,14 +308,21 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #define K_OK(k) true
 #endif
 #ifdef IMPLICIT
-/* B[k][n] of the implicit im2col matrix as mma input bits; (iy0, ix0) is column n's first pixel. */
-inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, const int iy0, const int ix0,
-                          const int H, const int W)
+/* Where B[k][n] of the implicit im2col matrix lies in the input, or -1 where it is padding (or
+ * !ok); (iy0, ix0) is column n's first pixel. */
+inline int yc_b_offset(const int k, const bool ok, const int iy0, const int ix0, const int H, const int W)
 {
     const int c = k / (KS * KS), r = k - c * (KS * KS);
     const int ky = r / KS, kx = r - ky * KS;
     const int iy = iy0 + ky * DIL, ix = ix0 + kx * DIL;
-    return (ok && iy >= 0 && iy < H && ix >= 0 && ix < W) ? BBITS((size_t)(c * H + iy) * W + ix) : 0u;
+    return (ok && iy >= 0 && iy < H && ix >= 0 && ix < W) ? (c * H + iy) * W + ix : -1;
+}
+/* B[k][n] as mma input bits (0 in the padding). */
+inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, const int iy0, const int ix0,
+                          const int H, const int W)
+{
+    const int a = yc_b_offset(k, ok, iy0, ix0, H, W);
+    return a >= 0 ? BBITS(a) : 0u;
 }
 #define B_AT(k, n) yc_b_implicit(Bg, (k), bok && K_OK(k), iy0, ix0, H, W)
 #else
@@ -526,11 +533,8 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         if (NBE % THREADS == 0 || v < NBE) {                                                     \
             B_COLUMN(v)                                                                          \
             const int k = (k0) + v / NWG;                                                        \
-            const int c = k / (KS * KS), r = k - c * (KS * KS), ky = r / KS, kx = r - ky * KS;   \
-            const int iy = iy0 + ky * DIL, ix = ix0 + kx * DIL;                                  \
-            const bool ok = nok && K_OK(k) && (uint)iy < (uint)H && (uint)ix < (uint)W;          \
-            CP_ASYNC4(Bs0 + (s) * BTILE + (v / NWG) * LDB + v % NWG,                             \
-                      Bg + (ok ? (size_t)(c * H + iy) * W + ix : 0), ok);                        \
+            const int a = yc_b_offset(k, nok && K_OK(k), iy0, ix0, H, W);                        \
+            CP_ASYNC4(Bs0 + (s) * BTILE + (v / NWG) * LDB + v % NWG, Bg + max(a, 0), a >= 0);     \
         }                                                                                        \
     }
 #else

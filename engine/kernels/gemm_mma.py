@@ -72,6 +72,7 @@ EMULATE_ENV = "YOLO_CL_MMA_EMULATE"
 SPLIT_SUM_ENV = "YOLO_CL_MMA_SPLIT_SUM"      # "kernel": split-K sums inside the GEMM launch
 GATHERS = (0, 1, 2, 3, 4)       # "GA": the implicit B gather (element, per-k table, runs of 8, aligned runs,
                                 # tf32 elements by cp.async)
+GATHER_MODE = {2: "f16", 3: "f16", 4: "tf32"}    # gathers that exist for one mma mode only
 HEURISTIC_GATHER = 0            # the untuned pick's gather (GA 1 pays on deep 3x3 convs, costs on the first ones)
 WIDE_GATHER = 1                 # ... and the wide tiles' (H100, 608 batch 8: 128x128 GA 1 0.27 ms, GA 0 0.34)
 GATHER_ENV = "YOLO_CL_MMA_GATHER"            # "0" to "4": that gather on every implicit conv (A/B)
@@ -101,8 +102,7 @@ def forced_gather(cfg: dict, mode: str) -> dict:
     """``cfg`` with the gather ``YOLO_CL_MMA_GATHER`` names (and ST >= 2, which every gather
     but 0 needs, for all values alike), where it is set and legal for ``mode``; else ``cfg``."""
     value = os.environ.get(GATHER_ENV, "").strip()
-    if value not in {str(g) for g in GATHERS} or (int(value) in (2, 3) and mode != "f16") \
-            or (int(value) == 4 and mode != "tf32"):
+    if value not in {str(g) for g in GATHERS} or GATHER_MODE.get(int(value), mode) != mode:
         return cfg
     return {**cfg, "GA": int(value), "ST": max(stages(cfg), 2)}
 
@@ -239,10 +239,9 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
         return f"GA (the implicit gather) must be one of {GATHERS}"
     if ga and (not implicit or stages(cfg) == 1):
         return "GA > 0 gathers an implicit conv's B at ST > 1"
-    if ga in (2, 3) and mode != "f16":
-        return "GA 2 and 3 pack runs of halves: f16 only"
-    if ga == 4 and mode != "tf32":
-        return "GA 4 copies single floats by cp.async: tf32 only"
+    if GATHER_MODE.get(ga, mode) != mode:
+        return (f"GA {ga} packs runs of halves: f16 only" if GATHER_MODE[ga] == "f16"
+                else f"GA {ga} copies single floats by cp.async: tf32 only")
     if ga == 1 and threads % nwg:
         return "GA 1 needs NWG to divide the work-group"
     sk = split_k(cfg)
