@@ -18,7 +18,8 @@ the user database). Each config's time is its best over ``--rounds`` round-robin
                  time never sees that, the events clock does);
   ``fused:KB``   for a CPU-family conv Winograd applies to, the fused Winograd (one launch) with
                  register block KB, the precision's largest tile and one slice, where legal;
-  ``set:K=V/K=V`` the stored config with those tunables set (the tensor-core family's ``GA`` only
+  ``set:K=V/K=V`` the stored config with those tunables set (only those, and its algorithm, where
+                 ``family`` names another family than the stored one; the tensor-core family's ``GA`` only
                  where the conv is implicit; ``SK`` dropped unless it or ``SS`` is named -- ``set:SS=1``
                  times a split config with its sum inside the GEMM launch; ``algo=im2col`` switches the
                  algorithm): e.g. the large tiles
@@ -77,6 +78,8 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
             return None                 # the split sum's schedule: only where K is split
         keep_split = bool({"SK", "SS"} & sets.keys())
         c = {k: v for k, v in cfg.items() if k not in ("ms", "gflops") and (keep_split or k not in ("SK", "SS"))}
+        if sets.get("family", c.get("family")) != c.get("family"):
+            c = {"algo": c["algo"]}     # another family: none of the stored config's tunables are its own
         c.update({k: int(v) if v.lstrip("-").isdigit() else v for k, v in sets.items()})
         if c.get("algo") != "implicit":
             c.pop("GA", None)
