@@ -76,7 +76,7 @@ def free_port() -> int:
     Where nothing there is free, any free port."""
     import random
     import socket
-    low = _ephemeral_ports()[0]
+    low = _ephemeral_low()
     below = range(max(1024, low - 8192), low)
     for port in random.sample(below, min(64, len(below))):
         with socket.socket() as s:
@@ -90,14 +90,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ephemeral_ports() -> tuple:
-    """(first, last) of the ports the kernel hands out for binds to port 0 (Linux's default
-    where it does not say)."""
+def _ephemeral_low() -> int:
+    """The first of the ports the kernel hands out for binds to port 0 (Linux's default where it
+    does not say)."""
     try:
-        first, last = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return first, last
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def haproxy_available() -> bool:
