@@ -86,6 +86,11 @@ def test_device_nms_zeroes_what_the_host_nms_zeroes(rt, kind, n, classes, ties, 
     rng = np.random.default_rng(n * 7 + classes)
     images = [candidates(rng, n, classes, ties), candidates(rng, max(1, n // 2), classes, ties)]
     images[1][0, 2] = np.nan                 # a non-finite row takes no part
+    if n >= 2:       # so does a row with a non-finite probability, though its box would suppress row 0's
+        first, last = images[0][0], images[0][-1]
+        first[6] = 0.9
+        last[1:7] = first[1:5].tolist() + [first[5], 0.95]
+        last[6 + classes - 1] = np.inf
     got = device_nms(rt, images, classes, 0.45, kind, 0.5, sx, sy)
     for before, after in zip(images, got):
         order = np.argsort(before[:, 0].view(np.int32), kind="stable")
