@@ -154,7 +154,7 @@ def decode_detection(raw: np.ndarray, p: dict, thresh: float):
 
 def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
     """Darknet's correct_yolo_boxes: undo the layout offset/scale; result relative to the image."""
-    b = boxes.astype(np.float64).copy()
+    b = boxes.astype(np.float64)          # a copy: the caller's rows stay as they are
     b[:, 0] = (b[:, 0] * place.net_w - place.box_dx) / place.new_w
     b[:, 1] = (b[:, 1] * place.net_h - place.box_dy) / place.new_h
     b[:, 2] *= place.net_w / place.new_w
@@ -165,9 +165,9 @@ def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
 def finite_only(boxes: np.ndarray, probs: np.ndarray) -> tuple:
     """(boxes, probs, dropped): rows whose box or scores are not finite removed (overflowing
     anchors or weights), so no NaN or infinity reaches NMS, printing or JSON."""
-    ok = np.isfinite(boxes).all(axis=1) & np.isfinite(probs).all(axis=1)
-    if ok.all():
+    if np.isfinite(boxes).all() and np.isfinite(probs).all():     # the usual case, in two reductions
         return boxes, probs, 0
+    ok = np.isfinite(boxes).all(axis=1) & np.isfinite(probs).all(axis=1)
     return boxes[ok], probs[ok], int((~ok).sum())
 
 
@@ -282,15 +282,15 @@ def nms(boxes: np.ndarray, probs: np.ndarray, thresh: float, kind: str = "defaul
 def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
                   names: Optional[list]) -> list:
     """Every (box, class) with probability above ``thresh``, in original pixels, best first."""
-    rows, cls = np.nonzero(probs > thresh)
+    rows, cls = (probs > thresh).nonzero()
     conf = probs[rows, cls]
     order = np.argsort(-conf, kind="stable")        # ties keep (row, class) order
-    rows, cls, conf = rows[order], cls[order], conf[order]
-    x1, y1, x2, y2 = _corners(boxes[rows].astype(np.float64))
     w, h = float(img_w), float(img_h)
     out = []
-    for k, c, a, b, e, f in zip(cls.tolist(), conf.tolist(), (x1 * w).tolist(), (y1 * h).tolist(),
-                                (x2 * w).tolist(), (y2 * h).tolist()):
+    # a frame's few detections: corners in Python floats (the same float64 arithmetic as _corners,
+    # without a NumPy call per column)
+    for k, c, (x, y, bw, bh) in zip(cls[order].tolist(), conf[order].tolist(), boxes[rows[order]].tolist()):
+        a, b, e, f = (x - bw / 2) * w, (y - bh / 2) * h, (x + bw / 2) * w, (y + bh / 2) * h
         label = names[k] if names and k < len(names) else str(k)
         out.append(Detection(k, label, c, (max(0.0, a), max(0.0, b), min(w, e), min(h, f)), (a, b, e, f)))
     return out
