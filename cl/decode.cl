@@ -78,10 +78,7 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
  * Ranks (the host's order by g) are made unique by the row index, so the visiting order is a
  * permutation whatever the rows hold: the pass never follows an unset entry out of bounds.
  * Everything the greedy pass reads is in local memory: the suppression bits of every pair, and
- * per class (only the classes some candidate has) its probabilities and their visiting order.
- * Global memory is read in two passes of independent loads (rows' heads, then every probability
- * once, kept in local memory where n x CLASSES fit NMS_PCACHE), not once per class: a frame's
- * short list costs a few memory latencies, not dozens;
+ * per class (only the classes some candidate has) its probabilities and their visiting order;
  * one work-item walks that order with the kept candidates as a bit mask, so a candidate's test
  * is NMS_WORDS ANDs of its row of bits (suppression is symmetric: IoU and DIoU's term are). */
 #ifndef NMS_MAX
@@ -91,9 +88,6 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
 #define NMS_CLASSES 1024
 #endif
 #define NMS_WORDS (NMS_MAX / 32)
-#ifndef NMS_PCACHE
-#define NMS_PCACHE 2048     /* probabilities kept in local memory when the list's fit (9 rows of 80 classes do) */
-#endif
 
 __kernel void yc_nms(__global const int* restrict count, __global float* restrict rows, const int cap,
                      const int CLASSES, const float thresh, const int kind, const float beta,
@@ -106,41 +100,35 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     const int rowlen = CLASSES + 6;
     __global float* R = rows + (size_t)b * cap * rowlen;
     __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX], pk[NMS_MAX];
-    __local int gk[NMS_MAX], rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX];
+    __local int rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX];
     __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
     __local uint live[NMS_CLASSES / 32];            /* the classes some candidate has */
-    __local float P[NMS_PCACHE];                    /* the probabilities, where n x CLASSES fit */
-    const int cached = n * CLASSES <= NMS_PCACHE;
     for (int w = lid; w < NMS_CLASSES / 32; w += lsz)
         live[w] = 0;
-    for (int i = lid; i < n; i += lsz) {            /* each row's head once; the loads are independent */
+    for (int i = lid; i < n; i += lsz) {
         __global const float* r = R + i * rowlen;
         const float x = r[1] * sx, y = r[2] * sy, w = r[3] * sx, h = r[4] * sy;
-        gk[i] = as_int(r[0]);
+        const int g = as_int(r[0]);
+        int before = 0;                                /* unique even if two rows share a g */
+        for (int j = 0; j < n; ++j) {
+            const int gj = as_int(R[j * rowlen]);
+            before += gj < g || (gj == g && j < i);
+        }
         bx[i] = x; by[i] = y; bw[i] = w; bh[i] = h;
+        rank[i] = before;
         ok[i] = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int i = lid; i < n; i += lsz) {
-        const int g = gk[i];
-        int before = 0;                                /* unique even if two rows share a g */
-        for (int j = 0; j < n; ++j)
-            before += gk[j] < g || (gk[j] == g && j < i);
-        rank[i] = before;
-    }
-    /* Every probability once, by the whole group: a non-finite one takes its row out (a plain
-     * store: every writer writes 0), a positive one marks its class live (a row taken out still
-     * may: its class then visits no candidate), and with `cached` each lands in P. */
-#pragma unroll 4
-    for (int t = lid; t < n * CLASSES; t += lsz) {
+    for (int t = lid; t < n * CLASSES; t += lsz) {      /* every probability once, by the whole group */
         const int i = t / CLASSES;
-        const float p = R[i * rowlen + 6 + (t - i * CLASSES)];
-        if (cached)
-            P[t] = p;
-        if (!isfinite(p))
-            ok[i] = 0;
-        else if (p > 0)
-            atomic_or(live + ((t - i * CLASSES) >> 5), 1u << ((t - i * CLASSES) & 31));
+        if (!isfinite(R[i * rowlen + 6 + (t - i * CLASSES)]))
+            ok[i] = 0;                                     /* a plain store: every writer writes 0 */
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int t = lid; t < n * CLASSES; t += lsz) {
+        const int i = t / CLASSES, k = t - i * CLASSES;
+        if (ok[i] && R[i * rowlen + 6 + k] > 0)
+            atomic_or(live + (k >> 5), 1u << (k & 31));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     const int words = (n + 31) / 32;
@@ -175,7 +163,7 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
             const int k = w * 32 + (31 - clz(m & (0u - m)));
             m &= m - 1;
             for (int i = lid; i < n; i += lsz)
-                pk[i] = ok[i] ? (cached ? P[i * CLASSES + k] : R[i * rowlen + 6 + k]) : 0.0f;
+                pk[i] = ok[i] ? R[i * rowlen + 6 + k] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
             for (int i = lid; i < n; i += lsz) {         /* place in the visiting order: falling p, then rank */
                 const float p = pk[i];
