@@ -337,6 +337,10 @@ class Detector:
         """Decoded candidates (xywh relative to the network input, per-class probabilities) ->
         detections in the image's pixels, after NMS (``nms_done``: the device ran it already);
         shared by the host and device decodes."""
+        if nms_done:
+            out = post.placed_detections(boxes, probs, place, img_w, img_h, thresh, self.names)
+            if out is not None:
+                return out
         boxes = post.correct_boxes(boxes, place)
         boxes, probs, dropped = post.finite_only(boxes, probs)
         if dropped and not self._warned_nonfinite:

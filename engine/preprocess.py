@@ -28,6 +28,9 @@ def letterbox_size(img_w: int, img_h: int, net_w: int, net_h: int) -> tuple:
 
 def check_image(image) -> np.ndarray:
     """Accept a BGR uint8 image (grey and BGRA are converted, 16-bit scaled down); reject anything else."""
+    if (type(image) is np.ndarray and image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+            and image.size and image.flags.c_contiguous):
+        return image                     # a frame as decoders give it: nothing to check further
     if image is None or not isinstance(image, np.ndarray) or image.size == 0:
         raise ImageError("image is empty or not a numpy array")
     if not (np.issubdtype(image.dtype, np.integer) or np.issubdtype(image.dtype, np.floating)

@@ -20,6 +20,7 @@ import bisect
 import os
 import threading
 import weakref
+from typing import Optional
 
 import numpy as np
 
@@ -76,16 +77,17 @@ def _chunk(rt, nbytes: int) -> int:
     return CHUNK if nbytes >= MIN_BYTES and wanted(rt) else nbytes
 
 
-def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0):
+def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0, src_pinned: Optional[bool] = None):
     """Enqueue ``src`` (C-contiguous) into the device buffer ``dst`` at ``dst_offset`` through the
     pinned array ``host`` (flat uint8, at least ``src.nbytes``): chunk by chunk, each chunk's
     non-blocking DMA enqueued as soon as it is in ``host``. ``host`` must not be written again
     until the last of the returned DMA events has completed; keep the list until then (pyopencl
     waits for a transfer whose event is dropped). In one piece where :func:`wanted` says no or
     the array is under ``MIN_BYTES``; a ``src`` already in pinned memory (``is_pinned``) goes by
-    DMA as it is, without ``host`` (the caller then keeps ``src`` unchanged as long)."""
+    DMA as it is, without ``host`` (the caller then keeps ``src`` unchanged as long); a caller that
+    asked already passes the answer as ``src_pinned``."""
     cl, q = rt.cl, rt.queue
-    if is_pinned(src):
+    if is_pinned(src) if src_pinned is None else src_pinned:
         return [cl.enqueue_copy(q, dst, src, dst_offset=dst_offset, is_blocking=False)]
     s = src.reshape(-1).view(np.uint8)
     n = s.nbytes

@@ -77,3 +77,28 @@ def test_detections_best_first_clipped_and_unclipped():
     assert dets[2].unclipped == pytest.approx((-10, 70, 30, 110))
     assert all(isinstance(v, float) for d in dets for v in (d.confidence, *d.box, *d.unclipped))
     assert all(type(d.class_id) is int for d in dets)
+
+
+@pytest.mark.parametrize("fit", ["stretch", "letterbox", "crop"])
+@pytest.mark.parametrize("n", [0, 1, 9, 40])
+def test_placed_detections_equal_the_general_path(fit, n):
+    """``placed_detections`` (the device-NMS list's fast path) gives exactly what correct_boxes,
+    finite_only and to_detections give, for every fit's placement; a non-finite value sends
+    the list back to that path (None)."""
+    from yolo_cl.preprocess import placement
+    rng = np.random.default_rng(n)
+    boxes = np.concatenate([rng.random((n, 2)), 0.02 + 0.5 * rng.random((n, 2))], 1).astype(np.float32)
+    probs = (rng.random((n, 5)) * (rng.random((n, 5)) < 0.4)).astype(np.float32)
+    if n:
+        probs[n // 2, 1] = probs[0, 3] = 0.7                  # a tie across rows: (row, class) order decides
+    place = placement(fit, 1280, 720, 416, 416)
+    got = post.placed_detections(boxes, probs, place, 1280, 720, 0.25, ["a", "b", "c"])
+    want = post.to_detections(post.correct_boxes(boxes, place), probs, 1280, 720, 0.25, ["a", "b", "c"])
+    assert got == want                          # bit-equal boxes, same order, labels and confidences
+    if n:
+        bad = probs.copy()
+        bad[0, 0] = np.nan
+        assert post.placed_detections(boxes, bad, place, 1280, 720, 0.25, None) is None
+        far = boxes.copy()
+        far[-1, 2] = np.inf
+        assert post.placed_detections(far, probs, place, 1280, 720, 0.25, None) is None

@@ -126,11 +126,13 @@ class DevicePreprocess:
         candidate counters) on the way. Returns once the frame is in pinned memory: copied
         there, or already there (``staging.is_pinned``), then read by the DMA later."""
         h, w = image.shape[:2]
-        packed = None if staging.is_pinned(image) else self._rows(h, place.new_h)
+        pinned_frame = staging.is_pinned(image)
+        packed = None if pinned_frame else self._rows(h, place.new_h)
         cl, q = self.rt.cl, self.rt.queue
         if packed is None:
             st = self._stage((slot, index), image.nbytes)
-            st.copied = staging.upload(self.rt, st.device, image, st.host)  # a frame_array frame: no copy
+            st.copied = staging.upload(self.rt, st.device, image, st.host,    # a frame_array frame: no copy
+                                       src_pinned=pinned_frame)
             th = self._table(h, place.new_h)
         else:                        # a plain frame resized down: only the rows the resize reads
             rows, th = packed
