@@ -282,39 +282,31 @@ def nms(boxes: np.ndarray, probs: np.ndarray, thresh: float, kind: str = "defaul
 def placed_detections(boxes: np.ndarray, probs: np.ndarray, place: Placement, img_w: int, img_h: int,
                       thresh: float, names: Optional[list]) -> Optional[list]:
     """``to_detections(correct_boxes(boxes, place), probs, ...)`` for candidates whose NMS is done
-    (the device ran it), mapping only the boxes that become detections, in Python floats with
-    the same float64 arithmetic: a frame's list then costs a few NumPy calls, not a pass per
-    column over every candidate. None if a box or probability is not finite: the general path
-    drops those rows (``finite_only``) and warns."""
+    (the device ran it), mapping only the boxes that become detections: a frame's list then costs
+    a few NumPy calls, not a pass per column over every candidate. None if a box or probability
+    is not finite: the general path drops those rows (``finite_only``) and warns."""
     if not (np.isfinite(boxes).all() and np.isfinite(probs).all()):
         return None
-    rows, cls = (probs > thresh).nonzero()
-    conf = probs[rows, cls]
-    order = np.argsort(-conf, kind="stable")        # ties keep (row, class) order, as to_detections
-    w, h = float(img_w), float(img_h)
-    net_w, net_h, new_w, new_h = place.net_w, place.net_h, place.new_w, place.new_h
-    sw, sh = net_w / new_w, net_h / new_h
-    out = []
-    for k, c, (x, y, bw, bh) in zip(cls[order].tolist(), conf[order].tolist(), boxes[rows[order]].tolist()):
-        x, y = (x * net_w - place.box_dx) / new_w, (y * net_h - place.box_dy) / new_h    # correct_boxes
-        bw, bh = bw * sw, bh * sh
-        a, b, e, f = (x - bw / 2) * w, (y - bh / 2) * h, (x + bw / 2) * w, (y + bh / 2) * h
-        label = names[k] if names and k < len(names) else str(k)
-        out.append(Detection(k, label, c, (max(0.0, a), max(0.0, b), min(w, e), min(h, f)), (a, b, e, f)))
-    return out
+    return to_detections(boxes, probs, img_w, img_h, thresh, names, place)
 
 
 def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, thresh: float,
-                  names: Optional[list]) -> list:
-    """Every (box, class) with probability above ``thresh``, in original pixels, best first."""
+                  names: Optional[list], place: Optional[Placement] = None) -> list:
+    """Every (box, class) with probability above ``thresh``, in original pixels, best first.
+
+    The boxes are relative to the image, or with ``place`` still to the network input: then each
+    box that becomes a detection is mapped back with ``correct_boxes``' arithmetic. Corners are
+    computed as ``_corners`` does, in Python floats (the same float64 arithmetic, without a NumPy
+    call per column for a frame's few detections)."""
     rows, cls = (probs > thresh).nonzero()
     conf = probs[rows, cls]
     order = np.argsort(-conf, kind="stable")        # ties keep (row, class) order
     w, h = float(img_w), float(img_h)
     out = []
-    # a frame's few detections: corners in Python floats (the same float64 arithmetic as _corners,
-    # without a NumPy call per column)
     for k, c, (x, y, bw, bh) in zip(cls[order].tolist(), conf[order].tolist(), boxes[rows[order]].tolist()):
+        if place is not None:
+            x, y = (x * place.net_w - place.box_dx) / place.new_w, (y * place.net_h - place.box_dy) / place.new_h
+            bw, bh = bw * (place.net_w / place.new_w), bh * (place.net_h / place.new_h)
         a, b, e, f = (x - bw / 2) * w, (y - bh / 2) * h, (x + bw / 2) * w, (y + bh / 2) * h
         label = names[k] if names and k < len(names) else str(k)
         out.append(Detection(k, label, c, (max(0.0, a), max(0.0, b), min(w, e), min(h, f)), (a, b, e, f)))
