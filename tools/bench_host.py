@@ -139,7 +139,7 @@ def run_steps(ex, blob: np.ndarray, reps: int) -> dict:
 def frame_launches(det: Detector, ex) -> dict:
     """Commands per frame: the network's launches, and the whole frame on the host path (upload,
     network, one read per head) and on the device path (per image upload + preprocess, network,
-    one decode, the counters' read and one candidate read per image)."""
+    the decode and the NMS, and one candidate read per image, the first bringing the counters too)."""
     net = len(ex.launches)
     kinds: dict = {}
     for l in ex.launches:

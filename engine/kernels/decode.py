@@ -56,19 +56,27 @@ class DeviceDecoder:
         self.cap = max(1, min(base, CAP))
         self.first = min(self.cap, FIRST)
         self._sets = []
+        # The counters and the rows share one buffer (sub-buffers for the kernels), the counters
+        # first, so one read brings back every image's count with image 0's first rows.
+        align = max(4, rt.device.mem_base_addr_align // 8)       # where a sub-buffer may start, in bytes
+        head = -(-B * 4 // align) * align
+        row_bytes = B * self.cap * self.rowlen * 4
+        self._head_read = head + self.first * self.rowlen * 4      # bytes of that read
         for _ in range(slots):
-            count = rt.alloc(B * 4, "candidate counters")
-            rows = rt.alloc(B * self.cap * self.rowlen * 4, "candidate buffer")
+            whole = rt.alloc(head + row_bytes, "candidate buffer")
+            count = whole.get_sub_region(0, B * 4)
+            rows = whole.get_sub_region(head, row_bytes)
             k = cl.Kernel(prg, "yc_decode_yolo")
             k.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
                        np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
             nk = cl.Kernel(prg, "yc_nms")
             nk.set_args(count, rows, np.int32(self.cap), np.int32(self.classes), np.float32(0), np.int32(0),
                         np.float32(0), np.float32(1), np.float32(1))
-            host_count = pinned(rt, (B,), np.int32)[1]
+            host = pinned(rt, (head + row_bytes,), np.uint8)[1]           # the same layout on the host
+            host_count = host[:B * 4].view(np.int32)
             host_count[:] = 0
-            self._sets.append({"count": count, "rows": rows, "host_count": host_count,
-                               "host_rows": pinned(rt, (B, self.cap, self.rowlen), np.float32)[1],
+            self._sets.append({"whole": whole, "count": count, "rows": rows, "host": host, "host_count": host_count,
+                               "host_rows": host[head:].view(np.float32).reshape(B, self.cap, self.rowlen),
                                "kernel": k, "thresh": None, "reads": [], "nms_kernel": nk, "nms": None,
                                "nms_done": False})
         self.nms_local = int(min(64, rt.device.max_work_group_size))
@@ -81,7 +89,8 @@ class DeviceDecoder:
     def enqueue(self, thresh: float, slot: int = 0, zero: bool = True, nms: Optional[tuple] = None,
                 images: Optional[int] = None):
         """Decode the heads now in the arena (queue order) into candidate set ``slot`` and start
-        reading the counters and the first rows back; returns the event of the last read.
+        reading the counters and the first rows back (the counters with image 0's rows in one
+        read); returns the event of the last read.
         ``zero=False``: the frame's preprocessing kernels already zeroed the counters (of its
         images only). ``nms``: (IoU threshold, kind, beta_nms, sx, sy) to run the NMS on the
         device too, ``sx``/``sy`` being what ``correct_boxes`` scales x/w and y/h by for every
@@ -112,9 +121,9 @@ class DeviceDecoder:
         # Keep the read events until the slot's next use: pyopencl waits for a dropped read
         # event (it guards the host array) holding the GIL, which would stall this thread and
         # every other until the forward pass is done.
-        reads = st["reads"] = [cl.enqueue_copy(q, st["host_count"][:n], st["count"], is_blocking=False)]
+        reads = st["reads"] = [cl.enqueue_copy(q, st["host"][:self._head_read], st["whole"], is_blocking=False)]
         rows, stride = st["host_rows"], self.cap * self.rowlen * 4
-        for b in range(n):
+        for b in range(1, n):        # the counters' read brought image 0's first rows
             reads.append(cl.enqueue_copy(q, rows[b, :self.first], st["rows"], src_offset=b * stride,
                                          is_blocking=False))
         return reads[-1]
