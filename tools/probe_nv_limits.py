@@ -58,6 +58,22 @@ def builds(rt, name: str, src: str) -> None:
             print(f"{name} [{opts or 'no options'}]: does not build: {why[:160]}")
 
 
+def with_args(kernel, *args):
+    """``kernel`` with ``args`` set."""
+    kernel.set_args(*args)
+    return kernel
+
+
+def launches(rt, what: str, make) -> None:
+    """Print whether the kernel ``make()`` builds and sets up launches as one work-group of 256."""
+    try:
+        rt.cl.enqueue_nd_range_kernel(rt.queue, make(), (256,), (256,))
+        rt.queue.finish()
+        print(f"{what}: launches")
+    except rt.cl.Error as e:
+        print(f"{what}: refused ({str(e).splitlines()[0].split(':')[-1].strip()})")
+
+
 def main() -> int:
     rt = Runtime(profiling=True, binary_cache=False)
     cl, d = rt.cl, rt.device
@@ -67,23 +83,10 @@ def main() -> int:
     x = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, 4 * 256)
     k = cl.Kernel(cl.Program(rt.context, LOCAL).build(), "k")
     for kb in (32, 40, 44, 47, 48, 64):
-        n = kb * 256
-        try:
-            k.set_args(x, cl.LocalMemory(4 * n), np.int32(n))
-            cl.enqueue_nd_range_kernel(rt.queue, k, (256,), (256,))
-            rt.queue.finish()
-            print(f"dynamic local memory {kb} KB: launches")
-        except cl.Error as e:
-            print(f"dynamic local memory {kb} KB: refused ({str(e).splitlines()[0].split(':')[-1].strip()})")
+        launches(rt, f"dynamic local memory {kb} KB", lambda n=kb * 256: with_args(k, x, cl.LocalMemory(4 * n), np.int32(n)))
     for kb in (47, 48):
-        try:
-            ks = cl.Kernel(cl.Program(rt.context, STATIC).build(options=f"-DN={kb * 256}"), "k")
-            ks.set_args(x)
-            cl.enqueue_nd_range_kernel(rt.queue, ks, (256,), (256,))
-            rt.queue.finish()
-            print(f"static local array of {kb} KB: launches")
-        except cl.Error as e:
-            print(f"static local array of {kb} KB: refused ({str(e).splitlines()[0].split(':')[-1].strip()})")
+        launches(rt, f"static local array of {kb} KB", lambda kb=kb: with_args(
+            cl.Kernel(cl.Program(rt.context, STATIC).build(options=f"-DN={kb * 256}"), "k"), x))
     n = (16 << 20) // 16                  # a power of two: the rotation is a mask
     buf = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                     hostbuf=np.arange(4 * n, dtype=np.uint32))
