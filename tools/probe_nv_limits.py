@@ -9,7 +9,11 @@ Prints, for the first GPU (or ``YOLO_CL_DEVICE``):
   * the largest dynamic local memory (``__local`` kernel argument) and static ``__local`` array a
     work-group can launch with (the mma family's tiles are static arrays, up to exactly 48 KB);
   * the L2 read bandwidth: 256 work-groups of 256 items summing a 16 MB buffer (it stays in the
-    50 MB L2) with 16-byte loads, best of 5; the bound of a GEMM whose tiles re-read A and B from L2.
+    50 MB L2) with 16-byte loads, best of 5; the bound of a GEMM whose tiles re-read A and B from L2;
+  * the floor of a kernel: the event time of a trivial kernel (a work-group of 256 per compute
+    unit) with no, 16 KB or 47 KB of static local memory, 60 in a row, and alternating between
+    none and 47 KB (a network alternates GEMMs that stage tiles with pools and sums that do not:
+    a cost of switching the local-memory carve-out would show there). Medians.
 """
 from __future__ import annotations
 
@@ -34,6 +38,16 @@ STATIC = """__kernel void k(__global float* x) {
     for (int i = get_local_id(0); i < N; i += get_local_size(0)) s[i] = i;
     barrier(CLK_LOCAL_MEM_FENCE);
     x[get_global_id(0)] = s[N - 1 - get_local_id(0)];
+}"""
+TRIVIAL = """__kernel void k(__global float* x) {
+#if N
+    __local float s[N];
+    for (int i = get_local_id(0); i < N; i += get_local_size(0)) s[i] = i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_global_id(0) == 0) x[0] += s[N - 1];
+#else
+    if (get_global_id(0) == 0) x[0] += 1.0f;
+#endif
 }"""
 L2 = """__kernel void k(__global const uint4* x, int n, int rounds, __global uint* out) {
     uint4 acc = (uint4)(0u);
@@ -96,7 +110,28 @@ def main() -> int:
     k2.set_args(buf, np.int32(n), np.int32(rounds), out)
     best = min(_time(rt, k2) for _ in range(6))
     print(f"L2 read bandwidth: {16 * n * rounds / best / 1e6:.0f} GB/s (16 MB read {rounds} times in {best:.3f} ms)")
+    floors(rt, x)
     return 0
+
+
+def floors(rt, x) -> None:
+    """Print the event time of trivial kernels and the gaps between them (see the module's doc)."""
+    cl = rt.cl
+    ks = {kb: with_args(cl.Kernel(cl.Program(rt.context, TRIVIAL).build(options=f"-DN={kb * 256}"), "k"), x)
+          for kb in (0, 16, 47)}
+    grid = (256 * rt.device.max_compute_units,)
+    runs = [(f"trivial kernel, {kb} KB of local memory, 60 in a row", [k] * 60) for kb, k in ks.items()]
+    runs.append(("trivial kernel, 0 and 47 KB alternating", [ks[0], ks[47]] * 30))
+    names = {id(k): f"{kb} KB" for kb, k in ks.items()}
+    for what, seq in runs:
+        evs = [cl.enqueue_nd_range_kernel(rt.queue, k, grid, (256,)) for k in seq]
+        rt.queue.finish()
+        runs_by: dict = {}
+        for k, e in list(zip(seq, evs))[2:]:
+            runs_by.setdefault(names[id(k)], []).append((e.profile.end - e.profile.start) / 1e3)
+        gaps = sorted((b.profile.start - a.profile.end) / 1e3 for a, b in zip(evs[2:], evs[3:]))
+        each = ", ".join(f"{sorted(v)[len(v) // 2]:.2f} us ({n})" for n, v in runs_by.items())
+        print(f"{what}: {each} each, {gaps[len(gaps) // 2]:.2f} us between")
 
 
 def _time(rt, k) -> float:
