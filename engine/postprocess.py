@@ -162,10 +162,15 @@ def correct_boxes(boxes: np.ndarray, place: Placement) -> np.ndarray:
     return b
 
 
+def all_finite(boxes: np.ndarray, probs: np.ndarray) -> bool:
+    """Whether every box and probability is finite (the usual case, in two reductions)."""
+    return bool(np.isfinite(boxes).all() and np.isfinite(probs).all())
+
+
 def finite_only(boxes: np.ndarray, probs: np.ndarray) -> tuple:
     """(boxes, probs, dropped): rows whose box or scores are not finite removed (overflowing
     anchors or weights), so no NaN or infinity reaches NMS, printing or JSON."""
-    if np.isfinite(boxes).all() and np.isfinite(probs).all():     # the usual case, in two reductions
+    if all_finite(boxes, probs):
         return boxes, probs, 0
     ok = np.isfinite(boxes).all(axis=1) & np.isfinite(probs).all(axis=1)
     return boxes[ok], probs[ok], int((~ok).sum())
@@ -285,7 +290,7 @@ def placed_detections(boxes: np.ndarray, probs: np.ndarray, place: Placement, im
     (the device ran it), mapping only the boxes that become detections: a frame's list then costs
     a few NumPy calls, not a pass per column over every candidate. None if a box or probability
     is not finite: the general path drops those rows (``finite_only``) and warns."""
-    if not (np.isfinite(boxes).all() and np.isfinite(probs).all()):
+    if not all_finite(boxes, probs):
         return None
     return to_detections(boxes, probs, img_w, img_h, thresh, names, place)
 
@@ -302,11 +307,13 @@ def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, 
     conf = probs[rows, cls]
     order = np.argsort(-conf, kind="stable")        # ties keep (row, class) order
     w, h = float(img_w), float(img_h)
+    if place is not None:           # correct_boxes' factors, once
+        sw, sh = place.net_w / place.new_w, place.net_h / place.new_h
     out = []
     for k, c, (x, y, bw, bh) in zip(cls[order].tolist(), conf[order].tolist(), boxes[rows[order]].tolist()):
         if place is not None:
             x, y = (x * place.net_w - place.box_dx) / place.new_w, (y * place.net_h - place.box_dy) / place.new_h
-            bw, bh = bw * (place.net_w / place.new_w), bh * (place.net_h / place.new_h)
+            bw, bh = bw * sw, bh * sh
         a, b, e, f = (x - bw / 2) * w, (y - bh / 2) * h, (x + bw / 2) * w, (y + bh / 2) * h
         label = names[k] if names and k < len(names) else str(k)
         out.append(Detection(k, label, c, (max(0.0, a), max(0.0, b), min(w, e), min(h, f)), (a, b, e, f)))

@@ -120,17 +120,16 @@ def floors(rt, x) -> None:
     ks = {kb: with_args(cl.Kernel(cl.Program(rt.context, TRIVIAL).build(options=f"-DN={kb * 256}"), "k"), x)
           for kb in (0, 16, 47)}
     grid = (256 * rt.device.max_compute_units,)
-    runs = [(f"trivial kernel, {kb} KB of local memory, 60 in a row", [k] * 60) for kb, k in ks.items()]
-    runs.append(("trivial kernel, 0 and 47 KB alternating", [ks[0], ks[47]] * 30))
-    names = {id(k): f"{kb} KB" for kb, k in ks.items()}
-    for what, seq in runs:
-        evs = [cl.enqueue_nd_range_kernel(rt.queue, k, grid, (256,)) for k in seq]
+    runs = [(f"trivial kernel, {kb} KB of local memory, 60 in a row", [kb] * 60) for kb in ks]
+    runs.append(("trivial kernel, 0 and 47 KB alternating", [0, 47] * 30))
+    for what, seq in runs:           # seq: each launch's local memory (KB), which names its kernel
+        evs = [cl.enqueue_nd_range_kernel(rt.queue, ks[kb], grid, (256,)) for kb in seq]
         rt.queue.finish()
-        runs_by: dict = {}
-        for k, e in list(zip(seq, evs))[2:]:
-            runs_by.setdefault(names[id(k)], []).append((e.profile.end - e.profile.start) / 1e3)
+        by_kb: dict = {}
+        for kb, e in list(zip(seq, evs))[2:]:
+            by_kb.setdefault(kb, []).append((e.profile.end - e.profile.start) / 1e3)
         gaps = sorted((b.profile.start - a.profile.end) / 1e3 for a, b in zip(evs[2:], evs[3:]))
-        each = ", ".join(f"{sorted(v)[len(v) // 2]:.2f} us ({n})" for n, v in runs_by.items())
+        each = ", ".join(f"{sorted(v)[len(v) // 2]:.2f} us ({kb} KB)" for kb, v in by_kb.items())
         print(f"{what}: {each} each, {gaps[len(gaps) // 2]:.2f} us between")
 
 

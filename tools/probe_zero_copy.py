@@ -20,30 +20,22 @@ that copy would read stale rows, and then reading in place is no use.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from yolo_cl.runtime import Runtime
 from yolo_cl.staging import pinned
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_host import median_ms               # noqa: E402
+
 GATHER = """__kernel void k(__global const uchar* restrict src, __global const int* restrict rows, int row_bytes,
                         __global uchar* restrict dst) {
     const int x = get_global_id(0), r = get_global_id(1);
     dst[r * row_bytes + x] = src[rows[r] * row_bytes + x];
 }"""
-
-
-def median_us(fn, reps: int) -> float:
-    for _ in range(10):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e6
 
 
 def main() -> int:
@@ -100,7 +92,7 @@ def main() -> int:
     print(f"in place sees the host's writes: {'yes' if stale == 0 else f'no (stale in {stale} of 20)'}")
     for name, fn in (("dma + kernel", dma_kernel), ("in place", in_place), ("kernel alone", kernel_alone),
                      ("dma alone", dma_alone)):
-        print(f"{name:14s} {median_us(fn, args.reps):8.1f} us", flush=True)
+        print(f"{name:14s} {median_ms(fn, args.reps, warm=10) * 1e3:8.1f} us", flush=True)
     return 0
 
 
