@@ -21,22 +21,38 @@
     const size_t rbase = 0;
 #endif
 
-/* The fused epilogue of one element: bias, ACT, [+ R, ACT2], store. */
+/* The value of C[m][*] from its sum: bias, then ACT (as the layer's own epilogue computes it). */
+inline float yc_gemm_value(const float acc, const int m, const int g, const int M, __global const float* restrict bias)
+{
+#ifdef NO_BIAS
+    return yc_activate(acc + 0.0f, ACT);        /* as with a zero bias: -0 becomes +0 */
+#else
+    return yc_activate(acc + bias[g * M + m], ACT);
+#endif
+}
+
+/* The fused epilogue of one element: bias, ACT, [+ R, ACT2], store. With UP_S (a conv writing
+ * through the [upsample] that alone reads it, graph.mark_write_fusions) C is the upsampled
+ * output, ldc its plane, and column n (pixel (n % UP_OW, n / UP_OW) of the conv's output) is
+ * stored UP_S x UP_S times, as the upsample layer would copy it. */
 inline void yc_gemm_store(const float acc, const int m, const int n, const int g, const int M, const int ldc,
                           __global const float* restrict bias, __global dtype* restrict C, const size_t cb,
                           __global const dtype* restrict R, const size_t rbase)
 {
-#ifdef NO_BIAS
-    const float bi = 0.0f;
-#else
-    const float bi = bias[g * M + m];
-#endif
     const size_t row = (size_t)(g * M + m) * ldc;
-    float v = yc_activate(acc + bi, ACT);
+    float v = yc_gemm_value(acc, m, g, M, bias);
 #ifdef RESIDUAL
     v = yc_activate(v + LD(R, rbase + row + n), ACT2);
 #endif
+#ifdef UP_S
+    const int oy = n / UP_OW, ox = n - oy * UP_OW;
+    const size_t at = cb + row + (size_t)oy * UP_S * UP_S * UP_OW + (size_t)ox * UP_S;
+    for (int dy = 0; dy < UP_S; ++dy)
+        for (int dx = 0; dx < UP_S; ++dx)
+            ST(C, at + (size_t)dy * UP_S * UP_OW + dx, v);
+#else
     ST(C, cb + row + n, v);
+#endif
 }
 
 #endif

@@ -56,6 +56,13 @@
  *                     4-byte cp.async (zero-filled outside the image) STAGES-1 tiles ahead with A,
  *                     not through registers, and rounded to TF32 as fragments are loaded
  *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
+ *   POOL2          (IMPLICIT, SK 1, warp tiles of whole 16-column blocks; the host checks) the conv
+ *                  writes through the 2x2 stride-2 [maxpool] that alone reads it: C is the pooled
+ *                  output (ldc its plane). Columns then come in blocks of 16 (yc_pixel): block b,
+ *                  column 8dy + 2t + e is pixel (2px + e, 2py + dy) of pooled pixel 4b + t, so
+ *                  the work-item holding columns 2t, 2t + 1 of a fragment pair holds a whole window
+ *                  and stores its max (after bias and ACT, as the pool layer sees them)
+ *   UP_S UP_OW     (gemm_epilogue.h) the conv writes through the [upsample] that alone reads it
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
  *                  "warp" is then 32 consecutive work-items of the work-group
@@ -137,6 +144,9 @@
 #define WTN (NWG / WN)
 #define FM (WTM / 16)          /* its fragments */
 #define FN (WTN / 8)
+#if defined(POOL2) && (SK > 1 || !defined(IMPLICIT) || ((NWG / WN) % 16))
+#error "POOL2 needs SK 1, IMPLICIT and warp tiles of whole 16-column blocks"
+#endif
 #define NA4 (MWG * KU / 4)     /* uint4 loads per A tile */
 #define NB (NWG * KU)          /* words per B tile */
 #define LA_PER ((NA4 + THREADS - 1) / THREADS)
@@ -308,6 +318,18 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #define K_OK(k) true
 #endif
 #ifdef IMPLICIT
+/* The output pixel (x, y) of GEMM column n: row-major, or with POOL2 in 16-column blocks, each
+ * the four 2x2 windows of pooled pixels 4b .. 4b + 3 (OW / 2 of them per pooled row). */
+inline int2 yc_pixel(const int n, const int OW)
+{
+#ifdef POOL2
+    const int w = ((n >> 4) << 2) + ((n >> 1) & 3), PW = OW >> 1, py = w / PW;
+    return (int2)(2 * (w - py * PW) + (n & 1), 2 * py + ((n >> 3) & 1));
+#else
+    const int oy = n / OW;
+    return (int2)(n - oy * OW, oy);
+#endif
+}
 /* Where B[k][n] of the implicit im2col matrix lies in the input, or -1 where it is padding (or
  * !ok); (iy0, ix0) is column n's first pixel. */
 inline int yc_b_offset(const int k, const bool ok, const int iy0, const int ix0, const int H, const int W)
@@ -342,7 +364,8 @@ inline uint yc_b_implicit(const __global dtype* Bg, const int k, const bool ok, 
 #define B_COLUMN(v)                                                                              \
     const int bn = n0 + (v) % NWG;                                                               \
     const bool nok = bn < N;                                                                     \
-    const int iy0 = (bn / OW) * SY - PAD, ix0 = (bn - (bn / OW) * OW) * SX - PAD;
+    const int2 bp = yc_pixel(bn, OW);                                                            \
+    const int iy0 = bp.y * SY - PAD, ix0 = bp.x * SX - PAD;
 #else
 #define B_COLUMN(v)                                                                              \
     const int bn = n0 + (v) % NWG;                                                               \
@@ -396,8 +419,8 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     const int bn = n0 + tid % NWG;
     const bool nok = bn < N;
 #ifdef IMPLICIT
-    const int oy = bn / OW, ox = bn - (bn / OW) * OW;
-    const int iy0 = oy * SY - PAD, ix0 = ox * SX - PAD;
+    const int2 bp = yc_pixel(bn, OW);
+    const int iy0 = bp.y * SY - PAD, ix0 = bp.x * SX - PAD;
 #if GATHER == 1
     const int goff = iy0 * W + ix0;           /* the window's corner; + a table offset = the element */
 #endif
@@ -495,11 +518,12 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     short2 gyx[8];
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const int n = gn + i, oy = n / OW, ox = n - oy * OW;
-        gyx[i] = (short2)((short)(ox * SX - PAD), (short)(n < N ? oy * SY - PAD : GNONE));
+        const int2 p = yc_pixel(gn + i, OW);
+        gyx[i] = (short2)((short)(p.x * SX - PAD), (short)(gn + i < N ? p.y * SY - PAD : GNONE));
     }
     /* A run inside one output row (stride 1): element i is the row offset's i-th neighbour. */
-    const bool grow = SX == 1 && gn + 7 < N && gn - (gn / OW) * OW + 7 < OW;
+    const int2 first = yc_pixel(gn, OW), last = yc_pixel(gn + 7, OW);
+    const bool grow = SX == 1 && gn + 7 < N && last.y == first.y && last.x == first.x + 7;
     const __global ushort* Bh = (const __global ushort*)Bg;
 #elif !B_ASYNC
     uint rb[LBE_PER];
@@ -757,6 +781,25 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     /* Each accumulator: its partial (SK > 1) or its epilogue. */
 #if SK > 1
     YC_EACH_ACC(Pk[(size_t)m * N + n] = v;)
+#elif defined(POOL2)
+    /* Fragment pair (2jp, 2jp + 1) is one 16-column block: this work-item's columns 2t, 2t + 1 of
+     * rows g and g + 8 in both are the windows of pooled pixel 4 * block + t; their max in the
+     * pool layer's order (row by row, a later value winning only if greater). */
+    _Pragma("unroll") for (int i = 0; i < FM; ++i)
+    _Pragma("unroll") for (int r = 0; r < 2; ++r) {
+        const int m = m0 + wm * WTM + i * 16 + g + 8 * r;
+        if (CHECK_M_ON && m >= M) continue;
+        _Pragma("unroll") for (int jp = 0; jp < FN / 2; ++jp) {
+            const int nb = n0 + wn * WTN + jp * 16;
+            if (CHECK_N_ON && nb >= N) continue;
+            float mx = -FLT_MAX;
+            _Pragma("unroll") for (int q = 0; q < 4; ++q) {
+                const float v = yc_gemm_value(acc[i][2 * jp + (q >> 1)][2 * r + (q & 1)], m, grp, M, bias);
+                mx = v > mx ? v : mx;
+            }
+            ST(C, cb + (size_t)(grp * M + m) * ldc + (nb >> 2) + t, mx);
+        }
+    }
 #else
     YC_EACH_ACC(yc_gemm_store(v, m, n, grp, M, ldc, bias, C, cb, R, rbase);)
 #endif

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -122,17 +122,21 @@ class Executor:
         return self.precision.half
 
     def _bind(self, nodes: list, threads: int = 1, done=None) -> list:
-        """The launches of ``nodes`` in order, less those of producers a conv read through (its
-        input transform computed them: its launch's ``config["through"]`` says so). ``threads`` > 1
-        binds layers on that many threads, so their programs compile at once where the driver
+        """The launches of ``nodes`` in order, less those of layers a conv computed: producers it
+        read through (its input transform did: its launch's ``config["through"]`` says so) and the
+        layer it wrote through (its epilogue stored that layer's output: ``config["writes"]``).
+        Where a conv wrote through a layer that the next conv read through, the writer wins: the
+        reader is bound again reading through the other layers only, so it reads the written
+        layer's stored output. ``threads``
+        > 1 binds layers on that many threads, so their programs compile at once where the driver
         can; ``done(1)`` is called per layer bound."""
-        def one(node):
+        def one(node, ctx=self.ctx, tick=done):
             try:
-                launches = bind_node(self.ctx, node)
+                launches = bind_node(ctx, node)
             except YoloClError as e:
                 raise type(e)(f"layer {node.label} ({node.describe()}): {e}") from None
-            if done is not None:
-                done(1)
+            if tick is not None:
+                tick(1)
             return node, launches
         if threads > 1 and len(nodes) > 1:
             from concurrent.futures import ThreadPoolExecutor
@@ -140,8 +144,13 @@ class Executor:
                 bound = list(pool.map(one, nodes))    # in order; the first failing layer's error
         else:
             bound = [one(n) for n in nodes]
-        folded = {id(p) for n, ls in bound if any(l.config.get("through") for l in ls)
-                  for p in n.attrs.get("read_through") or ()}
+        written = {id(n.attrs["write_through"]) for n, ls in bound if any(l.config.get("writes") for l in ls)}
+        readers = replace(self.ctx, written=frozenset(written))
+        bound = [one(n, readers, None) if any(l.config.get("through") for l in ls)
+                 and any(id(p) in written for p in n.attrs.get("read_through") or ()) else (n, ls)
+                 for n, ls in bound]
+        folded = written | {id(p) for n, ls in bound if any(l.config.get("through") for l in ls)
+                            for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:

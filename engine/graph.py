@@ -13,7 +13,11 @@ What happens here, and only here:
   (SPP's 5/9/13 into their concat) become one ``maxpool_nested`` node: one launch, one pass;
 - a ``[maxpool]``, ``[upsample]`` or route copy whose output only one conv reads is marked on that
   conv (``attrs["read_through"]``): a conv whose algorithm can compute the folded layers as it reads
-  its input (Winograd's input transform, cl/fused.cl) runs them, and the executor drops their launches.
+  its input (Winograd's input transform, cl/fused.cl) runs them, and the executor drops their launches;
+- a 2x2 stride-2 ``[maxpool]`` or an ``[upsample]`` that is the only reader of a conv's output is
+  marked on that conv (``attrs["write_through"]``): a conv whose kernel can store that layer's
+  output from its epilogue instead of its own (the GPU GEMM families) does, and the executor drops
+  the layer's launch.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.
@@ -322,6 +326,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
     if fold:
         merge_sibling_pools(graph)
         mark_read_fusions(graph)
+        mark_write_fusions(graph)
     return graph
 
 
@@ -441,6 +446,53 @@ def mark_read_fusions(graph: Graph) -> int:
 def extra_reads(node: Node) -> list:
     """Views a node reads beyond its inputs because of a folded producer (for the planner)."""
     return [v for p in node.attrs.get("read_through") or () for v in p.inputs]
+
+
+# -- layers a conv's epilogue writes instead of its own output -------------------------------
+def pool_2x2(node: Node) -> bool:
+    """A 2x2 stride-2 max-pool whose windows tile its input exactly (even sides, no offset)."""
+    a = node.attrs
+    x, out = node.inputs[0], node.output
+    return (node.op == "maxpool" and a["size"] == 2 and a["stride_x"] == a["stride_y"] == 2
+            and a["padding"] in (0, 1) and out.h * 2 == x.h and out.w * 2 == x.w)
+
+
+def writable(conv: Node, consumer: Node, readers: dict, returned: list) -> bool:
+    """Whether ``conv``'s epilogue can store ``consumer``'s output in place of its own: ``consumer``
+    is a 2x2 stride-2 max-pool or an upsample of scale 1, it reads the whole of ``conv``'s output
+    tensor, and nothing else reads or returns that tensor (nor a fused shortcut, whose add would
+    have to read the pooled or upsampled layout)."""
+    if conv.op != "conv" or conv.attrs.get("residual") is not None:
+        return False
+    out = conv.output
+    t = out.tensor
+    if out.c0 != 0 or out.c != t.c or any(v.tensor is t for v in returned):
+        return False
+    if [(n, v.c0, v.c) for n, v in readers.get(t.id, [])] != [(consumer, 0, t.c)]:
+        return False
+    if consumer.op == "upsample":
+        return consumer.attrs["stride"] > 1 and consumer.attrs["scale"] == 1.0
+    return pool_2x2(consumer)
+
+
+def mark_write_fusions(graph: Graph) -> int:
+    """Set ``attrs["write_through"]`` (the consumer node) on each conv whose output only a 2x2
+    stride-2 max-pool or an upsample reads (:func:`writable`); returns how many convs."""
+    readers = _readers(graph)
+    returned = list(graph.outputs)
+    marked = 0
+    for node in graph.nodes:
+        found = [n for n, _ in readers.get(node.output.tensor.id, [])]
+        if node.op == "conv" and len(found) == 1 and writable(node, found[0], readers, returned):
+            node.attrs["write_through"] = found[0]
+            marked += 1
+    return marked
+
+
+def extra_writes(node: Node) -> list:
+    """Views a node may write beyond its output because of a layer it writes through (for the planner)."""
+    w = node.attrs.get("write_through")
+    return [w.output] if w is not None else []
 
 
 def _same(a: View, b: View) -> bool:

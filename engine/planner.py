@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import Graph, extra_reads
+from .graph import Graph, extra_reads, extra_writes
 
 ALIGN = 64   # elements: 256-byte aligned offsets suit every vector width
 
@@ -31,7 +31,8 @@ class Plan:
 def lifetimes(graph: Graph, fold: bool = True) -> dict:
     """(first write, last read) step of each tensor; -1 is before the first node. ``fold``: a conv
     may read through the producers the graph marked on it (graph.mark_read_fusions), so their
-    inputs live until that conv has run."""
+    inputs live until that conv has run, and write the output of the layer it writes through
+    (graph.mark_write_fusions), which then lives from that conv on."""
     end = len(graph.nodes)
     life: dict = {graph.input.id: [-1, -1]}
     for step, node in enumerate(graph.nodes):
@@ -39,10 +40,10 @@ def lifetimes(graph: Graph, fold: bool = True) -> dict:
                 + (extra_reads(node) if fold else []):
             t = v.tensor.id
             life.setdefault(t, [step, step])[1] = step
-        t = node.output.tensor.id
-        span = life.setdefault(t, [step, step])
-        span[0] = min(span[0], step)
-        span[1] = max(span[1], step)
+        for v in [node.output] + (extra_writes(node) if fold else []):
+            span = life.setdefault(v.tensor.id, [step, step])
+            span[0] = min(span[0], step)
+            span[1] = max(span[1], step)
     for v in graph.outputs:
         life.setdefault(v.tensor.id, [-1, end])[1] = end
     return {k: tuple(v) for k, v in life.items()}

@@ -113,7 +113,8 @@ class ConvBench:
         self.rt, self.batch, self.precision, self.queue = rt, batch, precision, queue
         rng = np.random.default_rng(seed)
         a = dict(node.attrs)
-        a.pop("read_through", None)        # a folded producer's input is not part of this bench
+        a.pop("read_through", None)        # a folded producer's input is not part of this bench,
+        a.pop("write_through", None)       # nor the layer whose output it may store instead of its own
         x0, o0 = node.inputs[0], node.output
         if a.get("weights") is None:
             k = (a["in_c"] // a["groups"]) * a["size"] ** 2

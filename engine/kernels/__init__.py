@@ -59,6 +59,7 @@ class BindContext:
     mma: str = ""                  # tensor-core mode of the mma family ("f16", "tf32"; "" = none)
     weight_cache: dict = field(default_factory=dict)   # device weights, shared by every batch size
     fold: bool = True              # convs read through the producers the graph marked (graph.mark_read_fusions)
+    written: frozenset = frozenset()   # ids of the layers a conv wrote through: their outputs exist, no read through them
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -149,6 +150,22 @@ def residual_args(ctx: BindContext, node: Node) -> list:
     """Kernel arguments of the fused shortcut's input view (the arena as a dummy when there is none)."""
     r = node.attrs.get("residual")
     return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
+
+
+def write_target(ctx: BindContext, node: Node, pool: bool = False) -> tuple:
+    """(defines, C arguments [buffer, offset, batch stride, ldc], the op written through) of a GEMM
+    conv's store: its own output, or the output of the layer it writes through
+    (graph.mark_write_fusions) where the context folds and the kernel can: an upsample always (the
+    epilogue stores each value stride x stride times, cl/gemm_epilogue.h), a 2x2 max-pool where
+    ``pool`` says the kernel stores pooled blocks (the tensor-core implicit GEMM's POOL2)."""
+    N = node.output.h * node.output.w
+    w = node.attrs.get("write_through") if ctx.fold else None
+    if w is not None and w.op == "upsample":
+        s = w.attrs["stride"]
+        return {"UP_S": s, "UP_OW": node.output.w}, ctx.view(w.output) + [np.int32(N * s * s)], "upsample"
+    if w is not None and w.op == "maxpool" and pool:
+        return {"POOL2": True}, ctx.view(w.output) + [np.int32(N // 4)], "maxpool"
+    return {}, ctx.view(node.output) + [np.int32(N)], ""
 
 
 def conv_gemm_shape(node: Node) -> tuple:

@@ -3,7 +3,8 @@
 - Winograd's input transform reading through a folded [maxpool], [upsample] or route copy: the graph marks
   the pairs (``conv.attrs["read_through"]``, graph.mark_read_fusions); the conv's input
   transform computes the folded layer's values as it reads them, so the executor drops the
-  folded layer's own launch (and its output is never written);
+  folded layer's own launch (and its output is never written), except a layer whose producer
+  wrote its output (``ctx.written``: graph.mark_write_fusions), which it reads as it is;
 - ``maxpool_nested``: sibling max-pools of one input (graph.merge_sibling_pools) in one pass.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ def wino_input(ctx: BindContext, node: Node, m: int, v_off: int, tw: int, P: int
     x = node.inputs[0]
     C = node.attrs["in_c"]
     head = ctx.view(x) + i32(C, x.h, x.w) + [ctx.workspace] + i32(v_off, tw, P, node.attrs["pad"])
-    srcs = (node.attrs.get("read_through") or []) if ctx.fold else []
+    srcs = [p for p in node.attrs.get("read_through") or () if id(p) not in ctx.written] if ctx.fold else []
     if not srcs and vt > 1 and x.w < vt * m + 2:       # every group's runs cross an edge: whole planes
         th = P // tw
         wp = -(-(vt * m + (tw - 1) * m + vt * m + 2) // 8) * 8

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               packed_upload, residual_args)
+               packed_upload, residual_args, write_target)
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -375,12 +375,14 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if implicit:
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
-    yb, yoff, ybs = ctx.view(out)
-    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
+    store, c_args, writes = write_target(ctx, node)
+    d.update(store)
+    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, c_args,
                          residual_args(ctx, node), extra, ctx.workspace)
     for i, (name, dd, args, gs, ls, label) in enumerate(specs):
         k = ctx.kernel("gemm_local.cl", name, dd, args)
-        launches.append(Launch(k, gs, ls, node, label, dict(cfg), node.flops * ctx.batch if i == 0 else 0))
+        launches.append(Launch(k, gs, ls, node, label, {**cfg, **({"writes": writes} if writes else {})},
+                               node.flops * ctx.batch if i == 0 else 0))
     return launches
 
 

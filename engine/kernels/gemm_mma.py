@@ -55,7 +55,7 @@ from typing import Optional
 import numpy as np
 
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               packed_upload, residual_args, winograd)
+               packed_upload, residual_args, winograd, write_target)
 from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
                          round_up, scratch_bytes, split_k, tile_defines)
 from ..errors import YoloClError
@@ -317,11 +317,20 @@ def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: i
     if counters is not None:
         return [("gemm_mma.cl", "yc_gemm_mma", {**defines_, "SK_FIX": True},
                  a_args + b_args + c_args + r_args + dims + extra + [partial, counters], gs, ls)]
-    sum_defines = {k: v for k, v in defines_.items() if k in ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS")}
+    sum_defines = {k: v for k, v in defines_.items()
+                   if k in ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS", "UP_S", "UP_OW")}
     gemm_c = [partial] + i32(0, 0, N)
     return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls),
             ("gemm_local.cl", "yc_gemm_splitk", {**sum_defines, "SK": split_k(cfg)},
              [partial, a_args[1]] + c_args + r_args + i32(M, N, G), (round_up(N, 64), M, Z), (64, 1, 1))]
+
+
+def pool_blocks(cfg: dict, algo: str, N: int) -> bool:
+    """Whether ``cfg`` can store a 2x2 max-pool of its output (POOL2): an implicit GEMM, no K split,
+    each warp's columns whole 16-column blocks, and N whole blocks (the pooled map's pixels a
+    multiple of 4)."""
+    return (algo == "implicit" and split_k(cfg) == 1 and (int(cfg["NWG"]) // int(cfg["WN"])) % 16 == 0
+            and N % 16 == 0)
 
 
 def pack_weights(w: np.ndarray, G: int, mode: str) -> np.ndarray:
@@ -456,7 +465,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                              or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
         cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
         d.pop("SK", None)
-    yb, yoff, ybs = ctx.view(out)
+    store, c_args, writes = write_target(ctx, node, pool_blocks(cfg, algo, N))
+    d.update(store)
     counters = None
     if split_in_kernel(cfg):
         # Zero between launches. A kernel does not keep its buffer arguments alive (NVIDIA's driver
@@ -464,12 +474,12 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         n = tile_count(cfg, M, N, Z)
         counters = ctx.cached((node.layers[0], FAMILY, "split-K counts", n), lambda: {
             "counts": ctx.rt.upload(np.zeros(n, np.int32), f"split-K counts of layer {node.label}")})["counts"]
-    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, [yb, yoff, ybs, np.int32(N)],
+    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, c_args,
                          residual_args(ctx, node), extra, ctx.workspace, counters)
     for i, (src, name, dd, args, gs, ls) in enumerate(specs):
         k = ctx.kernel(src, name, dd, args)
-        launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum", dict(cfg),
-                               node.flops * ctx.batch if i == 0 else 0))
+        launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum",
+                               {**cfg, **({"writes": writes} if writes else {})}, node.flops * ctx.batch if i == 0 else 0))
     return launches
 
 

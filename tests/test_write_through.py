@@ -1,0 +1,148 @@
+"""Layers a conv's epilogue writes instead of its own output (graph.mark_write_fusions), on PoCL.
+
+A 2x2 stride-2 [maxpool] or an [upsample] that is the only reader of a conv's output is marked
+on that conv. The GPU GEMM families store the upsampled output from their epilogue (each value
+stride x stride times); the tensor-core family's implicit GEMM (emulated here, the real
+instruction on an NVIDIA GPU) orders its columns in pooled blocks and stores each window's max.
+The layer's launch then disappears, and the network's outputs must equal the same plan with
+folding off exactly (the epilogue stores what the layer's own kernel would have) and the NumPy
+Darknet forward pass (tests/darknet_io.py, independent of yolo_cl) within the precision's error.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from darknet_io import forward_numpy
+from tiny_cfgs import conv, maxpool, net_header, route, upsample
+from tiny_graphs import TINY_TILE, FixedTuning, graph_of, local_pick, write_model
+from yolo_cl.executor import Executor
+from yolo_cl.kernels import gemm_mma as gm
+from yolo_cl.kernels import winograd
+from yolo_cl.precision import FP16, FP32, TF32
+from yolo_cl.runtime import Runtime
+
+# 40x24: the first two pools' maps (20x12, 10x6) have pixels in multiples of 4, the third's (5x3)
+# not, so it keeps its launch; the second pool writes into a concat's slice; the 1x1 conv's output
+# only the upsample reads; the last pool's input is read by a route too, so it is not marked.
+CFG = (net_header(40, 24)
+       + conv(8) + maxpool(2, 2)                      # 1: written through
+       + conv(12, bn=0, act="mish") + maxpool(2, 2)   # 3: written through (mish: max after ACT)
+       + conv(10) + maxpool(2, 2)                     # 5: 5x3 pooled pixels, keeps its launch
+       + conv(6, 1) + upsample(2)                     # 7: written through
+       + route(-1, 3)
+       + conv(9, bn=0, act="linear") + maxpool(2, 2)  # 10: its input also read by 11's route
+       + route(-2) + conv(5, 1, bn=0, act="linear"))
+
+WRITTEN = [1, 3, 7]        # layers whose launch a writing conv replaces
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+@pytest.fixture(autouse=True)
+def emulate(rt, monkeypatch):
+    """Emulated mma where the device has no tensor cores; the real instruction where it has."""
+    if not gm.tensor_cores(rt):
+        monkeypatch.setenv(gm.EMULATE_ENV, "1")
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    cfg, wts = write_model(str(tmp_path_factory.mktemp("wt")), "w", CFG, seed=5)
+    blob = np.random.default_rng(4).random((2, 3, 24, 40), dtype=np.float32) - 0.5
+    ref = forward_numpy(cfg, wts, blob, keep="heads")
+    return cfg, wts, blob, list(ref.values())[-1]
+
+
+def mma_pick(tile: dict, wino: bool = False):
+    """The tensor-core family's implicit GEMM (1x1s straight from the input) with ``tile``; with
+    ``wino``, the local family's Winograd F(2x2) for the 3x3 stride-1 convs that read a pool."""
+    local = local_pick(TINY_TILE, m=2)
+
+    def pick(node) -> dict:
+        if wino and winograd.applicable(node) and node.attrs.get("read_through"):
+            return local(node)
+        return {"algo": gm.conv_algos(node)[0], "family": "mma", **tile}
+    return pick
+
+
+def layers_of(ex: Executor) -> set:
+    return {i for l in ex.launches for i in l.node.layers}
+
+
+def test_graph_marks_only_sole_readers(net):
+    """Every pool and the upsample that alone read a conv's whole output are marked, the one whose
+    input a route also reads is not; a folding plan gives the pooled tensor life from its writer."""
+    graph = graph_of(net[0])
+    marked = {n.layers[0]: n.attrs["write_through"] for n in graph.nodes if n.attrs.get("write_through")}
+    assert {c: w.layers[0] for c, w in marked.items()} == {0: 1, 2: 3, 4: 5, 6: 7}
+    from yolo_cl.planner import lifetimes
+    conv0 = graph.nodes[0]
+    pooled = conv0.attrs["write_through"].output.tensor.id
+    assert lifetimes(graph, fold=True)[pooled][0] == 0
+    assert lifetimes(graph, fold=False)[pooled][0] == 1
+
+
+@pytest.mark.parametrize("precision,tile", [
+    (FP16, dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=2)),     # runs of 8 columns, ragged N
+    (FP16, dict(MWG=32, NWG=32, KWG=32, WM=2, WN=1, ST=2, GA=1)),     # per-k tables
+    (FP16, dict(MWG=16, NWG=16, KWG=16, WM=1, WN=1)),                 # one stage, register prefetch
+    (TF32, dict(MWG=16, NWG=32, KWG=8, WM=1, WN=2, ST=2, GA=4)),      # floats by cp.async
+], ids=["f16-ga2", "f16-ga1", "f16-st1", "tf32-ga4"])
+def test_written_through_equals_unfolded_and_numpy(rt, net, precision, tile):
+    cfg, wts, blob, ref = net
+    graph = graph_of(cfg, wts)
+    mma = gm.mode_for(rt, precision)
+    on = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(mma_pick(tile)), mma=mma, fold=True)
+    off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(mma_pick(tile)), mma=mma, fold=False)
+    assert layers_of(off) - layers_of(on) == set(WRITTEN)
+    writes = sorted(l.config["writes"] for l in on.launches if l.config.get("writes"))
+    assert writes == ["maxpool", "maxpool", "upsample"]
+    a, b = on.run(blob)[0], off.run(blob)[0]
+    np.testing.assert_array_equal(a, b)
+    assert float(np.abs(a - ref).max() / np.abs(ref).max()) < 2e-2
+
+
+def test_tiles_without_whole_blocks_keep_the_pool(rt, net):
+    """Warp tiles of 8 columns cannot hold a window: the pools keep their launches, the upsample
+    (written by any GEMM epilogue) does not."""
+    cfg, wts, blob, ref = net
+    tile = dict(MWG=16, NWG=16, KWG=16, WM=1, WN=2, ST=2)
+    ex = Executor(rt, graph_of(cfg, wts), batch=2, precision=FP16, tuning=FixedTuning(mma_pick(tile)),
+                  mma=gm.mode_for(rt, FP16), fold=True)
+    assert {1, 3, 5} <= layers_of(ex) and 7 not in layers_of(ex)
+    assert float(np.abs(ex.run(blob)[0] - ref).max() / np.abs(ref).max()) < 2e-2
+
+
+def test_local_family_writes_the_upsample(rt, net):
+    """The FMA local GEMM stores the upsample from its epilogue too (fp32: equal to NumPy's)."""
+    cfg, wts, blob, ref = net
+    graph = graph_of(cfg, wts)
+    pick = FixedTuning(local_pick(TINY_TILE))
+    on = Executor(rt, graph, batch=2, precision=FP32, tuning=pick, fold=True)
+    off = Executor(rt, graph, batch=2, precision=FP32, tuning=pick, fold=False)
+    assert layers_of(off) - layers_of(on) == {7}
+    a = on.run(blob)[0]
+    np.testing.assert_array_equal(a, off.run(blob)[0])
+    assert float(np.abs(a - ref).max() / np.abs(ref).max()) < 2e-4
+
+
+def test_writer_wins_over_a_reader(rt, net):
+    """At tf32 the Winograd convs (local family) that would read through a pool or an upsample their
+    producer writes are bound again without folding: they read the stored tensor, and the result
+    is unchanged."""
+    cfg, wts, blob, ref = net
+    graph = graph_of(cfg, wts)
+    tile = dict(MWG=16, NWG=32, KWG=8, WM=1, WN=2, ST=2)
+    mma = gm.mode_for(rt, TF32)
+    on = Executor(rt, graph, batch=2, precision=TF32, tuning=FixedTuning(mma_pick(tile, wino=True)), mma=mma,
+                  fold=True)
+    off = Executor(rt, graph, batch=2, precision=TF32, tuning=FixedTuning(mma_pick(tile, wino=True)), mma=mma,
+                   fold=False)
+    readers = {l.node.layers[0]: bool(l.config.get("through")) for l in on.launches if l.name == "wino_input"}
+    assert readers == {2: False, 9: False}          # pool 1 and the upsample were written by their producers
+    assert layers_of(off) - layers_of(on) == {1, 7}
+    np.testing.assert_array_equal(on.run(blob)[0], off.run(blob)[0])
