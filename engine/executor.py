@@ -63,7 +63,8 @@ class Executor:
         second (it is compiling) and stderr is a terminal. ``mma``: the tensor-core mode convs
         compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families.
         ``fold``: convs compute the max-pools, upsamples and copies the graph marked as they read
-        them (graph.mark_read_fusions), so those layers cost no launch; None: YOLO_CL_FOLD if set,
+        them (graph.mark_read_fusions) or as they store their own output (graph.mark_write_fusions),
+        so those layers cost no launch; None: YOLO_CL_FOLD if set,
         else on a GPU and off on a CPU device (there the redundant reads cost more than a launch)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
         if fold is None:            # reading through costs a CPU more compute than the launch it saves

@@ -184,7 +184,7 @@ def build_graph(net: NetInfo, layers: list, params: Optional[dict], bn_eps: floa
 
     ``bn_eps`` is batchnorm's epsilon: Darknet's 1e-5 by default; 1e-6 reproduces OpenCV's importer.
     ``keep``: layer indices whose outputs the graph returns (in that order), none fused away.
-    ``fold``: merge sibling max-pools and mark the layers convs may read through (below); None:
+    ``fold``: merge sibling max-pools and mark the layers convs may read or write through (below); None:
     yes unless the environment sets YOLO_CL_FOLD=0 (the plan before these fusions, for benchmarks)."""
     if fold is None:
         fold = folding_default() is not False
