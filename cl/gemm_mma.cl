@@ -56,12 +56,15 @@
  *                     4-byte cp.async (zero-filled outside the image) STAGES-1 tiles ahead with A,
  *                     not through registers, and rounded to TF32 as fragments are loaded
  *   LDSM           load fragments with ldmatrix (1) or scalar local loads (0; always under MMA_EMULATE)
- *   POOL2          (IMPLICIT, SK 1, warp tiles of whole 16-column blocks; the host checks) the conv
- *                  writes through the 2x2 stride-2 [maxpool] that alone reads it: C is the pooled
- *                  output (ldc its plane). Columns then come in blocks of 16 (yc_pixel): block b,
- *                  column 8dy + 2t + e is pixel (2px + e, 2py + dy) of pooled pixel 4b + t, so
- *                  the work-item holding columns 2t, 2t + 1 of a fragment pair holds a whole window
- *                  and stores its max (after bias and ACT, as the pool layer sees them)
+ *   POOL2 POOL_PIX (IMPLICIT, SK 1, warp tiles of whole 16-column blocks; the host checks) the conv
+ *                  writes through the 2x2 stride-2 [maxpool] that reads it: C is the pooled output
+ *                  (ldc its plane of POOL_PIX pixels). Columns then come in blocks of 16 (yc_pixel):
+ *                  block b, column 8dy + 2t + e is pixel (2px + e, 2py + dy) of pooled pixel 4b + t,
+ *                  so the work-item holding columns 2t, 2t + 1 of a fragment pair holds a whole
+ *                  window and stores its max (after bias and ACT, as the pool layer sees them). N is
+ *                  whole blocks: columns of pooled pixels past POOL_PIX compute nothing stored
+ *   POOL_KEEP      (POOL2) the conv's own output is read elsewhere too: also stored, through the
+ *                  trailing args C2, c2_off, c2_bstride
  *   UP_S UP_OW     (gemm_epilogue.h) the conv writes through the [upsample] that alone reads it
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
@@ -390,6 +393,9 @@ inline int2 yc_gather_k(const int k, const int K, const int H, const int W)
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void yc_gemm_mma(YC_GEMM_PARAMS
+#ifdef POOL_KEEP
+                 , __global dtype* restrict C2, const int c2_off, const int c2_bstride
+#endif
 #ifdef SK_FIX
                  , __global float* restrict P, volatile __global int* restrict counters
 #endif
@@ -785,19 +791,26 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     /* Fragment pair (2jp, 2jp + 1) is one 16-column block: this work-item's columns 2t, 2t + 1 of
      * rows g and g + 8 in both are the windows of pooled pixel 4 * block + t; their max in the
      * pool layer's order (row by row, a later value winning only if greater). */
+#ifdef POOL_KEEP
+    const size_t c2b = (size_t)c2_off + (size_t)b * c2_bstride;
+#endif
     _Pragma("unroll") for (int i = 0; i < FM; ++i)
     _Pragma("unroll") for (int r = 0; r < 2; ++r) {
         const int m = m0 + wm * WTM + i * 16 + g + 8 * r;
         if (CHECK_M_ON && m >= M) continue;
         _Pragma("unroll") for (int jp = 0; jp < FN / 2; ++jp) {
-            const int nb = n0 + wn * WTN + jp * 16;
-            if (CHECK_N_ON && nb >= N) continue;
+            const int nb = n0 + wn * WTN + jp * 16, w = (nb >> 2) + t;
+            if (w >= POOL_PIX) continue;       /* past the map (or past N, a larger w still) */
             float mx = -FLT_MAX;
             _Pragma("unroll") for (int q = 0; q < 4; ++q) {
                 const float v = yc_gemm_value(acc[i][2 * jp + (q >> 1)][2 * r + (q & 1)], m, grp, M, bias);
+#ifdef POOL_KEEP
+                const int2 p = yc_pixel(nb + 8 * (q >> 1) + 2 * t + (q & 1), OW);
+                ST(C2, c2b + (size_t)(grp * M + m) * (4 * POOL_PIX) + p.y * OW + p.x, v);
+#endif
                 mx = v > mx ? v : mx;
             }
-            ST(C, cb + (size_t)(grp * M + m) * ldc + (nb >> 2) + t, mx);
+            ST(C, cb + (size_t)(grp * M + m) * ldc + w, mx);
         }
     }
 #else

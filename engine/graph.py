@@ -457,35 +457,38 @@ def pool_2x2(node: Node) -> bool:
             and a["padding"] in (0, 1) and out.h * 2 == x.h and out.w * 2 == x.w)
 
 
-def writable(conv: Node, consumer: Node, readers: dict, returned: list) -> bool:
-    """Whether ``conv``'s epilogue can store ``consumer``'s output in place of its own: ``consumer``
-    is a 2x2 stride-2 max-pool or an upsample of scale 1, it reads the whole of ``conv``'s output
-    tensor, and nothing else reads or returns that tensor (nor a fused shortcut, whose add would
-    have to read the pooled or upsampled layout)."""
-    if conv.op != "conv" or conv.attrs.get("residual") is not None:
-        return False
+def writable(conv: Node, consumer: Node, readers: dict, returned: list) -> Optional[bool]:
+    """Whether ``conv``'s epilogue can store ``consumer``'s output: ``consumer`` reads exactly
+    ``conv``'s output and is a 2x2 stride-2 max-pool or an upsample of scale 1, and ``conv`` has no
+    fused shortcut (whose add would read the pooled or upsampled layout). True: in place of its
+    own output, which nothing else reads or returns; False: a pool whose input is read elsewhere
+    too, stored beside the conv's own output; None: neither."""
     out = conv.output
+    if conv.op != "conv" or conv.attrs.get("residual") is not None or not _same(consumer.inputs[0], out):
+        return None
     t = out.tensor
-    if out.c0 != 0 or out.c != t.c or any(v.tensor is t for v in returned):
-        return False
-    if [(n, v.c0, v.c) for n, v in readers.get(t.id, [])] != [(consumer, 0, t.c)]:
-        return False
+    alone = (out.c0 == 0 and out.c == t.c and not any(v.tensor is t for v in returned)
+             and [n for n, _ in readers.get(t.id, [])] == [consumer])
     if consumer.op == "upsample":
-        return consumer.attrs["stride"] > 1 and consumer.attrs["scale"] == 1.0
-    return pool_2x2(consumer)
+        return True if alone and consumer.attrs["stride"] > 1 and consumer.attrs["scale"] == 1.0 else None
+    return alone if pool_2x2(consumer) else None
 
 
 def mark_write_fusions(graph: Graph) -> int:
-    """Set ``attrs["write_through"]`` (the consumer node) on each conv whose output only a 2x2
-    stride-2 max-pool or an upsample reads (:func:`writable`); returns how many convs."""
+    """Set ``attrs["write_through"]`` (the consumer node) on each conv whose output a 2x2 stride-2
+    max-pool or an upsample reads (:func:`writable`), and ``attrs["write_keeps"]`` where the conv
+    must still store its own output too; returns how many convs."""
     readers = _readers(graph)
     returned = list(graph.outputs)
     marked = 0
     for node in graph.nodes:
-        found = [n for n, _ in readers.get(node.output.tensor.id, [])]
-        if node.op == "conv" and len(found) == 1 and writable(node, found[0], readers, returned):
-            node.attrs["write_through"] = found[0]
-            marked += 1
+        for consumer, _ in readers.get(node.output.tensor.id, []):
+            alone = writable(node, consumer, readers, returned)
+            if alone is not None:
+                node.attrs["write_through"] = consumer
+                node.attrs["write_keeps"] = not alone
+                marked += 1
+                break
     return marked
 
 

@@ -22,19 +22,20 @@ from yolo_cl.kernels import winograd
 from yolo_cl.precision import FP16, FP32, TF32
 from yolo_cl.runtime import Runtime
 
-# 40x24: the first two pools' maps (20x12, 10x6) have pixels in multiples of 4, the third's (5x3)
-# not, so it keeps its launch; the second pool writes into a concat's slice; the 1x1 conv's output
-# only the upsample reads; the last pool's input is read by a route too, so it is not marked.
+# 40x24: the first two pools' maps (20x12, 10x6) are whole blocks of 4 pooled pixels, the third's
+# and the last's (5x3) end in a partial block; the second pool writes into a concat's slice; the
+# 1x1 conv's output only the upsample reads; the last pool's input is read by a route too, so its
+# conv stores both.
 CFG = (net_header(40, 24)
-       + conv(8) + maxpool(2, 2)                      # 1: written through
-       + conv(12, bn=0, act="mish") + maxpool(2, 2)   # 3: written through (mish: max after ACT)
-       + conv(10) + maxpool(2, 2)                     # 5: 5x3 pooled pixels, keeps its launch
-       + conv(6, 1) + upsample(2)                     # 7: written through
+       + conv(8) + maxpool(2, 2)                      # 1
+       + conv(12, bn=0, act="mish") + maxpool(2, 2)   # 3 (mish: the max after ACT)
+       + conv(10) + maxpool(2, 2)                     # 5: 15 pooled pixels
+       + conv(6, 1) + upsample(2)                     # 7
        + route(-1, 3)
        + conv(9, bn=0, act="linear") + maxpool(2, 2)  # 10: its input also read by 11's route
        + route(-2) + conv(5, 1, bn=0, act="linear"))
 
-WRITTEN = [1, 3, 7]        # layers whose launch a writing conv replaces
+WRITTEN = [1, 3, 5, 7, 10]      # layers whose launch a writing conv replaces
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +75,12 @@ def layers_of(ex: Executor) -> set:
 
 
 def test_graph_marks_only_sole_readers(net):
-    """Every pool and the upsample that alone read a conv's whole output are marked, the one whose
-    input a route also reads is not; a folding plan gives the pooled tensor life from its writer."""
+    """Every 2x2 pool and the upsample that read a conv's output are marked; the conv whose output
+    a route reads too keeps storing it; a folding plan gives the pooled tensor life from its writer."""
     graph = graph_of(net[0])
     marked = {n.layers[0]: n.attrs["write_through"] for n in graph.nodes if n.attrs.get("write_through")}
-    assert {c: w.layers[0] for c, w in marked.items()} == {0: 1, 2: 3, 4: 5, 6: 7}
+    assert {c: w.layers[0] for c, w in marked.items()} == {0: 1, 2: 3, 4: 5, 6: 7, 9: 10}
+    assert [c for c in marked if graph.nodes[[n.layers[0] for n in graph.nodes].index(c)].attrs["write_keeps"]] == [9]
     from yolo_cl.planner import lifetimes
     conv0 = graph.nodes[0]
     pooled = conv0.attrs["write_through"].output.tensor.id
@@ -100,7 +102,7 @@ def test_written_through_equals_unfolded_and_numpy(rt, net, precision, tile):
     off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(mma_pick(tile)), mma=mma, fold=False)
     assert layers_of(off) - layers_of(on) == set(WRITTEN)
     writes = sorted(l.config["writes"] for l in on.launches if l.config.get("writes"))
-    assert writes == ["maxpool", "maxpool", "upsample"]
+    assert writes == ["maxpool"] * 4 + ["upsample"]
     a, b = on.run(blob)[0], off.run(blob)[0]
     np.testing.assert_array_equal(a, b)
     assert float(np.abs(a - ref).max() / np.abs(ref).max()) < 2e-2
@@ -113,7 +115,7 @@ def test_tiles_without_whole_blocks_keep_the_pool(rt, net):
     tile = dict(MWG=16, NWG=16, KWG=16, WM=1, WN=2, ST=2)
     ex = Executor(rt, graph_of(cfg, wts), batch=2, precision=FP16, tuning=FixedTuning(mma_pick(tile)),
                   mma=gm.mode_for(rt, FP16), fold=True)
-    assert {1, 3, 5} <= layers_of(ex) and 7 not in layers_of(ex)
+    assert {1, 3, 5, 10} <= layers_of(ex) and 7 not in layers_of(ex)
     assert float(np.abs(ex.run(blob)[0] - ref).max() / np.abs(ref).max()) < 2e-2
 
 
@@ -144,5 +146,5 @@ def test_writer_wins_over_a_reader(rt, net):
                    fold=False)
     readers = {l.node.layers[0]: bool(l.config.get("through")) for l in on.launches if l.name == "wino_input"}
     assert readers == {2: False, 9: False}          # pool 1 and the upsample were written by their producers
-    assert layers_of(off) - layers_of(on) == {1, 7}
+    assert layers_of(off) - layers_of(on) == {1, 5, 7}      # pools 3 and 10 follow Winograd convs
     np.testing.assert_array_equal(on.run(blob)[0], off.run(blob)[0])

@@ -152,20 +152,34 @@ def residual_args(ctx: BindContext, node: Node) -> list:
     return ctx.view(r) if r is not None else [ctx.arena, np.int32(0), np.int32(0)]
 
 
-def write_target(ctx: BindContext, node: Node, pool: bool = False) -> tuple:
-    """(defines, C arguments [buffer, offset, batch stride, ldc], the op written through) of a GEMM
-    conv's store: its own output, or the output of the layer it writes through
+@dataclass
+class Store:
+    """Where a GEMM conv's epilogue stores (:func:`write_target`): its defines, the C arguments
+    [buffer, offset, batch stride, ldc], trailing arguments (the conv's own output where it keeps
+    it beside a pool), and the op it writes through ("" for none)."""
+
+    defines: dict
+    c_args: list
+    extra: list
+    writes: str
+
+
+def write_target(ctx: BindContext, node: Node, pool: bool = False) -> Store:
+    """Where a GEMM conv stores: its own output, or the output of the layer it writes through
     (graph.mark_write_fusions) where the context folds and the kernel can: an upsample always (the
     epilogue stores each value stride x stride times, cl/gemm_epilogue.h), a 2x2 max-pool where
-    ``pool`` says the kernel stores pooled blocks (the tensor-core implicit GEMM's POOL2)."""
+    ``pool`` says the kernel stores pooled blocks (the tensor-core implicit GEMM's POOL2; with
+    ``write_keeps``, the conv's own output too, through trailing arguments)."""
     N = node.output.h * node.output.w
     w = node.attrs.get("write_through") if ctx.fold else None
     if w is not None and w.op == "upsample":
         s = w.attrs["stride"]
-        return {"UP_S": s, "UP_OW": node.output.w}, ctx.view(w.output) + [np.int32(N * s * s)], "upsample"
+        return Store({"UP_S": s, "UP_OW": node.output.w}, ctx.view(w.output) + [np.int32(N * s * s)], [], "upsample")
     if w is not None and w.op == "maxpool" and pool:
-        return {"POOL2": True}, ctx.view(w.output) + [np.int32(N // 4)], "maxpool"
-    return {}, ctx.view(node.output) + [np.int32(N)], ""
+        keep = bool(node.attrs.get("write_keeps"))
+        return Store({"POOL2": True, "POOL_PIX": N // 4, "POOL_KEEP": keep}, ctx.view(w.output) + [np.int32(N // 4)],
+                     ctx.view(node.output) if keep else [], "maxpool")
+    return Store({}, ctx.view(node.output) + [np.int32(N)], [], "")
 
 
 def conv_gemm_shape(node: Node) -> tuple:

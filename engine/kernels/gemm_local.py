@@ -375,13 +375,13 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if implicit:
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
-    store, c_args, writes = write_target(ctx, node)
-    d.update(store)
-    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, c_args,
+    store = write_target(ctx, node)
+    d.update(store.defines)
+    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, store.c_args,
                          residual_args(ctx, node), extra, ctx.workspace)
     for i, (name, dd, args, gs, ls, label) in enumerate(specs):
         k = ctx.kernel("gemm_local.cl", name, dd, args)
-        launches.append(Launch(k, gs, ls, node, label, {**cfg, **({"writes": writes} if writes else {})},
+        launches.append(Launch(k, gs, ls, node, label, {**cfg, **({"writes": store.writes} if store.writes else {})},
                                node.flops * ctx.batch if i == 0 else 0))
     return launches
 

@@ -325,12 +325,10 @@ def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: i
              [partial, a_args[1]] + c_args + r_args + i32(M, N, G), (round_up(N, 64), M, Z), (64, 1, 1))]
 
 
-def pool_blocks(cfg: dict, algo: str, N: int) -> bool:
+def pool_blocks(cfg: dict, algo: str) -> bool:
     """Whether ``cfg`` can store a 2x2 max-pool of its output (POOL2): an implicit GEMM, no K split,
-    each warp's columns whole 16-column blocks, and N whole blocks (the pooled map's pixels a
-    multiple of 4)."""
-    return (algo == "implicit" and split_k(cfg) == 1 and (int(cfg["NWG"]) // int(cfg["WN"])) % 16 == 0
-            and N % 16 == 0)
+    and each warp's columns whole 16-column blocks."""
+    return algo == "implicit" and split_k(cfg) == 1 and (int(cfg["NWG"]) // int(cfg["WN"])) % 16 == 0
 
 
 def pack_weights(w: np.ndarray, G: int, mode: str) -> np.ndarray:
@@ -454,19 +452,19 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     x, out = node.inputs[0], node.output
     launches, b_args = b_operand(ctx, node, algo)
     cfg = aligned_gather(cfg, *b_args[1:4])
-    extra = []
-    d = defines(epilogue_defines(ctx, node), cfg, M, N, K, mode,
-                b_vector(cfg, mode, algo == "implicit", N, *b_args[1:]))
-    if algo == "implicit":
-        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
-        extra = i32(x.h, x.w, out.w)
     Z = ctx.batch * G
     if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
                              or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
         cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
-        d.pop("SK", None)
-    store, c_args, writes = write_target(ctx, node, pool_blocks(cfg, algo, N))
-    d.update(store)
+    store = write_target(ctx, node, pool_blocks(cfg, algo))
+    if store.defines.get("POOL2"):
+        N = round_up(N, 16)             # whole blocks of 4 pooled pixels: the last may run past the map
+    d = defines({**epilogue_defines(ctx, node), **store.defines}, cfg, M, N, K, mode,
+                b_vector(cfg, mode, algo == "implicit", N, *b_args[1:]))
+    extra = []
+    if algo == "implicit":
+        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
+        extra = i32(x.h, x.w, out.w) + store.extra
     counters = None
     if split_in_kernel(cfg):
         # Zero between launches. A kernel does not keep its buffer arguments alive (NVIDIA's driver
@@ -474,12 +472,13 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         n = tile_count(cfg, M, N, Z)
         counters = ctx.cached((node.layers[0], FAMILY, "split-K counts", n), lambda: {
             "counts": ctx.rt.upload(np.zeros(n, np.int32), f"split-K counts of layer {node.label}")})["counts"]
-    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, c_args,
+    specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, store.c_args,
                          residual_args(ctx, node), extra, ctx.workspace, counters)
     for i, (src, name, dd, args, gs, ls) in enumerate(specs):
         k = ctx.kernel(src, name, dd, args)
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum",
-                               {**cfg, **({"writes": writes} if writes else {})}, node.flops * ctx.batch if i == 0 else 0))
+                               {**cfg, **({"writes": store.writes} if store.writes else {})},
+                               node.flops * ctx.batch if i == 0 else 0))
     return launches
 
 
