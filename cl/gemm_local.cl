@@ -358,19 +358,50 @@ void yc_gemm_local(YC_GEMM_PARAMS)
 }
 
 #if SK > 1
-/* Sum the SK partial planes of yc_gemm_local and apply the epilogue. P is [SK][Z][M][N]
- * (Z = batch * groups); global size (N rounded up, M, Z). */
+/* Element n of row m of matrix z: the sum of its SK partial planes, in split order. */
+inline float yc_split_sum(__global const float* restrict P, const int z, const int Z, const int m, const int M,
+                          const int N, const int n)
+{
+    float acc = 0.0f;
+    for (int s = 0; s < SK; ++s) acc += P[((size_t)(s * Z + z) * M + m) * N + n];
+    return acc;
+}
+
+/* Sum the SK partial planes of yc_gemm_local (or yc_gemm_mma) and apply the epilogue. P is
+ * [SK][Z][M][N] (Z = batch * groups); global size (N rounded up, M, Z). With SUM_POOL the conv
+ * writes through the [maxpool] that alone reads it (graph.mark_write_fusions): C is the pooled map
+ * (SUM_PW wide, ldc pixels; the global size covers them), and each of its pixels is the max over
+ * its window of the conv's SUM_OW x SUM_OH output, computed here from the sums, with
+ * yc_maxpool_rows' window, bounds and order. */
 __kernel void yc_gemm_splitk(__global const float* restrict P, __global const float* restrict bias,
                              __global dtype* restrict C, const int c_off, const int c_bstride, const int ldc,
                              __global const dtype* restrict R, const int r_off, const int r_bstride,
                              const int M, const int N, const int G)
 {
     const int n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
-    if (n >= N) return;
     const int Z = get_global_size(2), b = z / G, g = z - b * G;
-    float acc = 0.0f;
-    for (int s = 0; s < SK; ++s) acc += P[((size_t)(s * Z + z) * M + m) * N + n];
-    yc_gemm_store(acc, m, n, g, M, ldc, bias, C, (size_t)c_off + (size_t)b * c_bstride,
+#ifdef SUM_POOL
+    if (n >= ldc) return;
+    const int py = n / SUM_PW, px = n - py * SUM_PW;
+    const int y0 = py * MP_SY - MP_PAD, x0 = px * MP_SX - MP_PAD;
+    float mx = -FLT_MAX;
+    for (int dy = 0; dy < MP_SIZE; ++dy) {
+        const int iy = y0 + dy;
+        if (iy < 0 || iy >= SUM_OH)
+            continue;
+        for (int dx = 0; dx < MP_SIZE; ++dx) {
+            const int ix = x0 + dx;
+            if (ix >= 0 && ix < SUM_OW) {
+                const float v = yc_gemm_value(yc_split_sum(P, z, Z, m, M, N, iy * SUM_OW + ix), m, g, M, bias);
+                mx = v > mx ? v : mx;
+            }
+        }
+    }
+    ST(C, (size_t)c_off + (size_t)b * c_bstride + (size_t)(g * M + m) * ldc + n, mx);
+#else
+    if (n >= N) return;
+    yc_gemm_store(yc_split_sum(P, z, Z, m, M, N, n), m, n, g, M, ldc, bias, C, (size_t)c_off + (size_t)b * c_bstride,
                   R, (size_t)r_off + (size_t)b * r_bstride);
+#endif
 }
 #endif

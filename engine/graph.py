@@ -14,10 +14,10 @@ What happens here, and only here:
 - a ``[maxpool]``, ``[upsample]`` or route copy whose output only one conv reads is marked on that
   conv (``attrs["read_through"]``): a conv whose algorithm can compute the folded layers as it reads
   its input (Winograd's input transform, cl/fused.cl) runs them, and the executor drops their launches;
-- a 2x2 stride-2 ``[maxpool]`` or an ``[upsample]`` that is the only reader of a conv's output is
-  marked on that conv (``attrs["write_through"]``): a conv whose kernel can store that layer's
-  output from its epilogue instead of its own (the GPU GEMM families) does, and the executor drops
-  the layer's launch.
+- a ``[maxpool]`` or an ``[upsample]`` that is the only reader of a conv's output (a 2x2 stride-2
+  pool: or one of its readers) is marked on that conv (``attrs["write_through"]``): a conv whose
+  kernel can store that layer's output from its epilogue (the GPU GEMM families and their split-K
+  sums) does, and the executor drops the layer's launch.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.
@@ -459,10 +459,10 @@ def pool_2x2(node: Node) -> bool:
 
 def writable(conv: Node, consumer: Node, readers: dict, returned: list) -> Optional[bool]:
     """Whether ``conv``'s epilogue can store ``consumer``'s output: ``consumer`` reads exactly
-    ``conv``'s output and is a 2x2 stride-2 max-pool or an upsample of scale 1, and ``conv`` has no
-    fused shortcut (whose add would read the pooled or upsampled layout). True: in place of its
-    own output, which nothing else reads or returns; False: a pool whose input is read elsewhere
-    too, stored beside the conv's own output; None: neither."""
+    ``conv``'s output and is a max-pool or an upsample of scale 1, and ``conv`` has no fused
+    shortcut (whose add would read the pooled or upsampled layout). True: in place of its own
+    output, which nothing else reads or returns; False: a 2x2 stride-2 pool whose input is read
+    elsewhere too, stored beside the conv's own output; None: neither."""
     out = conv.output
     if conv.op != "conv" or conv.attrs.get("residual") is not None or not _same(consumer.inputs[0], out):
         return None
@@ -471,7 +471,9 @@ def writable(conv: Node, consumer: Node, readers: dict, returned: list) -> Optio
              and [n for n, _ in readers.get(t.id, [])] == [consumer])
     if consumer.op == "upsample":
         return True if alone and consumer.attrs["stride"] > 1 and consumer.attrs["scale"] == 1.0 else None
-    return alone if pool_2x2(consumer) else None
+    if consumer.op != "maxpool":
+        return None
+    return alone if pool_2x2(consumer) else (True if alone else None)
 
 
 def mark_write_fusions(graph: Graph) -> int:

@@ -148,3 +148,36 @@ def test_writer_wins_over_a_reader(rt, net):
     assert readers == {2: False, 9: False}          # pool 1 and the upsample were written by their producers
     assert layers_of(off) - layers_of(on) == {1, 5, 7}      # pools 3 and 10 follow Winograd convs
     np.testing.assert_array_equal(on.run(blob)[0], off.run(blob)[0])
+
+
+# Pools that no block of columns can hold (a 2x2 stride-1 one, yolov3-tiny's layer 11, and a 3x3
+# stride-2 one with padding), each alone reading a conv whose K is split: the split-K sum computes
+# each window from the partial sums.
+SPLIT = (net_header(20, 14) + conv(16) + conv(24) + maxpool(2, 1) + conv(12, bn=0, act="mish") + maxpool(3, 2)
+         + conv(6, 1, bn=0, act="linear"))
+
+
+@pytest.mark.parametrize("family", ["mma", "local"])
+def test_split_sums_write_any_pool(rt, tmp_path, family):
+    cfg, wts = write_model(str(tmp_path), "s", SPLIT, seed=8)
+    blob = np.random.default_rng(9).random((2, 3, 14, 20), dtype=np.float32) - 0.5
+    ref = list(forward_numpy(cfg, wts, blob, keep="heads").values())[-1]
+    local = local_pick(TINY_TILE)
+
+    def pick(node) -> dict:
+        split = {"SK": 2} if node.attrs["size"] == 3 and node.layers[0] > 0 else {}
+        if family == "local":
+            return {**local(node), **split}
+        return {"algo": gm.conv_algos(node)[0], "family": "mma", **dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2),
+                **split}
+    precision = FP16 if family == "mma" else FP32
+    mma = gm.mode_for(rt, precision) if family == "mma" else ""
+    graph = graph_of(cfg, wts)
+    on = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(pick), mma=mma, fold=True)
+    off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(pick), mma=mma, fold=False)
+    sums = [l for l in on.launches if l.name == "splitk_sum"]
+    assert len(sums) == 2 and all(l.config.get("writes") == "maxpool" for l in sums)
+    assert layers_of(off) - layers_of(on) == {2, 4}
+    a = on.run(blob)[0]
+    np.testing.assert_array_equal(a, off.run(blob)[0])
+    assert float(np.abs(a - ref).max() / np.abs(ref).max()) < (2e-2 if precision.half else 2e-4)

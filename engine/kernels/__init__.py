@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import YoloClError
-from ..graph import Node, View
+from ..graph import Node, View, pool_2x2
 from ..layers import ACTIVATIONS
 from ..precision import FP32, Precision, half_math
 
@@ -156,30 +156,44 @@ def residual_args(ctx: BindContext, node: Node) -> list:
 class Store:
     """Where a GEMM conv's epilogue stores (:func:`write_target`): its defines, the C arguments
     [buffer, offset, batch stride, ldc], trailing arguments (the conv's own output where it keeps
-    it beside a pool), and the op it writes through ("" for none)."""
+    it beside a pool), the op it writes through ("" for none) and the elements of a row of C the
+    split-K sum writes (the conv's pixels, or the pooled map's)."""
 
     defines: dict
     c_args: list
     extra: list
     writes: str
+    n_out: int
 
 
-def write_target(ctx: BindContext, node: Node, pool: bool = False) -> Store:
+# Defines of the epilogue, which the split-K sum kernel (gemm_local.cl) runs where K is split.
+EPILOGUE_KEYS = ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS", "UP_S", "UP_OW", "SUM_POOL", "MP_SIZE",
+                 "MP_SX", "MP_SY", "MP_PAD", "SUM_OW", "SUM_OH", "SUM_PW")
+
+
+def write_target(ctx: BindContext, node: Node, pool: str = "") -> Store:
     """Where a GEMM conv stores: its own output, or the output of the layer it writes through
     (graph.mark_write_fusions) where the context folds and the kernel can: an upsample always (the
-    epilogue stores each value stride x stride times, cl/gemm_epilogue.h), a 2x2 max-pool where
-    ``pool`` says the kernel stores pooled blocks (the tensor-core implicit GEMM's POOL2; with
-    ``write_keeps``, the conv's own output too, through trailing arguments)."""
-    N = node.output.h * node.output.w
+    epilogue stores each value stride x stride times, cl/gemm_epilogue.h); a 2x2 stride-2 max-pool
+    where ``pool`` is "blocks" (the tensor-core implicit GEMM's POOL2; with ``write_keeps``, the
+    conv's own output too, through trailing arguments); any max-pool that alone reads the conv
+    where ``pool`` is "sum" (the split-K sum kernel computes each window from the partial sums)."""
+    out = node.output
+    N = out.h * out.w
     w = node.attrs.get("write_through") if ctx.fold else None
     if w is not None and w.op == "upsample":
         s = w.attrs["stride"]
-        return Store({"UP_S": s, "UP_OW": node.output.w}, ctx.view(w.output) + [np.int32(N * s * s)], [], "upsample")
-    if w is not None and w.op == "maxpool" and pool:
-        keep = bool(node.attrs.get("write_keeps"))
+        return Store({"UP_S": s, "UP_OW": out.w}, ctx.view(w.output) + [np.int32(N * s * s)], [], "upsample", N)
+    keep = bool(node.attrs.get("write_keeps"))
+    if w is not None and w.op == "maxpool" and pool == "blocks" and pool_2x2(w):
         return Store({"POOL2": True, "POOL_PIX": N // 4, "POOL_KEEP": keep}, ctx.view(w.output) + [np.int32(N // 4)],
-                     ctx.view(node.output) if keep else [], "maxpool")
-    return Store({}, ctx.view(node.output) + [np.int32(N)], [], "")
+                     ctx.view(out) if keep else [], "maxpool", N)
+    if w is not None and w.op == "maxpool" and pool == "sum" and not keep:
+        a, p = w.attrs, w.output
+        d = {"SUM_POOL": True, "MP_SIZE": a["size"], "MP_SX": a["stride_x"], "MP_SY": a["stride_y"],
+             "MP_PAD": a["padding"] // 2, "SUM_OW": out.w, "SUM_OH": out.h, "SUM_PW": p.w}
+        return Store(d, ctx.view(p) + [np.int32(p.h * p.w)], [], "maxpool", p.h * p.w)
+    return Store({}, ctx.view(out) + [np.int32(N)], [], "", N)
 
 
 def conv_gemm_shape(node: Node) -> tuple:

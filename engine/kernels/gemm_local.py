@@ -189,9 +189,11 @@ def scratch_bytes(node: Node, cfg: dict, batch: int, precision) -> int:
 
 
 def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
-                 b_args: list, c_args: list, r_args: list, extra: list, partial=None) -> list:
+                 b_args: list, c_args: list, r_args: list, extra: list, partial=None,
+                 n_out: Optional[int] = None) -> list:
     """(kernel name, defines, args, global, local, label) of the launches that compute C under ``cfg``:
-    the GEMM, and with SK > 1 the split sum (``partial``: a buffer of ``partial_bytes``).
+    the GEMM, and with SK > 1 the split sum (``partial``: a buffer of ``partial_bytes``) over
+    ``n_out`` elements a row of C (default N: fewer where it stores a max-pool of the conv).
 
     a_args = [A, bias]; b_args = [B, off, batch stride, group stride, ldb]; c_args = [C, off,
     batch stride, ldc]; r_args = [R, off, batch stride]; extra = the implicit GEMM's [H, W, OW]."""
@@ -202,7 +204,7 @@ def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: i
     gemm_c = [partial, np.int32(0), np.int32(0), np.int32(N)]
     return [("yc_gemm_local", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls, "gemm_local"),
             ("yc_gemm_splitk", defines_, [partial, a_args[1]] + c_args + r_args + [np.int32(v) for v in (M, N, G)],
-             (round_up(N, 64), M, Z), (64, 1, 1), "splitk_sum")]
+             (round_up(n_out or N, 64), M, Z), (64, 1, 1), "splitk_sum")]
 
 
 def pack_weights(w: np.ndarray, G: int, dtype=np.float32) -> np.ndarray:
@@ -375,10 +377,10 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if implicit:
         d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, out.w)
-    store = write_target(ctx, node)
+    store = write_target(ctx, node, "sum" if split_k(cfg) > 1 else "")
     d.update(store.defines)
     specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, store.c_args,
-                         residual_args(ctx, node), extra, ctx.workspace)
+                         residual_args(ctx, node), extra, ctx.workspace, store.n_out)
     for i, (name, dd, args, gs, ls, label) in enumerate(specs):
         k = ctx.kernel("gemm_local.cl", name, dd, args)
         launches.append(Launch(k, gs, ls, node, label, {**cfg, **({"writes": store.writes} if store.writes else {})},

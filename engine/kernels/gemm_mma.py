@@ -54,8 +54,8 @@ from typing import Optional
 
 import numpy as np
 
-from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               packed_upload, residual_args, winograd, write_target)
+from . import (EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise,
+               is_pointwise, packed_upload, residual_args, winograd, write_target)
 from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
                          round_up, scratch_bytes, split_k, tile_defines)
 from ..errors import YoloClError
@@ -305,11 +305,12 @@ def sizes(cfg: dict, M: int, N: int, Z: int) -> tuple:
 
 
 def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: int, a_args: list,
-                 b_args: list, c_args: list, r_args: list, extra: list, partial=None, counters=None) -> list:
+                 b_args: list, c_args: list, r_args: list, extra: list, partial=None, counters=None,
+                 n_out: Optional[int] = None) -> list:
     """(source, kernel name, defines, args, global, local) of the launches that compute C: the GEMM,
     and with SK > 1 (``partial``: a buffer of ``partial_bytes``) either the sum inside it, given
     ``counters`` (:func:`tile_count` zeroed int32s, left zeroed by every launch), or a split-sum
-    launch. Arguments as gemm_local.launch_specs'."""
+    launch over ``n_out`` elements a row (default N). Arguments as gemm_local.launch_specs'."""
     gs, ls = sizes(cfg, M, N, Z)
     dims = i32(M, N, K, G)
     if split_k(cfg) == 1:
@@ -317,12 +318,11 @@ def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: i
     if counters is not None:
         return [("gemm_mma.cl", "yc_gemm_mma", {**defines_, "SK_FIX": True},
                  a_args + b_args + c_args + r_args + dims + extra + [partial, counters], gs, ls)]
-    sum_defines = {k: v for k, v in defines_.items()
-                   if k in ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS", "UP_S", "UP_OW")}
+    sum_defines = {k: v for k, v in defines_.items() if k in EPILOGUE_KEYS}
     gemm_c = [partial] + i32(0, 0, N)
     return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls),
             ("gemm_local.cl", "yc_gemm_splitk", {**sum_defines, "SK": split_k(cfg)},
-             [partial, a_args[1]] + c_args + r_args + i32(M, N, G), (round_up(N, 64), M, Z), (64, 1, 1))]
+             [partial, a_args[1]] + c_args + r_args + i32(M, N, G), (round_up(n_out or N, 64), M, Z), (64, 1, 1))]
 
 
 def pool_blocks(cfg: dict, algo: str) -> bool:
@@ -456,7 +456,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if split_k(cfg) > 1 and (algo == "im2col" or ctx.workspace is None
                              or partial_bytes(cfg, M, N, Z) > ctx.workspace.size):
         cfg = {**cfg, "SK": 1}          # the partial sums live in the workspace, which im2col needs itself
-    store = write_target(ctx, node, pool_blocks(cfg, algo))
+    store = write_target(ctx, node, "blocks" if pool_blocks(cfg, algo)
+                         else "sum" if split_k(cfg) > 1 and not split_in_kernel(cfg) else "")
     if store.defines.get("POOL2"):
         N = round_up(N, 16)             # whole blocks of 4 pooled pixels: the last may run past the map
     d = defines({**epilogue_defines(ctx, node), **store.defines}, cfg, M, N, K, mode,
@@ -473,7 +474,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         counters = ctx.cached((node.layers[0], FAMILY, "split-K counts", n), lambda: {
             "counts": ctx.rt.upload(np.zeros(n, np.int32), f"split-K counts of layer {node.label}")})["counts"]
     specs = launch_specs(cfg, d, M, N, K, G, Z, [wts["A"], wts["bias"]], b_args, store.c_args,
-                         residual_args(ctx, node), extra, ctx.workspace, counters)
+                         residual_args(ctx, node), extra, ctx.workspace, counters, store.n_out)
     for i, (src, name, dd, args, gs, ls) in enumerate(specs):
         k = ctx.kernel(src, name, dd, args)
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum",
