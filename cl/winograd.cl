@@ -420,6 +420,64 @@ inline void yc_wino_store_vt(const TV* y, const float bf, const size_t plane, co
     }
 }
 
+#ifdef WPOOL
+/* With WPOOL the conv writes through the 2x2 stride-2 [maxpool] that alone reads it
+ * (graph.mark_write_fusions; OH and OW even): tiles start at even pixels, so each holds
+ * (WINO_M / 2)^2 whole windows. Their max after bias and ACT (yc_maxpool_rows' order: a later
+ * value wins only if greater), for lanes k0 <= k < k1 as yc_wino_store_vt takes them, stored into
+ * the pooled plane (OH / 2 x OW / 2) at yb + pplane of the output view: a whole group's pooled row
+ * as vectors in pixel order (WINO_VT 8), else value by value. */
+inline void yc_wino_pool_vt(const TV* y, const float bf, const size_t pplane, const int ty, const int tx0,
+                            const int k0, const int k1, __global dtype* restrict Y, const size_t yb,
+                            const int OH, const int OW)
+{
+    const int PH = OH / 2, PW = OW / 2, px0 = tx0 * (WINO_M / 2);
+    #pragma unroll
+    for (int pi = 0; pi < WINO_M / 2; ++pi) {
+        const int py = ty * (WINO_M / 2) + pi;
+        if (py >= PH) break;
+        TV mx[WINO_M / 2];
+        #pragma unroll
+        for (int pj = 0; pj < WINO_M / 2; ++pj) {
+            mx[pj] = (TV)(-FLT_MAX);
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const TV v = yc_act_tv(y[(2 * pi + (q >> 1)) * WINO_M + 2 * pj + (q & 1)] + (TV)(bf), ACT);
+                mx[pj] = select(mx[pj], v, v > mx[pj]);
+            }
+        }
+        const size_t row = yb + pplane + (size_t)py * PW;
+#if WINO_VT == 8
+        if (k0 == 0 && k1 == WINO_VT && px0 + RUN / 2 <= PW) {
+#if WINO_M == 2
+            TV_GST(Y, row + px0, mx[0]);
+#else
+            const TV a = mx[0], c = mx[1];
+            TV_GST(Y, row + px0, (TV)(a.s0, c.s0, a.s1, c.s1, a.s2, c.s2, a.s3, c.s3));
+            TV_GST(Y, row + px0 + WINO_VT, (TV)(a.s4, c.s4, a.s5, c.s5, a.s6, c.s6, a.s7, c.s7));
+#endif
+            continue;
+        }
+#endif
+        #pragma unroll
+        for (int pj = 0; pj < WINO_M / 2; ++pj) {
+            float l[WINO_VT];
+            TV_UNPACK(mx[pj], l);
+            for (int k = k0; k < k1; ++k) {
+                const int px = (tx0 + k) * (WINO_M / 2) + pj;
+                if (px < PW)
+                    ST(Y, row + px, l[k]);
+            }
+        }
+    }
+}
+#define YC_WINO_STORE_ROW(y, bf, f, ty, tx0, k0, k1, Y, yb, OH, OW, R, rb)                      \
+    yc_wino_pool_vt(y, bf, (size_t)(f) * ((OH) / 2) * ((OW) / 2), ty, tx0, k0, k1, Y, yb, OH, OW)
+#else
+#define YC_WINO_STORE_ROW(y, bf, f, ty, tx0, k0, k1, Y, yb, OH, OW, R, rb)                      \
+    yc_wino_store_vt(y, bf, (size_t)(f) * (OH) * (OW), ty, tx0, k0, k1, Y, yb, OH, OW, R, rb)
+#endif
+
 /* The inverse transform and epilogue of output channel f for the tile group whose first tile is
  * (ty, tx0) on a TH x TW tile grid: y (lane k: tile p0 + k) stored into each tile row it covers. */
 inline void yc_wino_store_group(const TV* m, const float bf, const int f, const int ty, const int tx0, const int TW,
@@ -428,10 +486,9 @@ inline void yc_wino_store_group(const TV* m, const float bf, const int f, const 
 {
     TV t[WINO_M * WT], y[WINO_M * WINO_M];
     YC_WINO_INVERSE(yc_at_v, m, t, y)
-    const size_t plane = (size_t)f * OH * OW;
-    yc_wino_store_vt(y, bf, plane, ty, tx0, 0, min(WINO_VT, TW - tx0), Y, yb, OH, OW, R, rb);
+    YC_WINO_STORE_ROW(y, bf, f, ty, tx0, 0, min(WINO_VT, TW - tx0), Y, yb, OH, OW, R, rb);
     YC_FOR_NEXT_ROWS(r, kr, ty, tx0, TW, TH)
-        yc_wino_store_vt(y, bf, plane, r, -kr, kr, min(WINO_VT, kr + TW), Y, yb, OH, OW, R, rb);
+        YC_WINO_STORE_ROW(y, bf, f, r, -kr, kr, min(WINO_VT, kr + TW), Y, yb, OH, OW, R, rb);
 }
 
 __kernel void yc_wino_output_vt(__global const dtype* restrict Mt, const int m_off, const int F, const int P,

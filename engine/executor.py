@@ -64,16 +64,20 @@ class Executor:
         compute in ("f16", "tf32"; see kernels.gemm_mma.mode_for), "" for the FMA families.
         ``fold``: convs compute the max-pools, upsamples and copies the graph marked as they read
         them (graph.mark_read_fusions) or as they store their own output (graph.mark_write_fusions),
-        so those layers cost no launch; None: YOLO_CL_FOLD if set,
-        else on a GPU and off on a CPU device (there the redundant reads cost more than a launch)."""
+        so those layers cost no launch; None: YOLO_CL_FOLD if set, else writing through everywhere
+        (it costs nothing) and reading through on a GPU only (on a CPU device the redundant reads
+        cost more than a launch)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
-        if fold is None:            # reading through costs a CPU more compute than the launch it saves
+        if fold is None:
             fold = folding_default()
-            fold = not getattr(rt, "is_cpu", False) if fold is None else fold
-        self.plan = plan_memory(graph, batch, fold)
+        write = fold is not False
+        if fold is None:            # reading through costs a CPU more compute than the launch it saves
+            fold = not getattr(rt, "is_cpu", False)
+        self.plan = plan_memory(graph, batch, fold, write)
         item = precision.itemsize
         self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,
-                               weight_cache=weight_cache if weight_cache is not None else {}, fold=fold)
+                               weight_cache=weight_cache if weight_cache is not None else {}, fold=fold,
+                               write=write)
         # One workspace, as large as the configs about to be bound need (not the worst config of any family)
         ws = max((workspace_bytes(self.ctx, n) for n in graph.nodes), default=0)
         check_executor(graph, self.plan.arena_elems, -(-ws // item), batch, item,

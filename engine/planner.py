@@ -8,6 +8,7 @@ the arena's size is the memory pool's peak, reported beside the naive sum.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from .graph import Graph, extra_reads, extra_writes
 
@@ -28,11 +29,12 @@ class Plan:
         return self.offsets[tensor.id]
 
 
-def lifetimes(graph: Graph, fold: bool = True) -> dict:
+def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None) -> dict:
     """(first write, last read) step of each tensor; -1 is before the first node. ``fold``: a conv
     may read through the producers the graph marked on it (graph.mark_read_fusions), so their
-    inputs live until that conv has run, and write the output of the layer it writes through
-    (graph.mark_write_fusions), which then lives from that conv on."""
+    inputs live until that conv has run; ``write`` (default ``fold``): it may write the output of
+    the layer it writes through (graph.mark_write_fusions), which then lives from that conv on."""
+    write = fold if write is None else write
     end = len(graph.nodes)
     life: dict = {graph.input.id: [-1, -1]}
     for step, node in enumerate(graph.nodes):
@@ -40,7 +42,7 @@ def lifetimes(graph: Graph, fold: bool = True) -> dict:
                 + (extra_reads(node) if fold else []):
             t = v.tensor.id
             life.setdefault(t, [step, step])[1] = step
-        for v in [node.output] + (extra_writes(node) if fold else []):
+        for v in [node.output] + (extra_writes(node) if write else []):
             span = life.setdefault(v.tensor.id, [step, step])
             span[0] = min(span[0], step)
             span[1] = max(span[1], step)
@@ -49,10 +51,11 @@ def lifetimes(graph: Graph, fold: bool = True) -> dict:
     return {k: tuple(v) for k, v in life.items()}
 
 
-def plan_memory(graph: Graph, batch: int = 1, fold: bool = True) -> Plan:
+def plan_memory(graph: Graph, batch: int = 1, fold: bool = True, write: Optional[bool] = None) -> Plan:
     """Place tensors in an arena by liveness (greedy, largest first, lowest fitting offset);
-    ``fold``: as in ``lifetimes`` (False for an executor that reads through nothing)."""
-    life = lifetimes(graph, fold)
+    ``fold`` and ``write``: as in ``lifetimes`` (False for an executor that reads or writes
+    through nothing)."""
+    life = lifetimes(graph, fold, write)
     sizes = {t.id: _align(t.size * batch) for t in graph.tensors if t.id in life}
     placed: list = []       # (offset, size, first, last)
     offsets: dict = {}

@@ -181,3 +181,30 @@ def test_split_sums_write_any_pool(rt, tmp_path, family):
     a = on.run(blob)[0]
     np.testing.assert_array_equal(a, off.run(blob)[0])
     assert float(np.abs(a - ref).max() / np.abs(ref).max()) < (2e-2 if precision.half else 2e-4)
+
+
+@pytest.mark.parametrize("cpu_cfg", [
+    {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1},
+    {"family": "cpu", "algo": "winograd", "m": 2, "kernel": "fused", "KB": 8, "KS": 1},
+    {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "mv", "VW": 16, "NV": 1, "KU": 1, "WG": 0, "TN": 6},
+], ids=["fused-f4", "fused-f2", "mv-f4"])
+@pytest.mark.parametrize("precision", [FP32, FP16], ids=["fp32", "fp16"])
+def test_cpu_winograd_writes_its_pool_by_default(rt, net, cpu_cfg, precision):
+    """The CPU family's Winograd stores (fused, and the tile-vector output transform) hold whole
+    2x2 windows in each tile: a pool that alone reads such a conv is stored pooled, by default on
+    a CPU device too (writing costs nothing), and the outputs equal the unfolded plan's."""
+    cfg, wts, blob, ref = net
+    graph = graph_of(cfg, wts)
+
+    def pick(node) -> dict:
+        if winograd.applicable(node):
+            return dict(cpu_cfg)
+        return {"family": "cpu", "algo": "im2col", "kernel": "mv", "VW": 8, "NV": 1, "KU": 1, "WG": 0, "ORD": 0, "TN": 4}
+    default = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(pick))
+    off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(pick), fold=False)
+    written = {l.node.layers[0] for l in default.launches if l.config.get("writes") == "maxpool"}
+    assert written == {0, 2, 4}                    # conv 9's pool is also read by the route: kept
+    assert layers_of(off) - layers_of(default) == {1, 3, 5}
+    a = default.run(blob)[0]
+    np.testing.assert_array_equal(a, off.run(blob)[0])
+    assert float(np.abs(a - ref).max() / np.abs(ref).max()) < (2e-2 if precision.half else 2e-4)   # F(4x4) in half

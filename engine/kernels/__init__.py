@@ -59,6 +59,7 @@ class BindContext:
     mma: str = ""                  # tensor-core mode of the mma family ("f16", "tf32"; "" = none)
     weight_cache: dict = field(default_factory=dict)   # device weights, shared by every batch size
     fold: bool = True              # convs read through the producers the graph marked (graph.mark_read_fusions)
+    write: bool = True             # convs store the layers they write through (graph.mark_write_fusions)
     written: frozenset = frozenset()   # ids of the layers a conv wrote through: their outputs exist, no read through them
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -180,7 +181,7 @@ def write_target(ctx: BindContext, node: Node, pool: str = "") -> Store:
     where ``pool`` is "sum" (the split-K sum kernel computes each window from the partial sums)."""
     out = node.output
     N = out.h * out.w
-    w = node.attrs.get("write_through") if ctx.fold else None
+    w = node.attrs.get("write_through") if ctx.write else None
     if w is not None and w.op == "upsample":
         s = w.attrs["stride"]
         return Store({"UP_S": s, "UP_OW": out.w}, ctx.view(w.output) + [np.int32(N * s * s)], [], "upsample", N)
@@ -194,6 +195,15 @@ def write_target(ctx: BindContext, node: Node, pool: str = "") -> Store:
              "MP_PAD": a["padding"] // 2, "SUM_OW": out.w, "SUM_OH": out.h, "SUM_PW": p.w}
         return Store(d, ctx.view(p) + [np.int32(p.h * p.w)], [], "maxpool", p.h * p.w)
     return Store({}, ctx.view(out) + [np.int32(N)], [], "", N)
+
+
+def written_pool(ctx: BindContext, node: Node) -> Optional[Node]:
+    """The 2x2 stride-2 max-pool that alone reads ``node``'s output (graph.mark_write_fusions),
+    where the context writes through: a Winograd conv's tile-vector store computes it (its tiles
+    hold whole windows); None otherwise."""
+    w = node.attrs.get("write_through") if ctx.write else None
+    keep = node.attrs.get("write_keeps")
+    return w if w is not None and w.op == "maxpool" and pool_2x2(w) and not keep else None
 
 
 def conv_gemm_shape(node: Node) -> tuple:

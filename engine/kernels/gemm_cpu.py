@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               packed_upload, residual_args)
+               packed_upload, residual_args, written_pool)
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -529,12 +529,14 @@ def _bind_wino_fused(ctx: BindContext, node: Node, cfg: dict) -> list:
     wts = packed_upload(ctx, node, (node.layers[0], FAMILY, "winograd-fused", m, kb), pack, "Winograd weights")
     tw = winograd.tile_grid(node, m)[1]
     kbs, slices = fused_slices(F, kb, ks)
-    d = {**epilogue_defines(ctx, node), "WINO_M": m, "WINO_VT": WINO_VT, "WF_C": C, "WF_KB": kb}
+    pool = written_pool(ctx, node)          # the 2x2 pool that alone reads it: stored pooled (WPOOL)
+    d = {**epilogue_defines(ctx, node), "WINO_M": m, "WINO_VT": WINO_VT, "WF_C": C, "WF_KB": kb,
+         "WPOOL": pool is not None}
     args = ctx.view(x) + i32(x.h, x.w, a["pad"], tw) + [wts["A"], wts["bias"]] + i32(F, kbs) + \
-        ctx.view(out) + i32(out.h, out.w) + residual_args(ctx, node)
+        ctx.view(pool.output if pool else out) + i32(out.h, out.w) + residual_args(ctx, node)
     k = ctx.kernel("winograd.cl", "yc_wino_fused", d, args)
     return [Launch(k, (fused_groups(node, m), slices, ctx.batch), (1, 1, 1), node,
-                   "wino_fused", dict(cfg), node.flops * ctx.batch)]
+                   "wino_fused", {**cfg, **({"writes": "maxpool"} if pool else {})}, node.flops * ctx.batch)]
 
 
 class CpuGemm:
