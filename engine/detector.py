@@ -49,9 +49,9 @@ class Detector:
     device (default: on a GPU, not on a CPU device; YOLO_CL_HOST_PREPOST=1 / 0 turns both off /
     on); off, the host does both (the reference path). ``fold`` runs SPP's pools as one launch and,
     on a GPU by default, max-pools, upsamples and route copies inside the Winograd convs that read
-    them, and 2x2 max-pools and upsamples in the epilogue of the GEMM convs that alone feed them
-    (graph.py, Executor): fewer launches per frame, the same outputs; False (or
-    YOLO_CL_FOLD=0) gives the unfolded plan, True (or YOLO_CL_FOLD=1) folds on a CPU too.
+    them, and on every device max-pools and upsamples in the epilogue of the convs that feed them
+    (graph.py, Executor): fewer launches per frame, the same outputs; False (or YOLO_CL_FOLD=0)
+    gives the unfolded plan, True (or YOLO_CL_FOLD=1) reads through on a CPU too.
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,

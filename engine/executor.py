@@ -68,11 +68,10 @@ class Executor:
         (it costs nothing) and reading through on a GPU only (on a CPU device the redundant reads
         cost more than a launch)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
-        if fold is None:
-            fold = folding_default()
-        write = fold is not False
-        if fold is None:            # reading through costs a CPU more compute than the launch it saves
-            fold = not getattr(rt, "is_cpu", False)
+        asked = folding_default() if fold is None else fold
+        write = asked is not False              # writing through costs no extra reads anywhere
+        # reading through costs a CPU more compute than the launch it saves
+        fold = not getattr(rt, "is_cpu", False) if asked is None else asked
         self.plan = plan_memory(graph, batch, fold, write)
         item = precision.itemsize
         self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,
@@ -132,9 +131,8 @@ class Executor:
         layer it wrote through (its epilogue stored that layer's output: ``config["writes"]``).
         Where a conv wrote through a layer that the next conv read through, the writer wins: the
         reader is bound again reading through the other layers only, so it reads the written
-        layer's stored output. ``threads``
-        > 1 binds layers on that many threads, so their programs compile at once where the driver
-        can; ``done(1)`` is called per layer bound."""
+        layer's stored output. ``threads`` > 1 binds layers on that many threads, so their
+        programs compile at once where the driver can; ``done(1)`` is called per layer bound."""
         def one(node, ctx=self.ctx, tick=done):
             try:
                 launches = bind_node(ctx, node)

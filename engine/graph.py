@@ -15,9 +15,9 @@ What happens here, and only here:
   conv (``attrs["read_through"]``): a conv whose algorithm can compute the folded layers as it reads
   its input (Winograd's input transform, cl/fused.cl) runs them, and the executor drops their launches;
 - a ``[maxpool]`` or an ``[upsample]`` that is the only reader of a conv's output (a 2x2 stride-2
-  pool: or one of its readers) is marked on that conv (``attrs["write_through"]``): a conv whose
-  kernel can store that layer's output from its epilogue (the GPU GEMM families and their split-K
-  sums) does, and the executor drops the layer's launch.
+  pool: one of its readers) is marked on that conv (``attrs["write_through"]``): a conv whose
+  kernel can store that layer's output from its epilogue (the GPU GEMM families, their split-K sums,
+  the CPU Winograd) does, and the executor drops the layer's launch.
 
 The graph is a list of nodes in execution order, each reading and writing *views*
 (a channel slice of a tensor). Tensors get memory later, from the planner.

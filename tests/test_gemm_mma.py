@@ -12,22 +12,10 @@ import numpy as np
 import pytest
 
 from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, leaky, reference, rel_err
+from mma_env import emulate, rt  # noqa: F401 - fixtures
 from tiny_cfgs import conv, net_header, route, shortcut
 from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.precision import FP16, FP32, PRECISIONS, TF32
-from yolo_cl.runtime import Runtime
-
-
-@pytest.fixture(scope="module")
-def rt():
-    return Runtime()
-
-
-@pytest.fixture(autouse=True)
-def emulate(rt, monkeypatch):
-    """Emulated mma where the device has no tensor cores; the real instruction where it has."""
-    if not gm.tensor_cores(rt):
-        monkeypatch.setenv(gm.EMULATE_ENV, "1")
 
 
 def rounded(x, mode):

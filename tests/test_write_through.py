@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from darknet_io import forward_numpy
+from mma_env import emulate, rt  # noqa: F401 - fixtures
 from tiny_cfgs import conv, maxpool, net_header, route, upsample
 from tiny_graphs import TINY_TILE, FixedTuning, graph_of, local_pick, write_model
 from yolo_cl.executor import Executor
 from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.kernels import winograd
 from yolo_cl.precision import FP16, FP32, TF32
-from yolo_cl.runtime import Runtime
 
 # 40x24: the first two pools' maps (20x12, 10x6) are whole blocks of 4 pooled pixels, the third's
 # and the last's (5x3) end in a partial block; the second pool writes into a concat's slice; the
@@ -36,18 +36,6 @@ CFG = (net_header(40, 24)
        + route(-2) + conv(5, 1, bn=0, act="linear"))
 
 WRITTEN = [1, 3, 5, 7, 10]      # layers whose launch a writing conv replaces
-
-
-@pytest.fixture(scope="module")
-def rt():
-    return Runtime()
-
-
-@pytest.fixture(autouse=True)
-def emulate(rt, monkeypatch):
-    """Emulated mma where the device has no tensor cores; the real instruction where it has."""
-    if not gm.tensor_cores(rt):
-        monkeypatch.setenv(gm.EMULATE_ENV, "1")
 
 
 @pytest.fixture(scope="module")

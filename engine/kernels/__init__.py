@@ -197,6 +197,11 @@ def write_target(ctx: BindContext, node: Node, pool: str = "") -> Store:
     return Store({}, ctx.view(out) + [np.int32(N)], [], "", N)
 
 
+def marked(config: dict, writes: str) -> dict:
+    """A launch's config, with ``writes`` naming the op it wrote through (what the executor drops)."""
+    return {**config, "writes": writes} if writes else dict(config)
+
+
 def written_pool(ctx: BindContext, node: Node) -> Optional[Node]:
     """The 2x2 stride-2 max-pool that alone reads ``node``'s output (graph.mark_write_fusions),
     where the context writes through: a Winograd conv's tile-vector store computes it (its tiles

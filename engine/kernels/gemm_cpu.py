@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               packed_upload, residual_args, written_pool)
+               marked, packed_upload, residual_args, written_pool)
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -536,7 +536,7 @@ def _bind_wino_fused(ctx: BindContext, node: Node, cfg: dict) -> list:
         ctx.view(pool.output if pool else out) + i32(out.h, out.w) + residual_args(ctx, node)
     k = ctx.kernel("winograd.cl", "yc_wino_fused", d, args)
     return [Launch(k, (fused_groups(node, m), slices, ctx.batch), (1, 1, 1), node,
-                   "wino_fused", {**cfg, **({"writes": "maxpool"} if pool else {})}, node.flops * ctx.batch)]
+                   "wino_fused", marked(cfg, "maxpool" if pool else ""), node.flops * ctx.batch)]
 
 
 class CpuGemm:

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               packed_upload, residual_args, write_target)
+               marked, packed_upload, residual_args, write_target)
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -383,7 +383,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                          residual_args(ctx, node), extra, ctx.workspace, store.n_out)
     for i, (name, dd, args, gs, ls, label) in enumerate(specs):
         k = ctx.kernel("gemm_local.cl", name, dd, args)
-        launches.append(Launch(k, gs, ls, node, label, {**cfg, **({"writes": store.writes} if store.writes else {})},
+        launches.append(Launch(k, gs, ls, node, label, marked(cfg, store.writes),
                                node.flops * ctx.batch if i == 0 else 0))
     return launches
 

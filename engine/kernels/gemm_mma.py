@@ -55,7 +55,7 @@ from typing import Optional
 import numpy as np
 
 from . import (EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise,
-               is_pointwise, packed_upload, residual_args, winograd, write_target)
+               is_pointwise, marked, packed_upload, residual_args, winograd, write_target)
 from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
                          round_up, scratch_bytes, split_k, tile_defines)
 from ..errors import YoloClError
@@ -478,8 +478,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     for i, (src, name, dd, args, gs, ls) in enumerate(specs):
         k = ctx.kernel(src, name, dd, args)
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum",
-                               {**cfg, **({"writes": store.writes} if store.writes else {})},
-                               node.flops * ctx.batch if i == 0 else 0))
+                               marked(cfg, store.writes), node.flops * ctx.batch if i == 0 else 0))
     return launches
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import BindContext, Launch, epilogue_defines, fused, i32, residual_args, written_pool
+from . import BindContext, Launch, epilogue_defines, fused, i32, marked, residual_args, written_pool
 from ..errors import YoloClError
 from ..graph import Node
 
@@ -143,12 +143,10 @@ def transform_launches(ctx: BindContext, node: Node, m: int, wts: dict, gemm, vt
     pool = written_pool(ctx, node) if vt > 1 else None      # the tile-vector store can pool (WPOOL)
     oargs = [ws] + i32(m_off, M, P, tw) + [wts["bias"]] + ctx.view(pool.output if pool else out) + \
         i32(out.h, out.w) + residual_args(ctx, node)
-    info = {"m": m, "vt": vt} if vt > 1 else {"m": m}
+    info = marked({"m": m, "vt": vt} if vt > 1 else {"m": m}, "maxpool" if pool else "")
     if vt > 1:
         od["WINO_VT"] = vt
-    if pool is not None:
-        od["WPOOL"] = True
-        info["writes"] = "maxpool"
+    od["WPOOL"] = pool is not None
     if rows_grouped(tw, vt):
         od["WINO_ROWS"] = info["rows"] = True
         groups = tile_groups(node, m, vt, rows=True)

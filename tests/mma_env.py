@@ -1,0 +1,21 @@
+"""The tensor-core tests' setup: one runtime per module, and the mma emulation where the device
+has no tensor cores (PoCL in CI), the real instruction where it has. A test module imports both
+fixtures (``from mma_env import emulate, rt``)."""
+from __future__ import annotations
+
+import pytest
+
+from yolo_cl.kernels import gemm_mma as gm
+from yolo_cl.runtime import Runtime
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+@pytest.fixture(autouse=True)
+def emulate(rt, monkeypatch):
+    """Emulated mma where the device has no tensor cores; the real instruction where it has."""
+    if not gm.tensor_cores(rt):
+        monkeypatch.setenv(gm.EMULATE_ENV, "1")
