@@ -184,15 +184,16 @@ def test_cpu_winograd_writes_its_pool_by_default(rt, net, cpu_cfg, precision):
     cfg, wts, blob, ref = net
     graph = graph_of(cfg, wts)
 
-    def pick(node) -> dict:
+    def pick(node) -> dict:         # the CPU family throughout (a GPU runs it as named), 1x1s unfused
         if winograd.applicable(node):
             return dict(cpu_cfg)
-        return {"family": "cpu", "algo": "im2col", "kernel": "mv", "VW": 8, "NV": 1, "KU": 1, "WG": 0, "ORD": 0, "TN": 4}
+        return {"family": "cpu", "algo": "gemm1x1", "kernel": "nv", "VW": 8, "NV": 1, "KU": 4, "WG": 1, "ORD": 0, "TM": 4}
     default = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(pick))
     off = Executor(rt, graph, batch=2, precision=precision, tuning=FixedTuning(pick), fold=False)
     written = {l.node.layers[0] for l in default.launches if l.config.get("writes") == "maxpool"}
     assert written == {0, 2, 4}                    # conv 9's pool is also read by the route: kept
-    assert layers_of(off) - layers_of(default) == {1, 3, 5}
+    pools = {1, 3, 5, 10}                          # (a GPU's default plan also reads the upsample through)
+    assert (layers_of(off) - layers_of(default)) & pools == {1, 3, 5}
     a = default.run(blob)[0]
     np.testing.assert_array_equal(a, off.run(blob)[0])
     assert float(np.abs(a - ref).max() / np.abs(ref).max()) < (2e-2 if precision.half else 2e-4)   # F(4x4) in half
