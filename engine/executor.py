@@ -147,13 +147,17 @@ class Executor:
                 bound = list(pool.map(one, nodes))    # in order; the first failing layer's error
         else:
             bound = [one(n) for n in nodes]
+        def reads_through(launches: list) -> bool:
+            return any(l.config.get("through") for l in launches)
         written = {id(n.attrs["write_through"]) for n, ls in bound if any(l.config.get("writes") for l in ls)}
         readers = replace(self.ctx, written=frozenset(written))
-        bound = [one(n, readers, None) if any(l.config.get("through") for l in ls)
-                 and any(id(p) in written for p in n.attrs.get("read_through") or ()) else (n, ls)
-                 for n, ls in bound]
-        folded = written | {id(p) for n, ls in bound if any(l.config.get("through") for l in ls)
-                            for p in n.attrs.get("read_through") or ()}
+
+        def reread(node, launches: list) -> tuple:
+            """``node`` bound again where it read through a layer its producer wrote."""
+            stale = reads_through(launches) and any(id(p) in written for p in node.attrs.get("read_through") or ())
+            return one(node, readers, None) if stale else (node, launches)
+        bound = [reread(n, ls) for n, ls in bound]
+        folded = written | {id(p) for n, ls in bound if reads_through(ls) for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
