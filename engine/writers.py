@@ -8,12 +8,16 @@ write, and renamed into place only when complete and readable.
 - :class:`AtomicFile` writes under a hidden temp name beside the final one; a failed write
   (disk full, file size limit, I/O error) removes the temp file and raises one
   :class:`OutputError`; ``commit`` flushes, fsyncs and renames.
+- Every temp name is recorded before its file is created and forgotten once it is renamed or
+  removed; at exit the process removes what is still recorded, so a Ctrl-C that lands between
+  two steps of a write (where no ``except`` can see it) leaves no hidden file behind.
 - :class:`VideoFile` does the same for a ``cv2.VideoWriter``, which reports no write errors:
   before the rename it reopens the finished file and checks that its index is there, that it
   holds the frames written and that the first one decodes.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
@@ -99,13 +103,29 @@ def check_output_dir(path: PathLike, what: str = "output folder") -> Path:
     return p
 
 
+_LIVE: set = set()      # temp files this process may have created and not yet renamed or removed
+
+
+def _forget(path: Path) -> None:
+    _LIVE.discard(path)
+
+
+@atexit.register
+def remove_leftovers() -> None:
+    """Remove every temp file this process created and never renamed (an interrupted write)."""
+    for path in list(_LIVE):
+        _unlink(path)
+
+
 def temp_beside(path: Path, what: str = "output") -> Path:
     """Reserve a hidden temp file next to ``path`` (same folder, same suffix) or fail now."""
     tmp = path.with_name(f".{path.name[:100]}.{os.getpid()}-{secrets.token_hex(4)}.part{path.suffix[:16]}")
+    _LIVE.add(tmp)                   # before it exists: an interrupt from here on is cleaned at exit
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         open(tmp, "xb").close()      # unlike mkstemp, keeps the user's umask permissions
     except OSError as e:
+        _forget(tmp)
         raise OutputError(f"{display(path)}: cannot write {what} ({_reason(e)})") from None
     return tmp
 
@@ -116,6 +136,7 @@ def _unlink(path: Optional[Path]) -> None:
             os.unlink(path)
         except OSError:
             pass
+        _forget(path)
 
 
 class AtomicFile:
@@ -156,6 +177,7 @@ class AtomicFile:
             os.fsync(self._f.fileno())
             self._f.close()
             os.replace(self.tmp, self.path)
+            _forget(self.tmp)
         except OSError as e:
             self.abort()
             raise self._error(e) from None
@@ -235,6 +257,7 @@ class VideoFile:
             raise OutputError(f"{display(self.path)}: cannot write {self.what} ({why})")
         try:
             os.replace(self.tmp, self.path)
+            _forget(self.tmp)
         except OSError as e:
             self.abort()
             raise OutputError(f"{display(self.path)}: cannot write {self.what} ({_reason(e)})") from None

@@ -184,3 +184,26 @@ def test_annotated_image_is_written_atomically(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
     write_image(final, img)
     assert [p.name for p in tmp_path.iterdir()] == ["out.jpg"]
+
+
+@pytest.mark.parametrize("where", ["reserved", "opened", "written"])
+def test_interrupt_between_the_steps_of_a_write_leaves_no_temp_file(tmp_path, where):
+    """Ctrl-C can land between two steps of a write, where no ``except`` of the writer sees it
+    (CI once found ``.img0011.jpg.<pid>-<hex>.part.jpg`` after one): the process removes it at exit."""
+    import subprocess
+    import sys
+    script = f"""
+from pathlib import Path
+from yolo_cl.writers import AtomicFile, temp_beside
+final = Path({str(tmp_path / 'out.jpg')!r})
+if {where!r} == "reserved":
+    temp_beside(final)
+else:
+    f = AtomicFile(final, binary=True)
+    if {where!r} == "written":
+        f.write(b"half")
+raise KeyboardInterrupt
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert "KeyboardInterrupt" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
