@@ -103,24 +103,27 @@ def check_output_dir(path: PathLike, what: str = "output folder") -> Path:
     return p
 
 
-_LIVE: set = set()      # temp files this process may have created and not yet renamed or removed
+_LIVE: dict = {}        # temp file -> pid of the process that may have created it and not yet renamed it
 
 
 def _forget(path: Path) -> None:
-    _LIVE.discard(path)
+    _LIVE.pop(path, None)
 
 
 @atexit.register
 def remove_leftovers() -> None:
-    """Remove every temp file this process created and never renamed (an interrupted write)."""
-    for path in list(_LIVE):
-        _unlink(path)
+    """Remove every temp file this process created and never renamed (an interrupted write);
+    a forked child leaves its parent's alone."""
+    me = os.getpid()
+    for path, pid in list(_LIVE.items()):
+        if pid == me:
+            _unlink(path)
 
 
 def temp_beside(path: Path, what: str = "output") -> Path:
     """Reserve a hidden temp file next to ``path`` (same folder, same suffix) or fail now."""
     tmp = path.with_name(f".{path.name[:100]}.{os.getpid()}-{secrets.token_hex(4)}.part{path.suffix[:16]}")
-    _LIVE.add(tmp)                   # before it exists: an interrupt from here on is cleaned at exit
+    _LIVE[tmp] = os.getpid()         # before it exists: an interrupt from here on is cleaned at exit
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         open(tmp, "xb").close()      # unlike mkstemp, keeps the user's umask permissions

@@ -207,3 +207,25 @@ raise KeyboardInterrupt
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert "KeyboardInterrupt" in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_forked_child_leaves_its_parents_temp_files_alone(tmp_path):
+    """The exit-time cleanup removes only the exiting process's own temp files: a child forked
+    mid-write (which runs the parent's exit handlers) must not delete the file the parent is
+    still writing."""
+    import subprocess
+    import sys
+    script = f"""
+import os, sys
+from pathlib import Path
+from yolo_cl.writers import temp_beside
+tmp = temp_beside(Path({str(tmp_path / 'out.jpg')!r}))
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)
+os.waitpid(pid, 0)
+print("kept" if tmp.exists() else "gone")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "kept", proc.stderr
+    assert list(tmp_path.iterdir()) == []       # and the parent's own exit removed it
