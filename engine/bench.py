@@ -198,6 +198,7 @@ class BenchReport:
     opencv: Optional[dict] = None
     span_ms: list = field(default_factory=list)     # first kernel's start to last kernel's end, per run
     bandwidth: Optional[float] = None                # device memory GB/s (copy), for the roofline
+    side: list = field(default_factory=list)         # layers the wall runs on a second queue (branches.py)
 
     @property
     def gflop(self) -> float:
@@ -232,6 +233,9 @@ class BenchReport:
             lines.append(f"  of which between kernels (the driver starting each one): {span - dev:.2f} ms over "
                          f"{len(self.launches)} launches; outside the kernels' span (enqueue, copies, Python): "
                          f"{wall - span:.2f} ms")
+        if self.side:
+            lines.append(f"  the wall runs layers {', '.join(self.side)} (side branches) on a second queue beside "
+                         "the rest; the device time is of one queue (YOLO_CL_BRANCHES=0 runs one queue)")
         kinds: dict = {}
         for l in self.launches:
             kinds[l.name] = kinds.get(l.name, 0) + 1
@@ -348,7 +352,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
     plat = rt.device.platform.name.strip()
     report = BenchReport(str(model), (net.width, net.height), batch, precision.name, rt.device_name, plat, rt.driver,
                          rt.device_type, the_peak, peak_src, wdesc, launches, wall, dev,
-                         cpu if rt.is_cpu else [], tuned, span_ms=span)
+                         cpu if rt.is_cpu else [], tuned, span_ms=span, side=ex.side_layers)
     if plot:
         report.bandwidth = memory_bandwidth(rt)
     if ocv is not None:

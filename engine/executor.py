@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import cmdbuf, staging
+from . import branches as side, cmdbuf, staging
 from .errors import DeviceError, YoloClError
 from .graph import Graph, folding_default
 from .hostsets import HostSets
@@ -54,7 +54,8 @@ class Executor:
 
     def __init__(self, rt, graph: Graph, batch: int = 1, precision: Precision = FP32, tuning=None,
                  weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
-                 progress: bool = False, mma: str = "", fold: Optional[bool] = None) -> None:
+                 progress: bool = False, mma: str = "", fold: Optional[bool] = None,
+                 branches: Optional[bool] = None) -> None:
         """``precision``: storage and arithmetic (``precision.FP32``, ``FP16``, ``TF32``);
         ``tuning``: a table with ``conv_config(node, batch)`` (None: heuristics). ``command_buffer``:
         None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
@@ -66,25 +67,37 @@ class Executor:
         them (graph.mark_read_fusions) or as they store their own output (graph.mark_write_fusions),
         so those layers cost no launch; None: YOLO_CL_FOLD if set, else writing through everywhere
         (it costs nothing) and reading through on a GPU only (on a CPU device the redundant reads
-        cost more than a launch)."""
+        cost more than a launch). ``branches``: run each side branch (branches.py: the layers only
+        one head needs) on a second queue beside the rest; None: ``branches.wanted`` (GPUs, where
+        no command buffer records the plan)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
         asked = folding_default() if fold is None else fold
         write = asked is not False              # writing through costs no extra reads anywhere
         # reading through costs a CPU more compute than the launch it saves
         fold = not getattr(rt, "is_cpu", False) if asked is None else asked
-        self.plan = plan_memory(graph, batch, fold, write)
+        recorded = self._records(command_buffer)
+        self.branches = side.side_branches(graph, fold, write) \
+            if side.wanted(rt, branches) and not recorded and len(graph.outputs) > 1 else []
+        self.plan = plan_memory(graph, batch, fold, write, self.branches)
         item = precision.itemsize
         self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold,
                                write=write)
-        # One workspace, as large as the configs about to be bound need (not the worst config of any family)
-        ws = max((workspace_bytes(self.ctx, n) for n in graph.nodes), default=0)
-        check_executor(graph, self.plan.arena_elems, -(-ws // item), batch, item,
+        # One workspace for the main queue and one for the side branches (they run at the same
+        # time), each as large as the configs about to be bound need (not the worst of any family)
+        on_side = set().union(*(b.nodes for b in self.branches))
+        need = [workspace_bytes(self.ctx, n) for n in graph.nodes]
+        ws = max((b for i, b in enumerate(need) if i not in on_side), default=0)
+        ws_side = max((b for i, b in enumerate(need) if i in on_side), default=0)
+        check_executor(graph, self.plan.arena_elems, -(-ws // item) - (-ws_side // item), batch, item,
                        getattr(rt, "device", None))   # refuse before allocating anything
         self.arena = self.ctx.arena = rt.alloc(self.plan.arena_elems * item,
                                                f"activation pool ({len(graph.tensors)} tensors)")
         self.ctx.workspace = rt.alloc(ws, "workspace (im2col, Winograd, split-K)") if ws else None
-        self.workspace_bytes = ws
+        self._side_ctx = replace(self.ctx, workspace=rt.alloc(ws_side, "side branches' workspace")
+                                 if ws_side else None) if on_side else None
+        self._on_side = {id(graph.nodes[i]) for i in on_side}
+        self.workspace_bytes = ws + ws_side
         # > 0: flush the queue after every this many launches, so that a GPU starts computing while
         # the rest of the plan is still being enqueued (tools/bench_host.py --flush measures it)
         self.flush_every = 0
@@ -110,7 +123,10 @@ class Executor:
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
         self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
         self.command_buffer = self._record(command_buffer)
-        self._launch_list = LaunchList(rt.queue, self.launches)   # how _launch enqueues the plan (launch.py)
+        # how _launch enqueues the plan (launch.py): side branches' launches on a queue of their own
+        flags = [id(l.node) in self._on_side for l in self.launches]
+        self._side_queue = rt.cl.CommandQueue(rt.context, rt.device) if any(flags) else None
+        self._launch_list = LaunchList(rt.queue, self.launches, flags, self._side_queue)
         # Launch index -> the heads complete after it: run and submit convert each head there and
         # read it on a second queue, so the first heads travel while the rest of the network runs
         # (yolov3 608 batch 8: a quarter of 62 MB of heads). Off: every head converted and read
@@ -133,7 +149,8 @@ class Executor:
         reader is bound again reading through the other layers only, so it reads the written
         layer's stored output. ``threads`` > 1 binds layers on that many threads, so their
         programs compile at once where the driver can; ``done(1)`` is called per layer bound."""
-        def one(node, ctx=self.ctx, tick=done):
+        def one(node, ctx=None, tick=done):
+            ctx = ctx or self.ctx_for(node)
             try:
                 launches = bind_node(ctx, node)
             except YoloClError as e:
@@ -149,23 +166,30 @@ class Executor:
             bound = [one(n) for n in nodes]
         def reads_through(launches: list) -> bool:
             return any(l.config.get("through") for l in launches)
-        written = {id(n.attrs["write_through"]) for n, ls in bound if any(l.config.get("writes") for l in ls)}
-        readers = replace(self.ctx, written=frozenset(written))
+        written = frozenset(id(n.attrs["write_through"]) for n, ls in bound if any(l.config.get("writes") for l in ls))
 
         def reread(node, launches: list) -> tuple:
             """``node`` bound again where it read through a layer its producer wrote."""
             stale = reads_through(launches) and any(id(p) in written for p in node.attrs.get("read_through") or ())
-            return one(node, readers, None) if stale else (node, launches)
+            return one(node, replace(self.ctx_for(node), written=written), None) if stale else (node, launches)
         bound = [reread(n, ls) for n, ls in bound]
         folded = written | {id(p) for n, ls in bound if reads_through(ls) for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]
 
-    def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
+    def ctx_for(self, node) -> BindContext:
+        """The context ``node`` binds in: the side branches' own workspace for a node of one."""
+        return self._side_ctx if id(node) in self._on_side else self.ctx
+
+    def _records(self, wanted: Optional[bool]) -> bool:
+        """Whether the plan is to be recorded into a command buffer (``command_buffer``'s rule)."""
         device = getattr(self.rt, "device", None)
         if wanted is False or device is None:
-            return None
-        if wanted is None and (os.environ.get("YOLO_CL_COMMAND_BUFFER", "1").strip() == "0"
-                               or not cmdbuf.supported(device)):
+            return False
+        return bool(wanted) or (os.environ.get("YOLO_CL_COMMAND_BUFFER", "1").strip() != "0"
+                                and cmdbuf.supported(device))
+
+    def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
+        if not self._records(wanted):
             return None
         try:
             return cmdbuf.CommandBuffer(self.rt.queue, self.launches)
@@ -173,6 +197,11 @@ class Executor:
             if wanted:
                 raise
             return None            # listed but not usable: the launch list works everywhere
+
+    @property
+    def side_layers(self) -> list:
+        """Labels of the nodes whose launches run on the side queue (branches.py), in plan order."""
+        return list(dict.fromkeys(l.node.label for l in self.launches if id(l.node) in self._on_side))
 
     @property
     def launch_way(self) -> str:
@@ -272,11 +301,14 @@ class Executor:
         return conversions
 
     def _head_marks(self) -> dict:
-        """{launch index: [output indices]}: each head after the last launch that writes its tensor."""
+        """{launch index: [output indices]}: each head after the last launch that writes its tensor;
+        a side branch's head after the plan's last launch (the join: its queue is the other one)."""
         marks: dict = {}
+        end = len(self.launches) - 1
         for o, v in enumerate(self.graph.outputs):
-            last = max((j for j, l in enumerate(self.launches) if l.node.output.tensor is v.tensor),
-                       default=len(self.launches) - 1)
+            last = max((j for j, l in enumerate(self.launches) if l.node.output.tensor is v.tensor), default=end)
+            if id(self.launches[last].node) in self._on_side:
+                last = end
             marks.setdefault(last, []).append(o)
         return marks
 

@@ -1,14 +1,16 @@
 """Give every tensor a place in one device arena, reusing memory by liveness.
 
 A tensor lives from the first node that writes it to the last node that reads it
-(the graph's input from the start, the outputs to the end). Tensors are placed
+(the graph's input from the start, the outputs to the end). A tensor a side branch touches
+(branches.py: it runs on a second queue beside the nodes after its fork) lives from the fork
+to the end, so nothing running beside the branch shares its memory. Tensors are placed
 largest first at the lowest offset that overlaps no tensor alive at the same time:
 the arena's size is the memory pool's peak, reported beside the naive sum.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from .graph import Graph, extra_reads, extra_writes
 
@@ -29,11 +31,13 @@ class Plan:
         return self.offsets[tensor.id]
 
 
-def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None) -> dict:
+def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None, branches: Sequence = ()) -> dict:
     """(first write, last read) step of each tensor; -1 is before the first node. ``fold``: a conv
     may read through the producers the graph marked on it (graph.mark_read_fusions), so their
     inputs live until that conv has run; ``write`` (default ``fold``): it may write the output of
-    the layer it writes through (graph.mark_write_fusions), which then lives from that conv on."""
+    the layer it writes through (graph.mark_write_fusions), which then lives from that conv on.
+    ``branches``: ``branches.Branch``es run beside the rest; what each touches lives from its
+    fork (or its first write, if earlier) to the end."""
     write = fold if write is None else write
     end = len(graph.nodes)
     life: dict = {graph.input.id: [-1, -1]}
@@ -48,14 +52,20 @@ def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None) -> 
             span[1] = max(span[1], step)
     for v in graph.outputs:
         life.setdefault(v.tensor.id, [-1, end])[1] = end
+    for b in branches:
+        reads, writes = b.reads_writes(graph, fold, write)
+        for t in reads | writes:
+            span = life[t]
+            span[0], span[1] = min(span[0], b.fork), end
     return {k: tuple(v) for k, v in life.items()}
 
 
-def plan_memory(graph: Graph, batch: int = 1, fold: bool = True, write: Optional[bool] = None) -> Plan:
+def plan_memory(graph: Graph, batch: int = 1, fold: bool = True, write: Optional[bool] = None,
+                branches: Sequence = ()) -> Plan:
     """Place tensors in an arena by liveness (greedy, largest first, lowest fitting offset);
-    ``fold`` and ``write``: as in ``lifetimes`` (False for an executor that reads or writes
-    through nothing)."""
-    life = lifetimes(graph, fold, write)
+    ``fold``, ``write`` and ``branches``: as in ``lifetimes`` (False, False, () for an executor
+    that reads or writes through nothing and runs every launch on one queue)."""
+    life = lifetimes(graph, fold, write, branches)
     sizes = {t.id: _align(t.size * batch) for t in graph.tensors if t.id in life}
     placed: list = []       # (offset, size, first, last)
     offsets: dict = {}

@@ -1,0 +1,115 @@
+"""Side branches: the layers only one detection head needs, run beside the rest of the network.
+
+A multi-scale detector ends each scale but the last in a short branch: yolov3-tiny's 13x13
+head is two convs (layers 14 and 15) that nothing after them reads, while the network goes on
+to the 26x26 scale. On one in-order queue those convs run alone on a GPU that their small
+grids cannot fill, each paying the driver's per-launch floor. On a second queue they run while
+the next scale is computed (an H100 through NVIDIA's OpenCL: yolov3 416 fp16 1.52 -> 1.45 ms,
+BENCHMARKS.md, "Sixteenth GPU session").
+
+``side_branches`` finds, for every head but the one computed last, the nodes whose outputs only
+that head needs, and keeps a branch only where running it beside the rest is safe: whatever it
+reads is complete when it starts (the *fork*: its first node's place in the plan), and no later
+node of the rest reads what it writes or writes what it reads. The planner keeps every tensor a
+branch touches alive from its fork to the end of the plan, so no tensor of the rest shares its
+memory while the two queues run; the executor joins the queues after the last launch.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .graph import Graph, extra_reads, extra_writes
+
+ENV = "YOLO_CL_BRANCHES"        # "0": every launch on one queue; "1": side branches on any device
+
+
+@dataclass(frozen=True)
+class Branch:
+    """The nodes (by index in ``graph.nodes``) one head alone needs, from ``fork`` on."""
+
+    nodes: frozenset
+    fork: int                   # the step of its first node: everything it reads is written before
+
+    def reads_writes(self, graph: Graph, fold: bool, write: bool) -> tuple:
+        """(tensor ids the branch reads, tensor ids it writes)."""
+        reads, writes = set(), set()
+        for i in self.nodes:
+            r, w = _touches(graph.nodes[i], fold, write)
+            reads |= r
+            writes |= w
+        return reads, writes
+
+
+def wanted(rt, asked=None) -> bool:
+    """Whether an executor on ``rt`` runs side branches on a second queue: ``asked`` if given,
+    else ``YOLO_CL_BRANCHES`` if set, else on a GPU or accelerator (on a CPU device every
+    kernel already spreads over all cores, so a second queue only adds synchronisation)."""
+    if asked is not None:
+        return bool(asked)
+    value = os.environ.get(ENV, "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    return not getattr(rt, "is_cpu", True)
+
+
+def _touches(node, fold: bool, write: bool) -> tuple:
+    """(tensor ids ``node`` reads, tensor ids it writes), folded producers and written layers included."""
+    reads = [*node.inputs, *([node.attrs["residual"]] if node.attrs.get("residual") is not None else []),
+             *(extra_reads(node) if fold else [])]
+    writes = [node.output, *(extra_writes(node) if write else [])]
+    return {v.tensor.id for v in reads}, {v.tensor.id for v in writes}
+
+
+def side_branches(graph: Graph, fold: bool = True, write: bool = True) -> list:
+    """The ``Branch`` of every head but the last computed, where one is safe to run beside the
+    rest (``fold``/``write``: as the executor folds, since folded reads and writes count)."""
+    touches = [_touches(n, fold, write) for n in graph.nodes]
+    readers: dict = {}
+    writers: dict = {}
+    for i, (r, w) in enumerate(touches):
+        for t in r:
+            readers.setdefault(t, set()).add(i)
+        for t in w:
+            writers.setdefault(t, set()).add(i)
+    heads = [max(writers.get(v.tensor.id, {-1})) for v in graph.outputs]
+    out = []
+    for h in sorted(set(heads)):
+        if h < 0 or h == max(heads):
+            continue
+        b = _grow(h, touches, readers, writers, {v.tensor.id for v in graph.outputs})
+        if _safe(b, touches, len(graph.nodes)):
+            out.append(b)
+    return out
+
+
+def _grow(head: int, touches: list, readers: dict, writers: dict, returned: set) -> Branch:
+    """The head's node and, back from it, every producer whose outputs only the branch reads."""
+    nodes = {head}
+    todo = [head]
+    while todo:
+        for t in touches[todo.pop()][0]:
+            for p in writers.get(t, ()):
+                if p in nodes:
+                    continue
+                outs = touches[p][1]
+                if outs & returned or not all(readers.get(o, set()) <= nodes for o in outs):
+                    continue
+                nodes.add(p)
+                todo.append(p)
+    return Branch(frozenset(nodes), min(nodes))
+
+
+def _safe(b: Branch, touches: list, n: int) -> bool:
+    """Whether ``b`` can run beside the nodes after its fork: what it reads is written before the
+    fork or by itself, and no later node outside it touches what it writes or writes what it reads."""
+    reads = set().union(*(touches[i][0] for i in b.nodes))
+    writes = set().union(*(touches[i][1] for i in b.nodes))
+    later = [i for i in range(b.fork + 1, n) if i not in b.nodes]
+    if not later:
+        return False                # nothing to run beside
+    for i in later:
+        r, w = touches[i]
+        if r & writes or w & writes or w & reads:
+            return False
+    return True
