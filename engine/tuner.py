@@ -25,6 +25,7 @@ from .errors import YoloClError, reason
 from .graph import Node, Tensor, View
 from .kernels import BindContext, family
 from .kernels import gemm_mma
+from .kernels.nodes import bind_node
 from .precision import FP32, Precision
 from .search import config_key, new_state
 from .tuning_db import shape_key
@@ -82,6 +83,31 @@ def reference_conv(x: np.ndarray, node: Node, residual: Optional[np.ndarray] = N
     return out
 
 
+def reference_through(y: np.ndarray, node: Node) -> np.ndarray:
+    """The max-pool or upsample ``node`` (a layer a conv writes through) applied to ``y`` in NumPy:
+    Darknet's windows (``padding // 2`` cells before, padded cells never the max), its nearest
+    upsample."""
+    a = node.attrs
+    if node.op == "upsample":
+        s = a["stride"]
+        return y.repeat(s, axis=2).repeat(s, axis=3) * a["scale"]
+    k, sy, sx, off = a["size"], a["stride_y"], a["stride_x"], a["padding"] // 2
+    B, C, H, W = y.shape
+    oh, ow = node.output.h, node.output.w
+    yp = np.full((B, C, max(H + off, sy * (oh - 1) + k), max(W + off, sx * (ow - 1) + k)), -np.inf, y.dtype)
+    yp[:, :, off:off + H, off:off + W] = y
+    out = np.full((B, C, oh, ow), -np.inf, y.dtype)
+    for ky in range(k):
+        for kx in range(k):
+            np.maximum(out, yp[:, :, ky:ky + sy * (oh - 1) + 1:sy, kx:kx + sx * (ow - 1) + 1:sx], out=out)
+    return out
+
+
+def writes_through(launches: list) -> bool:
+    """Whether a conv's launches store the layer it writes through (the executor then drops it)."""
+    return any(l.config.get("writes") for l in launches)
+
+
 def rel_error(x: np.ndarray, ref: np.ndarray) -> float:
     if not np.isfinite(x).all():
         return math.inf
@@ -104,7 +130,10 @@ class ConvBench:
 
     The output lives in a slice (one spare channel on each side) so a kernel that writes
     outside its concat slice fails the check. Nodes without weights (shape-only graphs) get
-    random ones.
+    random ones. A conv that writes through a layer (graph.mark_write_fusions: a max-pool or
+    upsample that reads it) keeps doing so here, as in the network: a config that stores that
+    layer is checked on it (and on its own output where it keeps that too), and a config that
+    cannot is charged the layer's own launch, which the network then runs (``time``).
     """
 
     def __init__(self, rt, node: Node, batch: int, precision: Precision, queue, seed: int = 0,
@@ -113,8 +142,8 @@ class ConvBench:
         self.rt, self.batch, self.precision, self.queue = rt, batch, precision, queue
         rng = np.random.default_rng(seed)
         a = dict(node.attrs)
-        a.pop("read_through", None)        # a folded producer's input is not part of this bench,
-        a.pop("write_through", None)       # nor the layer whose output it may store instead of its own
+        a.pop("read_through", None)        # a folded producer's input is not part of this bench
+        written = a.pop("write_through", None)
         x0, o0 = node.inputs[0], node.output
         if a.get("weights") is None:
             k = (a["in_c"] // a["groups"]) * a["size"] ** 2
@@ -130,6 +159,16 @@ class ConvBench:
             tensors.append(tres)
             res = View(tres, 0, o0.c)
             a["residual"] = res
+        # the layer it writes through, reading this bench's output and writing a tensor of its own
+        self.through: Optional[Node] = None
+        if written is not None:
+            tw = Tensor(3, written.output.c, written.output.h, written.output.w, "written")
+            tensors.append(tw)
+            self.through = Node(written.op, list(written.layers), [View(tout, 1, o0.c)],
+                                View(tw, 0, written.output.c), dict(written.attrs))
+            a["write_through"] = self.through
+        self.keeps = self.through is not None and bool(a.get("write_keeps"))
+        self._through_ms: Optional[float] = None
         self.node = Node("conv", list(node.layers), [View(tin, 0, x0.c)], View(tout, 1, o0.c), a, node.flops)
         offsets, total = {}, 0
         for t in tensors:
@@ -150,7 +189,11 @@ class ConvBench:
             r.astype(self.dtype).astype(np.float32)
         # float32 is plenty for a 1e-4 relative gate, and 5-10x faster to compare than float64
         self.ref = reference_conv(self.x, self.node, self.r).astype(np.float32) if reference else None
+        self.ref_through = reference_through(self.ref, self.through) \
+            if reference and self.through is not None else None
         self._out = np.empty(tout.size * batch, self.dtype)
+        self._out_through = np.empty(self.through.output.tensor.size * batch, self.dtype) \
+            if self.through is not None else None
         self._pristine = None
 
     def _upload(self) -> None:
@@ -169,21 +212,42 @@ class ConvBench:
         return family.bind(self.ctx, self.node, config)
 
     def check(self, launches: list) -> float:
-        """Run once on poisoned output memory; relative error vs NumPy (inf if it wrote outside its slice)."""
+        """Run once on poisoned output memory; relative error vs NumPy (inf if it wrote outside its
+        slice): of the conv's output, or of the layer it wrote through (and of its own output too
+        where it keeps that)."""
         self._upload()
         for l in launches:
             self.rt.cl.enqueue_nd_range_kernel(self.queue, l.kernel, l.gsize, l.lsize)
-        self.rt.cl.enqueue_copy(self.queue, self._out, self.arena, src_offset=self.offsets[1] * self.ctx.itemsize)
+        item = self.ctx.itemsize
+        self.rt.cl.enqueue_copy(self.queue, self._out, self.arena, src_offset=self.offsets[1] * item)
+        wrote = writes_through(launches)
+        if wrote:
+            self.rt.cl.enqueue_copy(self.queue, self._out_through, self.arena, src_offset=self.offsets[3] * item)
         self.queue.finish()
         t = self.tensors[1]
         out = self._out.astype(np.float32, copy=False).reshape(self.batch, t.c, t.h, t.w)
         if not (np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()):
             return math.inf
-        return rel_error(out[:, 1:-1], self.ref)
+        if not wrote:
+            return rel_error(out[:, 1:-1], self.ref)
+        w = self.through.output.tensor
+        err = rel_error(self._out_through.astype(np.float32, copy=False).reshape(self.batch, w.c, w.h, w.w),
+                        self.ref_through)
+        return max(err, rel_error(out[:, 1:-1], self.ref)) if self.keeps else err
 
     def time(self, launches: list, reps: int, clock: str = "events") -> float:
-        """Fastest of ``reps`` runs in milliseconds (``measure.time_launches``)."""
-        return measure.time_launches(self.rt, self.queue, launches, reps, clock)
+        """Fastest of ``reps`` runs in milliseconds (``measure.time_launches``), plus the launch of
+        the layer the conv writes through where these launches do not store it."""
+        ms = measure.time_launches(self.rt, self.queue, launches, reps, clock)
+        return ms if self.through is None or writes_through(launches) else ms + self.through_ms(reps, clock)
+
+    def through_ms(self, reps: int, clock: str = "events") -> float:
+        """The written-through layer's own launch time (measured once): what the network pays
+        for it after a conv that does not store it."""
+        if self._through_ms is None:
+            self._through_ms = measure.time_launches(self.rt, self.queue, bind_node(self.ctx, self.through),
+                                                     max(reps, 3), clock)
+        return self._through_ms
 
 
 # -- the tuner ------------------------------------------------------------------------------
@@ -445,8 +509,9 @@ def _worker_bind(device: str, node: Node, batch: int, precision: Precision, cfgs
 def _program_key(node: Node, batch: int, precision: Precision, mma: str = "") -> tuple:
     """What, besides the config, decides which programs binding a conv builds."""
     a = node.attrs
+    w = a.get("write_through")
     return (shape_key(node, batch), a.get("activation"), a.get("activation2"), a.get("residual") is not None,
-            precision.half, mma)
+            precision.half, mma, None if w is None else (w.op, w.output.h, w.output.w), a.get("write_keeps"))
 
 
 def device_spec(device) -> str:

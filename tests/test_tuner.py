@@ -285,6 +285,7 @@ def test_event_timing_discards_the_warm_up_and_waits_once():
     bench = object.__new__(tmod.ConvBench)
     bench.rt = types.SimpleNamespace(cl=cl, device=types.SimpleNamespace(max_compute_units=1))
     bench.queue = types.SimpleNamespace(finish=lambda: finishes.append(1))
+    bench.through = None                # a conv that writes through no layer
     launch = types.SimpleNamespace(kernel=None, gsize=(1,), lsize=None)
     # two launches a run: warm-up 1000 + 9000, then runs of 15000, 15500, 17000 ns
     assert bench.time([launch, launch], reps=3) == pytest.approx(0.015)
@@ -375,3 +376,49 @@ def test_no_shipped_tuning_switch(monkeypatch):
     assert any(p.name == "pocl-cpu.yaml" for p in dbm.shipped_db_paths())
     monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
     assert dbm.shipped_db_paths() == []
+
+
+# -- convs that write through a pool or upsample ------------------------------------------------
+def _through_node(op: str, c: int, h: int, w: int, **attrs):
+    """A bare max-pool/upsample node over a c x h x w input (shape and attrs only)."""
+    from yolo_cl.graph import Node, Tensor, View
+    if op == "upsample":
+        oh, ow = h * attrs["stride"], w * attrs["stride"]
+    else:
+        oh = (h + attrs["padding"] - attrs["size"]) // attrs["stride_y"] + 1
+        ow = (w + attrs["padding"] - attrs["size"]) // attrs["stride_x"] + 1
+    return Node(op, [1], [View(Tensor(0, c, h, w, "x"), 0, c)], View(Tensor(1, c, oh, ow, "y"), 0, c), attrs)
+
+
+@pytest.mark.parametrize("size,stride,padding", [(2, 2, 1), (2, 1, 1), (3, 1, 2), (3, 2, 1), (5, 1, 4), (3, 2, 3)])
+def test_the_written_pools_reference_is_darknets(size, stride, padding):
+    from np_darknet import Options, maxpool
+    x = np.random.default_rng(size * 10 + stride).standard_normal((2, 3, 9, 7)).astype(np.float32)
+    node = _through_node("maxpool", 3, 9, 7, size=size, stride_x=stride, stride_y=stride, padding=padding)
+    opts = Options(types.SimpleNamespace(options={"size": [str(size)], "stride": [str(stride)],
+                                                  "padding": [str(padding)]}))
+    assert np.array_equal(tmod.reference_through(x, node), maxpool(opts, x).astype(np.float32))
+    up = _through_node("upsample", 3, 9, 7, stride=2, scale=1.0)
+    assert np.array_equal(tmod.reference_through(x, up), x.repeat(2, 2).repeat(2, 3))
+
+
+POOLED = net_header(16, 16) + conv(16) + "\n[maxpool]\nsize=2\nstride=2\n"
+FUSED_CFG = {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "fused", "KB": 8, "KS": 1}
+IMPLICIT_CFG = {"family": "cpu", "algo": "implicit", "kernel": "nv", "TM": 4, "VW": 8, "NV": 2, "KU": 1, "WG": 0}
+
+
+def test_a_conv_that_writes_its_pool_is_checked_on_the_pool_and_others_pay_its_launch(rt, tmp_path, monkeypatch):
+    """The tuner benches a conv as the network runs it: the fused Winograd stores the 2x2 pool
+    after it (checked on the pooled values), the implicit GEMM cannot and is charged the pool's
+    own launch, which the network would run after it."""
+    node = conv_nodes(tmp_path / "pooled.cfg", POOLED)[0]
+    assert node.attrs["write_through"].op == "maxpool"
+    bench = tmod.ConvBench(rt, node, 1, FP32, rt.queue, seed=3)
+    fused, implicit = bench.bind(FUSED_CFG), bench.bind(IMPLICIT_CFG)
+    assert tmod.writes_through(fused) and not tmod.writes_through(implicit)
+    assert bench.check(fused) < 1e-5 and bench.check(implicit) < 1e-5
+    bench.ref_through = bench.ref_through + 1.0          # the pooled values are what a writer is checked on
+    assert bench.check(fused) > 0.1 and bench.check(implicit) < 1e-5
+    monkeypatch.setattr(tmod.measure, "time_launches", lambda rt, q, launches, reps, clock: float(len(launches)))
+    assert bench.time(fused, 1) == len(fused)
+    assert bench.time(implicit, 1) == len(implicit) + 1     # + the max-pool's one launch
