@@ -197,3 +197,29 @@ def test_cpu_winograd_writes_its_pool_by_default(rt, net, cpu_cfg, precision):
     a = default.run(blob)[0]
     np.testing.assert_array_equal(a, off.run(blob)[0])
     assert float(np.abs(a - ref).max() / np.abs(ref).max()) < (2e-2 if precision.half else 2e-4)   # F(4x4) in half
+
+
+def test_the_tuner_checks_what_a_writing_config_stores(rt, net):
+    """``tuner.ConvBench`` benches each marked conv as the network runs it: the tensor-core tile
+    that stores a pool (the last one keeping its own output for the route too) or the upsample is
+    checked on what it stores, and within the fp16 gate; a wrong pooled value would fail it."""
+    from yolo_cl import tuner
+    graph = graph_of(net[0], net[1])
+    tile = dict(MWG=16, NWG=32, KWG=16, WM=1, WN=2, ST=2, GA=2)
+    mma = gm.mode_for(rt, FP16)
+    q = rt.cl.CommandQueue(rt.context, rt.device)
+    stored = {}
+    for node in graph.nodes:
+        if node.attrs.get("write_through") is None:
+            continue
+        bench = tuner.ConvBench(rt, node, 2, FP16, q, seed=1, mma=mma)
+        cfg = mma_pick(tile)(node)
+        if cfg["algo"] != "implicit":
+            cfg.pop("GA")                   # the gather is the implicit GEMM's
+        launches = bench.bind(cfg)
+        assert tuner.writes_through(launches)
+        stored[node.layers[0]] = bench.keeps
+        assert bench.check(launches) < FP16.tolerance
+        bench.ref_through = -bench.ref_through
+        assert bench.check(launches) > 1.0
+    assert stored == {0: False, 2: False, 4: False, 6: False, 9: True}
