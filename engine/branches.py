@@ -3,9 +3,11 @@
 A multi-scale detector ends each scale but the last in a short branch: yolov3-tiny's 13x13
 head is two convs (layers 14 and 15) that nothing after them reads, while the network goes on
 to the 26x26 scale. On one in-order queue those convs run alone on a GPU that their small
-grids cannot fill, each paying the driver's per-launch floor. On a second queue they run while
-the next scale is computed (an H100 through NVIDIA's OpenCL: yolov3 416 fp16 1.52 -> 1.45 ms,
-BENCHMARKS.md, "Sixteenth GPU session").
+grids cannot fill. With ``YOLO_CL_BRANCHES=1`` (or ``Executor(branches=True)``) they run on a
+second queue while the next scale is computed. It is off by default: on an H100 through
+NVIDIA's OpenCL it gained 1-2% on yolov3 416 and lost 1-8% on yolov3-tiny, whose plan is short
+enough that the fork and join's extra commands (and its head read after the join instead of as
+soon as it is complete) cost more than the overlap saves (BENCHMARKS.md, "Sixteenth GPU session").
 
 ``side_branches`` finds, for every head but the one computed last, the nodes whose outputs only
 that head needs, and keeps a branch only where running it beside the rest is safe: whatever it
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from .graph import Graph, extra_reads, extra_writes
 
-ENV = "YOLO_CL_BRANCHES"        # "0": every launch on one queue; "1": side branches on any device
+ENV = "YOLO_CL_BRANCHES"        # "1": side branches on a second queue; unset or "0": one queue
 
 
 @dataclass(frozen=True)
@@ -41,16 +43,12 @@ class Branch:
         return reads, writes
 
 
-def wanted(rt, asked=None) -> bool:
-    """Whether an executor on ``rt`` runs side branches on a second queue: ``asked`` if given,
-    else ``YOLO_CL_BRANCHES`` if set, else on a GPU or accelerator (on a CPU device every
-    kernel already spreads over all cores, so a second queue only adds synchronisation)."""
+def wanted(asked=None) -> bool:
+    """Whether an executor runs side branches on a second queue: ``asked`` if given, else whether
+    ``YOLO_CL_BRANCHES`` is 1 (off by default, see above)."""
     if asked is not None:
         return bool(asked)
-    value = os.environ.get(ENV, "").strip()
-    if value in ("0", "1"):
-        return value == "1"
-    return not getattr(rt, "is_cpu", True)
+    return os.environ.get(ENV, "").strip() == "1"
 
 
 def _touches(node, fold: bool, write: bool) -> tuple:

@@ -68,8 +68,8 @@ class Executor:
         so those layers cost no launch; None: YOLO_CL_FOLD if set, else writing through everywhere
         (it costs nothing) and reading through on a GPU only (on a CPU device the redundant reads
         cost more than a launch). ``branches``: run each side branch (branches.py: the layers only
-        one head needs) on a second queue beside the rest; None: ``branches.wanted`` (GPUs, where
-        no command buffer records the plan)."""
+        one head needs) on a second queue beside the rest, where no command buffer records the
+        plan; None: ``YOLO_CL_BRANCHES=1`` (off by default: ``branches.wanted``)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
         asked = folding_default() if fold is None else fold
         write = asked is not False              # writing through costs no extra reads anywhere
@@ -77,7 +77,7 @@ class Executor:
         fold = not getattr(rt, "is_cpu", False) if asked is None else asked
         recorded = self._records(command_buffer)
         self.branches = side.side_branches(graph, fold, write) \
-            if side.wanted(rt, branches) and not recorded and len(graph.outputs) > 1 else []
+            if side.wanted(branches) and not recorded and len(graph.outputs) > 1 else []
         self.plan = plan_memory(graph, batch, fold, write, self.branches)
         item = precision.itemsize
         self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,

@@ -1,4 +1,5 @@
-"""Side branches (issues 14, 17): the layers only one head needs, on a second queue.
+"""Side branches (issues 14, 17): the layers only one head needs, on a second queue
+(``YOLO_CL_BRANCHES=1``; off by default).
 
 ``branches.side_branches`` finds them from the graph alone; the planner keeps what they touch
 apart from what runs beside them; the executor forks them onto a queue of their own and joins
@@ -183,16 +184,12 @@ def test_the_device_path_detects_the_same_on_two_queues(monkeypatch):
     assert found[0] and found[0] == found[1]
 
 
-def test_the_default_is_one_queue_on_a_cpu_and_the_variable_overrides(monkeypatch):
-    class Cpu:
-        is_cpu = True
-
-    class Gpu:
-        is_cpu = False
+def test_one_queue_unless_asked(monkeypatch):
     monkeypatch.delenv(branches.ENV, raising=False)
-    assert not branches.wanted(Cpu()) and branches.wanted(Gpu())
-    monkeypatch.setenv(branches.ENV, "0")
-    assert not branches.wanted(Gpu())
+    assert not branches.wanted() and branches.wanted(True)
     monkeypatch.setenv(branches.ENV, "1")
-    assert branches.wanted(Cpu())
-    assert not branches.wanted(Gpu(), False)
+    assert branches.wanted() and not branches.wanted(False)
+    monkeypatch.setenv(branches.ENV, "0")
+    assert not branches.wanted()
+    monkeypatch.delenv(branches.ENV)
+    assert not Detector("yolov3-tiny", input_size=SIZE).executor(1).branches
