@@ -21,6 +21,8 @@ For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the 
 ``--fold-compare`` times the plans with and without folding side by side (see ``fold_compare``).
 ``--lend-compare`` times ``Executor.run`` lending its head arrays against returning copies of them
 (the path before lending) side by side (see ``lend_compare``).
+``--branches-compare`` times one queue against side branches on a second one (``run`` from a pinned
+input, and ``detect`` of a 1280x720 ``frame_array`` frame at batch 1), see ``branches_compare``.
 ``--profile-detect`` adds where ``detect_batch`` spends its wall (cProfile's top functions by own
 time) and the floor of a synchronous call (the frames' copy into pinned memory, their DMA).
 ``--zoo`` counts launches per frame for the zoo networks at their cfg size, by kernel; ``--no-fold``
@@ -347,6 +349,42 @@ def fold_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     return row
 
 
+def branches_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
+    """One queue against side branches on a second one (``Detector(branches=False/True)``, one
+    process): whether the outputs and detections are equal, then ``Executor.run`` from each one's
+    ``input_array()`` and (batch 1) ``detect`` of a 1280x720 ``frame_array`` frame, the two taking
+    turns of 100 calls ``reps`` times (``interleaved_ms``)."""
+    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
+    size, batch = int(size), int(batch)
+    cfg, wts = model_files(name, tmp)
+    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
+    dets = {k: Detector(cfg, wts, input_size=size, precision=precision, branches=k == "two") for k in ("one", "two")}
+    exs = {k: d.executor(batch) for k, d in dets.items()}
+    row["device"] = dets["one"].runtime.device_name
+    row["side_layers"] = exs["two"].side_layers
+    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
+    ins = {k: ex.input_array() for k, ex in exs.items()}
+    for k in ins:
+        ins[k][...] = blob
+    outs = {k: [o.copy() for o in ex.run(ins[k])] for k, ex in exs.items()}
+    row["equal"] = all(np.array_equal(a, b) for a, b in zip(outs["one"], outs["two"]))
+    runs = interleaved_ms([lambda k=k: exs[k].run(ins[k]) for k in exs], reps, 100)
+    row["run_ms"] = dict(zip(exs, runs))
+    text = f"run {runs[0]:.4f} / {runs[1]:.4f} ms"
+    if batch == 1:
+        frames = {k: d.frame_array(720, 1280) for k, d in dets.items()}
+        for f in frames.values():
+            f[...] = frame_1280x720()
+        found = {k: [(x.class_id, x.confidence, x.box) for x in dets[k].detect(frames[k])] for k in dets}
+        row["equal"] = row["equal"] and found["one"] == found["two"]
+        detects = interleaved_ms([lambda k=k: dets[k].detect(frames[k]) for k in dets], reps, 100)
+        row["detect_ms"] = dict(zip(dets, detects))
+        text += f", detect {detects[0]:.4f} / {detects[1]:.4f} ms"
+    log(f"{name} {size} b{batch} {precision}, one queue / two (layers {', '.join(row['side_layers']) or 'none'} "
+        f"on the second): {text}; outputs equal: {row['equal']}")
+    return row
+
+
 def lend_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     """``Executor.run`` returning the arrays it read the heads into (``lend``) against one whose
     pool holds no set (``hostsets.CAP = 0`` when its pool is made), so it reads into a spare set
@@ -478,6 +516,8 @@ def main() -> None:
                     "folding side by side (launches, device, run wall and process CPU, host overhead), then exit")
     ap.add_argument("--lend-compare", default="", help="MODEL:SIZE:BATCH,...: time run lending its head arrays "
                     "against returning copies, side by side (wall, process CPU, steps), then exit")
+    ap.add_argument("--branches-compare", default="", help="MODEL:SIZE:BATCH,...: time one queue against side "
+                    "branches on a second one (run from a pinned input, detect of a frame_array frame), then exit")
     ap.add_argument("--no-fold", action="store_true", help="plans without folded maxpool/upsample reads "
                     "(sets YOLO_CL_FOLD=0: the launch counts and host times before the folding)")
     ap.add_argument("--profile-detect", action="store_true", help="also profile detect_batch (cProfile) and time "
@@ -496,7 +536,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-host-") as td:
         tmp = Path(td)
         compares = [(key, fn, specs) for key, fn, specs in (("fold_compare", fold_compare, args.fold_compare),
-                                                            ("lend_compare", lend_compare, args.lend_compare)) if specs]
+                                                            ("lend_compare", lend_compare, args.lend_compare),
+                                                            ("branches_compare", branches_compare,
+                                                             args.branches_compare)) if specs]
         for key, fn, specs in compares:
             data[key] = []
             for prec in args.precision.split(","):
