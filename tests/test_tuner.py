@@ -422,3 +422,17 @@ def test_a_conv_that_writes_its_pool_is_checked_on_the_pool_and_others_pay_its_l
     monkeypatch.setattr(tmod.measure, "time_launches", lambda rt, q, launches, reps, clock: float(len(launches)))
     assert bench.time(fused, 1) == len(fused)
     assert bench.time(implicit, 1) == len(implicit) + 1     # + the max-pool's one launch
+
+
+def test_a_written_layer_that_cannot_be_timed_is_not_charged(rt, tmp_path, monkeypatch, caplog):
+    node = conv_nodes(tmp_path / "pooled.cfg", POOLED)[0]
+    bench = tmod.ConvBench(rt, node, 1, FP32, rt.queue, seed=3)
+    implicit = bench.bind(IMPLICIT_CFG)
+
+    def refuse(ctx, n):
+        raise tmod.YoloClError("no kernel for it here")
+    monkeypatch.setattr(tmod, "bind_node", refuse)
+    monkeypatch.setattr(tmod.measure, "time_launches", lambda rt, q, launches, reps, clock: float(len(launches)))
+    with caplog.at_level(logging.WARNING, logger="yolo_cl.tuner"):
+        assert bench.time(implicit, 1) == len(implicit)
+    assert "cannot time the maxpool it writes through (no kernel for it here)" in caplog.text
