@@ -7,7 +7,8 @@ video files, cameras and stream URLs are handed to :mod:`yolo_cl.video`. ``info`
 the fused graph and its memory plan without touching a device; ``devices`` lists the
 OpenCL devices. Every yolo-cl error ends the command with one ``yolo-cl: error:`` line
 and exit status 2; a partly failed ``detect`` (some images unreadable) exits with 1; Ctrl-C
-ends the whole run with 130, its finished outputs in place. Output paths are checked before
+ends the whole run with 130, its finished outputs in place, and SIGTERM likewise with 143
+(yolo_cl.stopping). Output paths are checked before
 any input is read; third-party warnings reach stderr only with ``--verbose``.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from . import stopping
 from .darknet_json import darknet_box as _darknet_box, group_by_box, json_frame
 from .errors import DeviceError, ImageError, LimitError, YoloClError
 from .precision import PRECISIONS, precision_named
@@ -243,7 +245,8 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 some inputs failed, 2 error, 130 interrupted)."""
+    """Run the command line; returns the exit status (0 ok, 1 some inputs failed, 2 error, 130 interrupted
+    by Ctrl-C, 143 by SIGTERM)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -255,15 +258,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (AttributeError, ValueError):
             pass
     from .noise import routed
+    stopping.reset()
     try:
-        with routed(getattr(args, "verbose", False)), warnings.catch_warnings():
+        with routed(getattr(args, "verbose", False)), warnings.catch_warnings(), stopping.sigterm_as_interrupt():
             warnings.filterwarnings("ignore", message="Non-empty compiler output")
             return args.func(args)
     except YoloClError as e:
         _error(str(e))
         return 2
     except KeyboardInterrupt:
-        return 130
+        return stopping.status()
     except BrokenPipeError:          # e.g. `yolo-cl detect ... | head`
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -450,7 +454,7 @@ def cmd_detect(args) -> int:
     except KeyboardInterrupt:        # Ctrl-C between frames or images: what is done stays done
         if args.json:
             print(json.dumps(frames, indent=1, allow_nan=False))
-        return 130
+        return stopping.status()
 
 
 def _detect(args, out_file: Optional[Path], frames: list) -> int:
@@ -515,7 +519,7 @@ def _detect(args, out_file: Optional[Path], frames: list) -> int:
         flush_images()
         video = out_names.path_for(src, VIDEO_OUT_EXTS, ".mp4") if out_names is not None else out_file
         rc = _run_stream(detector, src, argparse.Namespace(**{**vars(args), "out": video}))
-        if rc == 130:                # Ctrl-C ends the whole run, not only this source
+        if rc in stopping.STATUSES:  # Ctrl-C (or SIGTERM) ends the whole run, not only this source
             raise KeyboardInterrupt
         failures += rc
     flush_images()
@@ -526,7 +530,7 @@ def _detect(args, out_file: Optional[Path], frames: list) -> int:
 
 def _run_stream(detector, source: str, args) -> int:
     """Hand a video/camera/URL source to yolo_cl.video; returns the number of failures (0 or 1), or 130
-    after Ctrl-C.
+    after Ctrl-C (143 after SIGTERM).
 
     There ``args.out`` is the annotated video's file (in the --out folder), not the folder.
     """
@@ -541,8 +545,8 @@ def _run_stream(detector, source: str, args) -> int:
     except ImageError as e:          # this source cannot be opened: report it, go on with the others
         _error(str(e))
         return 1
-    if rc == 130:
-        return 130
+    if rc in stopping.STATUSES:
+        return rc
     return 1 if isinstance(rc, int) and not isinstance(rc, bool) and rc != 0 else 0
 
 
@@ -764,7 +768,7 @@ def cmd_map(args) -> int:
         print(json.dumps(result.as_dict(), indent=1, allow_nan=False))
     else:
         print(format_report(result))
-    return 130 if interrupted else 0
+    return stopping.status() if interrupted else 0
 
 
 def cmd_valid(args) -> int:
@@ -779,7 +783,7 @@ def cmd_valid(args) -> int:
         coco_detections(path, dets, img.shape[1], img.shape[0], spec.classes)))
     if interrupted:
         print(f"yolo-cl: interrupted after {done} images; {display(out)} not written", file=sys.stderr)
-        return 130
+        return stopping.status()
     write_file(out, json.dumps(entries, allow_nan=False).encode(), "results file")
     print(f"{display(out)}: {len(entries)} detections in {done} images", file=sys.stderr)
     return 0
@@ -932,7 +936,7 @@ def cmd_detect_fleet(args) -> int:
     print(f"total: {frames} frames from {len(fleet.streams)} sources on {len(specs)} device(s), "
           f"{frames / secs if secs > 0 else 0.0:.1f} fps", file=sys.stderr)
     if interrupted:
-        return 130
+        return stopping.status()
     return 1 if failures else 0
 
 

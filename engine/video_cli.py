@@ -17,6 +17,7 @@ from typing import Optional
 
 import cv2
 
+from . import stopping
 from .userfiles import display, escape
 from .video import OutputStages, Pipeline, StreamStats, open_source, tracker_for
 from .writers import OutputSink
@@ -61,20 +62,23 @@ def _display_available() -> bool:
 
 
 class _Interrupt:
-    """While active, SIGINT sets a flag and calls ``on_hit`` (the run then finishes its files)
-    instead of raising; a second SIGINT raises KeyboardInterrupt. Only on the main thread."""
+    """While active, SIGINT or SIGTERM sets a flag and calls ``on_hit`` (the run then finishes its
+    files) instead of raising; a second one raises KeyboardInterrupt. Only on the main thread."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, on_hit=None) -> None:
         self.hit = False
         self.on_hit = on_hit
-        self._old = None
+        self._old: dict = {}
 
     def __enter__(self) -> "_Interrupt":
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handle)
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame) -> None:
+        stopping.note(signum)
         if self.hit:
             raise KeyboardInterrupt
         self.hit = True
@@ -82,12 +86,12 @@ class _Interrupt:
             self.on_hit()
 
     def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for s, old in self._old.items():
+            signal.signal(s, old)
 
 
 def run_detect_stream(detector, source, args) -> int:
-    """The CLI's video/camera/URL path. Returns the exit status (0, or 130 after Ctrl-C).
+    """The CLI's video/camera/URL path. Returns the exit status (0, or 130 after Ctrl-C, 143 after SIGTERM).
 
     ``args`` attributes (all optional): out (annotated video), jsonl (one JSON line per
     frame), show, batch, live, reconnect, backoff, thresh, nms, quiet, track, track_age.
@@ -173,4 +177,4 @@ def run_detect_stream(detector, source, args) -> int:
         print("\n".join(escape(line) for line in pipe.stats.format().splitlines()), file=sys.stderr)
         for path in written:
             print(f"wrote {display(path)}", file=sys.stderr)
-    return 130 if interrupted else 0
+    return stopping.status() if interrupted else 0

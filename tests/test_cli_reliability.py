@@ -237,7 +237,13 @@ def long_clip(tmp_path_factory) -> Path:
     return path
 
 
-def test_sigint_ends_every_source_with_130_and_finished_outputs(model, long_clip, tmp_path):
+STOPS = [pytest.param(signal.SIGINT, 130, id="SIGINT"), pytest.param(signal.SIGTERM, 143, id="SIGTERM")]
+
+
+@pytest.mark.parametrize("sig,status", STOPS)
+def test_a_stop_signal_ends_every_source_with_finished_outputs(model, long_clip, tmp_path, sig, status):
+    """Ctrl-C (130) or SIGTERM (143: kill, timeout, a container stopping) during a video: the frames
+    done are in a playable file and the sources after it never start."""
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(long_clip), str(CLIP), *model,
                              "--thresh", "0.6", "--out", str(out)],
@@ -247,15 +253,17 @@ def test_sigint_ends_every_source_with_130_and_finished_outputs(model, long_clip
         parts = list(out.glob(".long.mp4.*")) if out.is_dir() else []
         return bool(parts) and parts[0].stat().st_size > 20000
 
-    lines = interrupt_when(proc, started).decode().splitlines()
-    assert proc.returncode == 130, lines
+    lines = interrupt_when(proc, started, sig=sig).decode().splitlines()
+    assert proc.returncode == status, lines
     assert not any("Traceback" in l or "error" in l for l in lines), lines
     assert sorted(q.name for q in out.iterdir()) == ["long.mp4"]     # the second source never started
     assert 0 < video_frames(out / "long.mp4") < 6 * CLIP_FRAMES
 
 
-def test_sigint_during_images_ends_with_130_complete_files_and_json(model, tmp_path):
-    """Ctrl-C among many images: exit 130, the JSON of the images done, only complete annotated files."""
+@pytest.mark.parametrize("sig,status", STOPS)
+def test_a_stop_signal_during_images_leaves_complete_files_and_json(model, tmp_path, sig, status):
+    """Ctrl-C (130) or SIGTERM (143) among many images: the JSON of the images done, only complete
+    annotated files."""
     src, out = tmp_path / "in", tmp_path / "out"
     src.mkdir()
     for k in range(1000):
@@ -267,12 +275,12 @@ def test_sigint_during_images_ends_with_130_complete_files_and_json(model, tmp_p
         while time.monotonic() < deadline and proc.poll() is None and len(list(out.glob("img*.jpg"))) < 5:
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         stdout, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err.decode()
+    assert proc.returncode == status, err.decode()
     assert not any("Traceback" in l for l in err.decode().splitlines())
     frames = json.loads(stdout)
     written = sorted(out.iterdir())
@@ -420,3 +428,22 @@ def test_third_party_warnings_only_with_verbose(model, tmp_path):
     assert len(err_lines(p)) == 1, err_lines(p)
     p = cli("detect", bad, *model[:4], "--verbose")
     assert p.returncode == 1 and any("libpng" in l for l in err_lines(p)), err_lines(p)
+
+
+def test_sigterm_is_ended_as_ctrl_c_with_status_143():
+    """``stopping.sigterm_as_interrupt``: SIGTERM raises KeyboardInterrupt (what every command's
+    Ctrl-C path handles) and the status becomes 143; the previous handler comes back after."""
+    from yolo_cl import stopping
+    before = signal.getsignal(signal.SIGTERM)
+    stopping.reset()
+    assert stopping.status() == 130
+    with pytest.raises(KeyboardInterrupt):
+        with stopping.sigterm_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    assert stopping.status() == 143
+    assert signal.getsignal(signal.SIGTERM) is before
+    stopping.note(signal.SIGINT)            # the first signal decides
+    assert stopping.status() == 143
+    stopping.reset()
+    assert stopping.status() == 130

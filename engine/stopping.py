@@ -1,0 +1,53 @@
+"""How a command was asked to stop before its work was done, and the status it then ends with.
+
+Ctrl-C (SIGINT) ends a run with 130, its finished outputs in place. SIGTERM (``kill``,
+``timeout``, a service manager or a container stopping) is handled the same way and ends with
+143, as a shell reports a process ended by that signal: without a handler, Python dies at once
+and leaves its outputs' hidden temp files behind. The first of the two to arrive decides the
+status; the commands' ``except KeyboardInterrupt`` paths ask :func:`status` for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+INTERRUPTED, TERMINATED = 130, 143
+STATUSES = (INTERRUPTED, TERMINATED)
+_first: list = []               # the first stop signal this command received
+
+
+def reset() -> None:
+    """Forget the signals of an earlier command in this process."""
+    _first.clear()
+
+
+def note(signum: int) -> None:
+    """Record a stop signal (only the first counts)."""
+    if not _first:
+        _first.append(signum)
+
+
+def status() -> int:
+    """The exit status of a stopped command: 143 if SIGTERM stopped it first, else 130."""
+    return TERMINATED if _first and _first[0] == signal.SIGTERM else INTERRUPTED
+
+
+def _terminate(signum, frame) -> None:
+    note(signum)
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While active (on the main thread only, where Python runs signal handlers), SIGTERM raises
+    KeyboardInterrupt as Ctrl-C does, after noting it; the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
