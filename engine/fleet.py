@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from . import stopping
 from .darknet_json import json_frame
 from .errors import YoloClError
 from .executor import batch_bucket
@@ -803,13 +804,12 @@ def _figures(run: StreamRun, final: bool) -> dict:
 
 def _device_main(detector_opts: dict, spec, k: int, plan: list, interval: float, conn) -> None:
     """A ProcessFleet's device process: one Detector, a Fleet running ``plan``'s streams, figures
-    to ``conn`` every ``interval`` s and once at the end (also after Ctrl-C)."""
-    import signal
+    to ``conn`` every ``interval`` s and once at the end (also after Ctrl-C or SIGTERM)."""
     from .detector import Detector
     from .noise import routed
     fleet = None
     runs: dict = {}
-    with routed(False):
+    with routed(False), stopping.interrupted_once():     # Ctrl-C or SIGTERM, from the group and the parent
         try:
             try:
                 det = Detector(**detector_opts, device=spec)
@@ -827,7 +827,7 @@ def _device_main(detector_opts: dict, spec, k: int, plan: list, interval: float,
                                           "written": []} for sid, *_ in plan}))
                 return
             finally:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)      # a Ctrl-C now must not cut the outputs short
+                stopping.ignore_stops()         # a Ctrl-C or SIGTERM now must not cut the outputs short
                 if fleet is not None:
                     fleet.close()
             conn.send(("done", {sid: _figures(r, True) for sid, r in runs.items()}))

@@ -39,6 +39,43 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _ignore(signum, frame) -> None:
+    note(signum)
+
+
+def ignore_stops() -> None:
+    """From now on SIGINT and SIGTERM do nothing (main thread only). A Python handler that does
+    nothing, not SIG_IGN: a signal already on its way when the handler changes then runs it,
+    where with SIG_IGN Python would print that it ignored the signal "due to race condition"."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _ignore)
+
+
+def _stop_once(signum, frame) -> None:
+    note(signum)
+    ignore_stops()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupted_once() -> Iterator[None]:
+    """For a worker process that stops gracefully on its first stop signal: while active (main
+    thread only), the first SIGINT or SIGTERM raises KeyboardInterrupt and every later one is
+    ignored. A ``docker stop`` or a terminal's Ctrl-C reaches the whole process group and the
+    parent passes the stop on as well, so a worker gets two signals at once; a second
+    KeyboardInterrupt raised while the first is being handled (inside a lock's release, say)
+    would cut its outputs short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, _stop_once) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """While active (on the main thread only, where Python runs signal handlers), SIGTERM raises

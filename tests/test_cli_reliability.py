@@ -447,3 +447,33 @@ def test_sigterm_is_ended_as_ctrl_c_with_status_143():
     assert stopping.status() == 143
     stopping.reset()
     assert stopping.status() == 130
+
+
+def test_sigterm_to_the_whole_group_finishes_every_device_processs_video(model, long_clip, tmp_path):
+    """A service manager or ``docker stop`` sends SIGTERM to every process of the group: with one
+    process per device, each finishes the video it was writing (playable, the frames done), and
+    the run ends with 143 without a hidden temp file."""
+    second = tmp_path / "second.mp4"
+    second.symlink_to(long_clip)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "yolo_cl", "detect", str(long_clip), str(second), *model,
+                             "--thresh", "0.6", "--devices", "0,0", "--device-processes", "--out", str(out)],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            parts = list(out.glob(".*.part*")) if out.is_dir() else []
+            if len(parts) == 2 and all(p.stat().st_size > 20000 for p in parts):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err, err
+    videos = sorted(out.iterdir())
+    assert [p.stem for p in videos] == ["long", "second"], videos      # no temp file left
+    assert all(0 < video_frames(p) < 6 * CLIP_FRAMES for p in videos)
