@@ -58,17 +58,13 @@ def _stop_once(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def interrupted_once() -> Iterator[None]:
-    """For a worker process that stops gracefully on its first stop signal: while active (main
-    thread only), the first SIGINT or SIGTERM raises KeyboardInterrupt and every later one is
-    ignored. A ``docker stop`` or a terminal's Ctrl-C reaches the whole process group and the
-    parent passes the stop on as well, so a worker gets two signals at once; a second
-    KeyboardInterrupt raised while the first is being handled (inside a lock's release, say)
-    would cut its outputs short."""
+def _handling(handler, signals: tuple) -> Iterator[None]:
+    """``handler`` for ``signals`` while active, the previous handlers after; only on the main
+    thread (where Python runs signal handlers; elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {s: signal.signal(s, _stop_once) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, handler) for s in signals}
     try:
         yield
     finally:
@@ -76,15 +72,15 @@ def interrupted_once() -> Iterator[None]:
             signal.signal(s, h)
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """While active (on the main thread only, where Python runs signal handlers), SIGTERM raises
-    KeyboardInterrupt as Ctrl-C does, after noting it; the previous handler comes back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+def interrupted_once() -> "contextlib.AbstractContextManager[None]":
+    """For a worker process that stops gracefully on its first stop signal: while active, the
+    first SIGINT or SIGTERM raises KeyboardInterrupt and every later one is ignored. A ``docker
+    stop`` or a terminal's Ctrl-C reaches the whole process group and the parent passes the stop
+    on as well, so a worker gets two signals at once; a second KeyboardInterrupt raised while the
+    first is being handled (inside a lock's release, say) would cut its outputs short."""
+    return _handling(_stop_once, (signal.SIGINT, signal.SIGTERM))
+
+
+def sigterm_as_interrupt() -> "contextlib.AbstractContextManager[None]":
+    """While active, SIGTERM raises KeyboardInterrupt as Ctrl-C does, after noting it."""
+    return _handling(_terminate, (signal.SIGTERM,))
