@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .graph import Graph, extra_reads, extra_writes
+from .graph import Graph, reads, writes
 
 ENV = "YOLO_CL_BRANCHES"        # "1": side branches on a second queue; unset or "0": one queue
 
@@ -35,12 +35,12 @@ class Branch:
 
     def reads_writes(self, graph: Graph, fold: bool, write: bool) -> tuple:
         """(tensor ids the branch reads, tensor ids it writes)."""
-        reads, writes = set(), set()
+        read, written = set(), set()
         for i in self.nodes:
             r, w = _touches(graph.nodes[i], fold, write)
-            reads |= r
-            writes |= w
-        return reads, writes
+            read |= r
+            written |= w
+        return read, written
 
 
 def wanted(asked=None) -> bool:
@@ -53,10 +53,7 @@ def wanted(asked=None) -> bool:
 
 def _touches(node, fold: bool, write: bool) -> tuple:
     """(tensor ids ``node`` reads, tensor ids it writes), folded producers and written layers included."""
-    reads = [*node.inputs, *([node.attrs["residual"]] if node.attrs.get("residual") is not None else []),
-             *(extra_reads(node) if fold else [])]
-    writes = [node.output, *(extra_writes(node) if write else [])]
-    return {v.tensor.id for v in reads}, {v.tensor.id for v in writes}
+    return {v.tensor.id for v in reads(node, fold)}, {v.tensor.id for v in writes(node, write)}
 
 
 def side_branches(graph: Graph, fold: bool = True, write: bool = True) -> list:
@@ -101,13 +98,13 @@ def _grow(head: int, touches: list, readers: dict, writers: dict, returned: set)
 def _safe(b: Branch, touches: list, n: int) -> bool:
     """Whether ``b`` can run beside the nodes after its fork: what it reads is written before the
     fork or by itself, and no later node outside it touches what it writes or writes what it reads."""
-    reads = set().union(*(touches[i][0] for i in b.nodes))
-    writes = set().union(*(touches[i][1] for i in b.nodes))
+    read = set().union(*(touches[i][0] for i in b.nodes))
+    written = set().union(*(touches[i][1] for i in b.nodes))
     later = [i for i in range(b.fork + 1, n) if i not in b.nodes]
     if not later:
         return False                # nothing to run beside
     for i in later:
         r, w = touches[i]
-        if r & writes or w & writes or w & reads:
+        if r & written or w & written or w & read:
             return False
     return True

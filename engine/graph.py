@@ -390,10 +390,7 @@ def _readers(graph: Graph) -> dict:
     """tensor id -> (node, view) of every read of it (inputs and fused shortcut inputs)."""
     out: dict = {}
     for node in graph.nodes:
-        views = list(node.inputs)
-        if node.attrs.get("residual") is not None:
-            views.append(node.attrs["residual"])
-        for v in views:
+        for v in reads(node, fold=False):
             out.setdefault(v.tensor.id, []).append((node, v))
     return out
 
@@ -448,6 +445,13 @@ def extra_reads(node: Node) -> list:
     return [v for p in node.attrs.get("read_through") or () for v in p.inputs]
 
 
+def reads(node: Node, fold: bool = True) -> list:
+    """Every view ``node`` reads: its inputs, a fused shortcut's input and, where ``fold``, the
+    inputs of the producers it reads through (the planner's and the side branches' one rule)."""
+    res = node.attrs.get("residual")
+    return [*node.inputs, *([res] if res is not None else []), *(extra_reads(node) if fold else [])]
+
+
 # -- layers a conv's epilogue writes instead of its own output -------------------------------
 def pool_2x2(node: Node) -> bool:
     """A 2x2 stride-2 max-pool whose windows tile its input exactly (even sides, no offset)."""
@@ -498,6 +502,11 @@ def extra_writes(node: Node) -> list:
     """Views a node may write beyond its output because of a layer it writes through (for the planner)."""
     w = node.attrs.get("write_through")
     return [w.output] if w is not None else []
+
+
+def writes(node: Node, write: bool = True) -> list:
+    """Every view ``node`` may write: its output and, where ``write``, the layer it writes through."""
+    return [node.output, *(extra_writes(node) if write else [])]
 
 
 def _same(a: View, b: View) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .graph import Graph, extra_reads, extra_writes
+from .graph import Graph, reads, writes
 
 ALIGN = 64   # elements: 256-byte aligned offsets suit every vector width
 
@@ -42,19 +42,17 @@ def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None, bra
     end = len(graph.nodes)
     life: dict = {graph.input.id: [-1, -1]}
     for step, node in enumerate(graph.nodes):
-        for v in node.inputs + ([node.attrs["residual"]] if node.attrs.get("residual") is not None else []) \
-                + (extra_reads(node) if fold else []):
-            t = v.tensor.id
-            life.setdefault(t, [step, step])[1] = step
-        for v in [node.output] + (extra_writes(node) if write else []):
+        for v in reads(node, fold):
+            life.setdefault(v.tensor.id, [step, step])[1] = step
+        for v in writes(node, write):
             span = life.setdefault(v.tensor.id, [step, step])
             span[0] = min(span[0], step)
             span[1] = max(span[1], step)
     for v in graph.outputs:
         life.setdefault(v.tensor.id, [-1, end])[1] = end
     for b in branches:
-        reads, writes = b.reads_writes(graph, fold, write)
-        for t in reads | writes:
+        read, written = b.reads_writes(graph, fold, write)
+        for t in read | written:
             span = life[t]
             span[0], span[1] = min(span[0], b.fork), end
     return {k: tuple(v) for k, v in life.items()}
