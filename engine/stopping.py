@@ -15,6 +15,7 @@ from typing import Iterator
 
 INTERRUPTED, TERMINATED = 130, 143
 STATUSES = (INTERRUPTED, TERMINATED)
+SIGNALS = (signal.SIGINT, signal.SIGTERM)      # the stop signals
 _first: list = []               # the first stop signal this command received
 
 
@@ -47,7 +48,7 @@ def ignore_stops() -> None:
     """From now on SIGINT and SIGTERM do nothing (main thread only). A Python handler that does
     nothing, not SIG_IGN: a signal already on its way when the handler changes then runs it,
     where with SIG_IGN Python would print that it ignored the signal "due to race condition"."""
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in SIGNALS:
         signal.signal(s, _ignore)
 
 
@@ -58,7 +59,7 @@ def _stop_once(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def _handling(handler, signals: tuple) -> Iterator[None]:
+def handling(handler, signals: tuple = SIGNALS) -> Iterator[None]:
     """``handler`` for ``signals`` while active, the previous handlers after; only on the main
     thread (where Python runs signal handlers; elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
@@ -78,9 +79,9 @@ def interrupted_once() -> "contextlib.AbstractContextManager[None]":
     stop`` or a terminal's Ctrl-C reaches the whole process group and the parent passes the stop
     on as well, so a worker gets two signals at once; a second KeyboardInterrupt raised while the
     first is being handled (inside a lock's release, say) would cut its outputs short."""
-    return _handling(_stop_once, (signal.SIGINT, signal.SIGTERM))
+    return handling(_stop_once)
 
 
 def sigterm_as_interrupt() -> "contextlib.AbstractContextManager[None]":
     """While active, SIGTERM raises KeyboardInterrupt as Ctrl-C does, after noting it."""
-    return _handling(_terminate, (signal.SIGTERM,))
+    return handling(_terminate, (signal.SIGTERM,))

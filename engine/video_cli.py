@@ -9,9 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
 import sys
-import threading
 import time
 from typing import Optional
 
@@ -62,32 +60,21 @@ def _display_available() -> bool:
 
 
 class _Interrupt:
-    """While active, SIGINT or SIGTERM sets a flag and calls ``on_hit`` (the run then finishes its
-    files) instead of raising; a second one raises KeyboardInterrupt. Only on the main thread."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    """The video path's stop signals (``handle`` installed by ``stopping.handling``): the first
+    SIGINT or SIGTERM sets ``hit`` and calls ``on_hit`` (the run then finishes its files) instead
+    of raising; a second one raises KeyboardInterrupt."""
 
     def __init__(self, on_hit=None) -> None:
         self.hit = False
         self.on_hit = on_hit
-        self._old: dict = {}
 
-    def __enter__(self) -> "_Interrupt":
-        if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def _handle(self, signum, frame) -> None:
+    def handle(self, signum, frame) -> None:
         stopping.note(signum)
         if self.hit:
             raise KeyboardInterrupt
         self.hit = True
         if self.on_hit is not None:
             self.on_hit()
-
-    def __exit__(self, *exc) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
 
 
 def run_detect_stream(detector, source, args) -> int:
@@ -125,7 +112,8 @@ def run_detect_stream(detector, source, args) -> int:
     # Without a window, drawing and writing run in their own threads (--show draws here: the
     # window belongs to this thread).
     outputs = None if show else OutputStages(sink.write, names, sink.wants_drawing, out_times)
-    with _Interrupt(pipe.interrupt) as interrupt:     # also covers finishing the files
+    interrupt = _Interrupt(pipe.interrupt)
+    with stopping.handling(interrupt.handle):        # also covers finishing the files
         ok = False
         try:
             for r in pipe:
