@@ -122,7 +122,7 @@ class Executor:
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
         self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
-        self.command_buffer = self._record(command_buffer)
+        self.command_buffer = self._record(command_buffer) if recorded else None
         # how _launch enqueues the plan (launch.py): side branches' launches on a queue of their own
         flags = [id(l.node) in self._on_side for l in self.launches]
         self._side_queue = rt.cl.CommandQueue(rt.context, rt.device) if any(flags) else None
@@ -189,8 +189,8 @@ class Executor:
                                 and cmdbuf.supported(device))
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
-        if not self._records(wanted):
-            return None
+        """The plan recorded into a command buffer (where ``_records`` said so); None where the
+        device lists the extension but cannot record it, unless ``wanted`` requires one."""
         try:
             return cmdbuf.CommandBuffer(self.rt.queue, self.launches)
         except DeviceError:
