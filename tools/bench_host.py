@@ -159,13 +159,19 @@ def frame_1280x720(seed: int = 0) -> np.ndarray:
     return cv2.resize(img, (1280, 720))
 
 
-def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = (),
-                profile_detect: bool = False, detect_block: int = 10) -> tuple:
+def model_spec(spec: str, precision: str, tmp: Path) -> tuple:
+    """(name, size, batch, cfg, weights, row) of a MODEL:SIZE:BATCH spec (size 416 and batch 1 by
+    default); ``row`` starts the figures reported for it."""
     name, size, batch = (spec.split(":") + ["416", "1"])[:3]
     size, batch = int(size), int(batch)
     cfg, wts = model_files(name, tmp)
+    return name, size, batch, cfg, wts, {"model": name, "size": size, "batch": batch, "precision": precision}
+
+
+def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = (),
+                profile_detect: bool = False, detect_block: int = 10) -> tuple:
+    name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
     shipped = resolve(name)[1] is not None
-    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
     prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True,
                     device_preprocess=False, device_decode=False)
     pex = prof.executor(batch)
@@ -311,11 +317,8 @@ def fold_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     launches by kind, device time (from profiled runtimes) and ``Executor.run`` wall and process CPU
     time (default queue), the four runs called in turn each repetition, so a machine whose load
     changes treats both plans alike."""
-    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
-    size, batch = int(size), int(batch)
-    cfg, wts = model_files(name, tmp)
+    name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
     blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
-    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
     exs, pexs, keep = {}, {}, []
     for fold in (False, None):
         key = "no_fold" if fold is False else "fold"
@@ -354,10 +357,7 @@ def branches_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     process): whether the outputs and detections are equal, then ``Executor.run`` from each one's
     ``input_array()`` and (batch 1) ``detect`` of a 1280x720 ``frame_array`` frame, the two taking
     turns of 100 calls ``reps`` times (``interleaved_ms``)."""
-    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
-    size, batch = int(size), int(batch)
-    cfg, wts = model_files(name, tmp)
-    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
+    name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
     dets = {k: Detector(cfg, wts, input_size=size, precision=precision, branches=k == "two") for k in ("one", "two")}
     exs = {k: d.executor(batch) for k, d in dets.items()}
     row["device"] = dets["one"].runtime.device_name
@@ -391,11 +391,8 @@ def lend_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     and returns copies (``copy``: the path before lending); one Detector each, called in turn
     every repetition (a machine whose load changes treats both alike): wall and process CPU ms,
     and ``run_steps`` of each."""
-    name, size, batch = (spec.split(":") + ["416", "1"])[:3]
-    size, batch = int(size), int(batch)
-    cfg, wts = model_files(name, tmp)
+    name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
     blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
-    row: dict = {"model": name, "size": size, "batch": batch, "precision": precision}
     exs, keep = {}, []
     for key in ("lend", "copy"):
         det = Detector(cfg, wts, input_size=size, precision=precision)
