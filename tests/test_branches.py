@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tiny_cfgs import conv, net_header, route, yolo
 from tiny_graphs import graph_of, write_model
 from yolo_cl import Detector, branches
 from yolo_cl.executor import Executor
@@ -18,58 +19,10 @@ from yolo_cl.planner import lifetimes, plan_memory
 
 SIZE = 128
 
-# Two heads; the first head's conv output is also routed into the second scale, so the first
-# head's branch is only its last conv.
-SHARED_HEAD = """[net]
-width=64
-height=64
-channels=3
-
-[convolutional]
-batch_normalize=1
-filters=16
-size=3
-stride=2
-pad=1
-activation=leaky
-
-[convolutional]
-batch_normalize=1
-filters=32
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-filters=18
-size=1
-stride=1
-pad=1
-activation=linear
-
-[yolo]
-mask=0,1,2
-anchors=10,14, 23,27, 37,58
-classes=1
-num=3
-
-[route]
-layers=-3
-
-[convolutional]
-filters=18
-size=1
-stride=1
-pad=1
-activation=linear
-
-[yolo]
-mask=0,1,2
-anchors=10,14, 23,27, 37,58
-classes=1
-num=3
-"""
+# Two heads; the first head's 3x3 conv (layer 1) is also routed into the second head, so the
+# first head's branch is only its 1x1 conv (layer 2).
+HEAD = conv(18, 1, bn=0, act="linear") + yolo([0, 1, 2], 1, num=3, anchors="10,14, 23,27, 37,58")
+SHARED_HEAD = net_header(64, 64) + conv(16, stride=2) + conv(32) + HEAD + route(-3) + HEAD
 
 
 def labels(graph, branch) -> list:
