@@ -16,7 +16,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -267,13 +267,17 @@ class Runtime:
             return int(v)
         return 1 if is_pocl(self.device) else max(1, min(8, os.cpu_count() or 1))
 
-    def program(self, source: str, defines: Optional[dict] = None):
+    def program(self, source: str, defines: Optional[dict] = None,
+                patch: Optional[Callable[[bytes], bytes]] = None):
         """Build (or fetch from cache) ``cl/<source>`` specialised with ``defines``.
 
+        With ``patch``, the built program's binary goes through ``patch`` and the program is loaded
+        again from what it returns (``yolo_cl.ptx.raise_to_sm90a``: instructions the compiler will
+        not emit); such programs are kept for the process only, not in the binary cache.
         Thread-safe, and threads building different programs do not wait for each other (the
         tuner compiles its candidates in parallel: compiling, not timing, dominates a search)."""
         opts = " ".join(o for o in (_options(defines or {}), self.build_options) if o)
-        key = (source, opts)
+        key = (source, opts, patch)
         prg = self._programs.get(key)
         if prg is not None:
             return prg
@@ -282,9 +286,23 @@ class Runtime:
         with lock:
             prg = self._programs.get(key)
             if prg is None:
-                prg = self._build(source, opts)
+                prg = self._build(source, opts) if patch is None else self._patched(source, opts, patch)
                 self._programs[key] = prg
         return prg
+
+    def _patched(self, source: str, opts: str, patch: Callable[[bytes], bytes]):
+        """``cl/<source>`` built, its binary patched, and loaded from the patched binary."""
+        cl = self.cl
+        built = self._compile(source, _source_text(source), opts)
+        try:
+            binary = patch(built.get_info(cl.program_info.BINARIES)[0])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return cl.Program(self.context, [self.device], [binary]).build()
+        except (cl.Error, ValueError) as e:
+            detail = next((l for l in str(e).splitlines() if "error" in l.lower()), str(e).splitlines()[0] if str(e) else "")
+            raise DeviceError(f"kernel {source} {opts} could not be loaded patched on {self.device_name}: "
+                              f"{detail.strip()[:300]}") from None
 
     def kernel(self, source: str, name: str, defines: Optional[dict] = None):
         """A fresh kernel object (each has its own bound arguments)."""

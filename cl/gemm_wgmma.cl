@@ -1,0 +1,240 @@
+/* C[m][n] = sum_k A[m][k] * Bt[n][k] on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): half
+ * inputs, float accumulation, half output. NVIDIA's OpenCL C compiler will not emit wgmma, so each
+ * sm_90a instruction is written as an inline-asm comment marker ("// YC_PTX ..."), which the
+ * compiler fills with the operands' registers; engine/ptx.py turns the markers into instructions
+ * in the built PTX and raises its target to sm_90a, and the runtime loads that PTX as a binary.
+ *
+ *   A   [M][K] half, row-major (k contiguous);  Bt  [N][K] half, row-major (B transposed)
+ *   C   [M][N] half, row-major. M, N and K are multiples of MT, NT and KT (the host pads).
+ *
+ * Tiling: a work-group of MT / 64 warpgroups (128 work-items each) owns an MT x NT tile of C;
+ * warpgroup w computes rows 64w .. 64w + 63 with one m64nNTk16 wgmma per 16 of k, both operands
+ * read by the tensor cores straight from local memory through 64-bit matrix descriptors.
+ * Local memory holds STAGES stages of KT columns of A's and Bt's tile rows, filled by cp.async
+ * STAGES - 1 tiles ahead; one barrier per stage; wgmma.wait_group 0 before a stage is refilled.
+ *
+ *   MT NT   64, 128 or 256 (MT: 1, 2 or 4 warpgroups)
+ *   SWZ     the operand layout, which fixes KT = SWZ / 2: tile rows of SWZ bytes (32, 64 or 128),
+ *           eight rows a group, 16-byte chunk c of row r stored at chunk c ^ ((r >> s) & (SWZ/16 - 1))
+ *           with s = 2, 1, 0 for SWZ 32, 64, 128 -- the hardware's 32/64/128-byte swizzles, which
+ *           read without bank conflicts (the unswizzled "interleave" layout ran at half the speed:
+ *           BENCHMARKS.md, seventeenth session)
+ *   STAGES  local-memory stages (config key ST), 2 or more (STAGES x (MT + NT) x KT halves <= 48 KB)
+ *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
+ *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
+ */
+#ifndef MT
+#define MT 128
+#endif
+#ifndef NT
+#define NT 128
+#endif
+#ifndef SWZ
+#define SWZ 64
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#if SWZ != 32 && SWZ != 64 && SWZ != 128
+#error "SWZ is 32, 64 or 128"
+#endif
+#if STAGES < 2
+#error "STAGES is 2 or more"
+#endif
+#define KT (SWZ / 2)                   /* k per stage: one swizzled row */
+#define KSTEPS (KT / 16)               /* wgmma per stage */
+#define CHUNKS (SWZ / 16)              /* 16-byte chunks per row */
+#define THREADS (2 * MT)               /* MT / 64 warpgroups of 128 */
+#define STAGE ((MT + NT) * SWZ)        /* bytes of a stage: A's MT rows, then Bt's NT rows */
+#define SWZ_SHIFT (SWZ == 128 ? 0 : SWZ == 64 ? 1 : 2)
+#define LAYOUT_TYPE (SWZ == 128 ? 1 : SWZ == 64 ? 2 : 3)     /* descriptor bits 62-63 */
+
+/* Where chunk c of tile row r goes in a stage (bytes). */
+#define CHUNK_AT(r, c) ((r) * SWZ + (((c) ^ (((r) >> SWZ_SHIFT) & (CHUNKS - 1))) << 4))
+
+/* A matrix descriptor: start address, leading byte offset (unused by swizzled K-major layouts: 1),
+ * stride byte offset (between 8-row groups), layout type. */
+inline ulong yc_desc(const uint addr)
+{
+    return (ulong)((addr >> 4) & 0x3fff) | ((ulong)1 << 16) | ((ulong)((8 * SWZ) >> 4) << 32)
+           | ((ulong)LAYOUT_TYPE << 62);
+}
+
+#ifdef WGMMA_EMULATE
+/* Local addresses are offsets into the kernel's stage array. */
+#define SMEM_BASE(p) 0u
+#define CP_ASYNC16(dst, src) (*(__local uint4*)(smem_b + (dst)) = *(const __global uint4*)(src))
+#define CP_COMMIT()
+#define CP_WAIT()
+#define PROXY_FENCE()
+/* The byte of operand element (r, k) a descriptor names: rows of SWZ bytes, 8-row groups SBO
+ * apart, then the swizzle applied to the address, as the hardware does. */
+inline uint yc_operand_at(const ulong d, const int r, const int k)
+{
+    const uint start = (uint)(d & 0x3fff) << 4, sbo = (uint)((d >> 32) & 0x3fff) << 4;
+    const uint at = start + (uint)(r >> 3) * sbo + (uint)(r & 7) * SWZ + 2 * k;
+    return at ^ (((at >> 7) & (CHUNKS - 1)) << 4);
+}
+/* One m64nNTk16 wgmma of this work-item's warpgroup: its accumulator elements are those of
+ * stacked m16n8 fragments (warp w: rows 16w + g and + 8; column block i: columns 8i + 2t, + 1). */
+inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const ulong db, const int wtid)
+{
+    const int w = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < NT / 8; ++i)
+        for (int q = 0; q < 4; ++q) {
+            const int r = 16 * w + g + 8 * (q >> 1), c = 8 * i + 2 * t + (q & 1);
+            float s = acc[4 * i + q];
+            for (int k = 0; k < 16; ++k)
+                s = fma(vload_half(0, (__local const half*)(sm + yc_operand_at(da, r, k))),
+                        vload_half(0, (__local const half*)(sm + yc_operand_at(db, c, k))), s);
+            acc[4 * i + q] = s;
+        }
+}
+#define WGMMA_STAGE()                                                                            \
+    for (int j = 0; j < KSTEPS; ++j) yc_wgmma(acc, smem_b, da[j], db[j], wtid);
+#define WG_FENCE()
+#define WG_COMMIT_WAIT()
+#else
+#define SMEM_BASE(p) ((uint)(size_t)(p))
+#define CP_ASYNC16(dst, src)                                                                     \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(base + (dst)), "l"((ulong)(size_t)(src)) : "memory")
+#define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define CP_WAIT() asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory")
+/* cp.async writes through the generic proxy, wgmma reads through the async one */
+#define PROXY_FENCE() asm volatile("fence.proxy.async.shared::cta;" ::: "memory")
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define WG_INSN "wgmma.mma_async.sync.aligned.m64n" STR(NT) "k16.f32.f16.f16 "
+/* The accumulators as operands 0 .. NT/2 - 1, then da[0..3] and db[0..3] (WG_AB<j>: step j's). */
+#if NT == 64
+#define WG_D "{" \
+             "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+             "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_AB0 ", %32, %36, p, 1, 1, 0, 0; "
+#define WG_AB1 ", %33, %37, p, 1, 1, 0, 0; "
+#define WG_AB2 ", %34, %38, p, 1, 1, 0, 0; "
+#define WG_AB3 ", %35, %39, p, 1, 1, 0, 0; "
+#define WG_ACC "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), \
+               "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), \
+               "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), \
+               "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31])
+#elif NT == 128
+#define WG_D "{" \
+             "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+             "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+             "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+             "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_AB0 ", %64, %68, p, 1, 1, 0, 0; "
+#define WG_AB1 ", %65, %69, p, 1, 1, 0, 0; "
+#define WG_AB2 ", %66, %70, p, 1, 1, 0, 0; "
+#define WG_AB3 ", %67, %71, p, 1, 1, 0, 0; "
+#define WG_ACC "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), \
+               "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), \
+               "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), \
+               "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), \
+               "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), \
+               "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), \
+               "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), \
+               "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63])
+#elif NT == 256
+#define WG_D "{" \
+             "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+             "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+             "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+             "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
+             "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
+             "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
+             "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
+             "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define WG_AB0 ", %128, %132, p, 1, 1, 0, 0; "
+#define WG_AB1 ", %129, %133, p, 1, 1, 0, 0; "
+#define WG_AB2 ", %130, %134, p, 1, 1, 0, 0; "
+#define WG_AB3 ", %131, %135, p, 1, 1, 0, 0; "
+#define WG_ACC "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), \
+               "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), \
+               "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), \
+               "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), \
+               "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), \
+               "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), \
+               "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), \
+               "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63]), \
+               "+f"(acc[64]), "+f"(acc[65]), "+f"(acc[66]), "+f"(acc[67]), "+f"(acc[68]), "+f"(acc[69]), "+f"(acc[70]), "+f"(acc[71]), \
+               "+f"(acc[72]), "+f"(acc[73]), "+f"(acc[74]), "+f"(acc[75]), "+f"(acc[76]), "+f"(acc[77]), "+f"(acc[78]), "+f"(acc[79]), \
+               "+f"(acc[80]), "+f"(acc[81]), "+f"(acc[82]), "+f"(acc[83]), "+f"(acc[84]), "+f"(acc[85]), "+f"(acc[86]), "+f"(acc[87]), \
+               "+f"(acc[88]), "+f"(acc[89]), "+f"(acc[90]), "+f"(acc[91]), "+f"(acc[92]), "+f"(acc[93]), "+f"(acc[94]), "+f"(acc[95]), \
+               "+f"(acc[96]), "+f"(acc[97]), "+f"(acc[98]), "+f"(acc[99]), "+f"(acc[100]), "+f"(acc[101]), "+f"(acc[102]), "+f"(acc[103]), \
+               "+f"(acc[104]), "+f"(acc[105]), "+f"(acc[106]), "+f"(acc[107]), "+f"(acc[108]), "+f"(acc[109]), "+f"(acc[110]), "+f"(acc[111]), \
+               "+f"(acc[112]), "+f"(acc[113]), "+f"(acc[114]), "+f"(acc[115]), "+f"(acc[116]), "+f"(acc[117]), "+f"(acc[118]), "+f"(acc[119]), \
+               "+f"(acc[120]), "+f"(acc[121]), "+f"(acc[122]), "+f"(acc[123]), "+f"(acc[124]), "+f"(acc[125]), "+f"(acc[126]), "+f"(acc[127])
+#endif
+#define WG_ONE(j) WG_INSN WG_D WG_AB##j
+#if KSTEPS == 1
+#define WG_ALL WG_ONE(0)
+#elif KSTEPS == 2
+#define WG_ALL WG_ONE(0) WG_ONE(1)
+#else
+#define WG_ALL WG_ONE(0) WG_ONE(1) WG_ONE(2) WG_ONE(3)
+#endif
+/* One stage's wgmmas as one statement (the scale-d predicate p is 1: accumulate). */
+#define WGMMA_STAGE()                                                                            \
+    asm volatile("// YC_PTX { .reg .pred p; setp.ne.b32 p, 1, 0; " WG_ALL "}"                    \
+                 : WG_ACC : "l"(da[0]), "l"(da[1]), "l"(da[2]), "l"(da[3]),                      \
+                   "l"(db[0]), "l"(db[1]), "l"(db[2]), "l"(db[3]) : "memory")
+#define WG_FENCE() asm volatile("// YC_PTX wgmma.fence.sync.aligned;" ::: "memory")
+#define WG_COMMIT_WAIT()                                                                         \
+    asm volatile("// YC_PTX wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;" ::: "memory")
+#endif
+
+/* Stage s <- k-tile kt of A's and Bt's tile rows, each work-item copying 16-byte chunks. */
+#define LOAD_STAGE(s, kt)                                                                        \
+    for (int q = tid; q < (MT + NT) * CHUNKS; q += THREADS) {                                    \
+        const int r = q / CHUNKS, c = q - r * CHUNKS;                                            \
+        const __global ushort* src = r < MT ? A + (size_t)(m0 + r) * K + (kt) * KT + c * 8       \
+                                            : Bt + (size_t)(n0 + r - MT) * K + (kt) * KT + c * 8; \
+        CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), src);                                           \
+    }                                                                                            \
+    CP_COMMIT();
+
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void yc_gemm_wgmma(__global const ushort* restrict A, __global const ushort* restrict Bt,
+                   __global half* restrict C, const int M, const int N, const int K)
+{
+    __local uint4 smem[STAGES * STAGE / 16] __attribute__((aligned(1024)));   /* the swizzle's period */
+    __local uchar* smem_b = (__local uchar*)smem;
+    const uint base = SMEM_BASE(smem);
+    const int tid = get_local_id(0), wg = tid >> 7, wtid = tid & 127;
+    const int m0 = get_group_id(1) * MT, n0 = get_group_id(0) * NT;
+    const int tiles = K / KT;
+    float acc[NT / 2];
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) { LOAD_STAGE(s, s) } else { CP_COMMIT(); }
+    }
+    for (int kt = 0; kt < tiles; ++kt) {
+        CP_WAIT();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        PROXY_FENCE();
+        const uint sb = base + (uint)((kt % STAGES) * STAGE);
+        ulong da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < KSTEPS; ++j) {
+            da[j] = yc_desc(sb + (uint)(wg * 64 * SWZ + 32 * j));
+            db[j] = yc_desc(sb + (uint)(MT * SWZ + 32 * j));
+        }
+        WG_FENCE();
+        WGMMA_STAGE();
+        WG_COMMIT_WAIT();
+        /* every warpgroup passed this stage's barrier after finishing the stage refilled here */
+        const int next = kt + STAGES - 1;
+        if (next < tiles) { LOAD_STAGE(next % STAGES, next) } else { CP_COMMIT(); }
+    }
+    const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int r = m0 + wg * 64 + 16 * w + g;
+#pragma unroll
+    for (int i = 0; i < NT / 8; ++i) {
+        const int c = n0 + 8 * i + 2 * t;
+        vstore_half2((float2)(acc[4 * i], acc[4 * i + 1]), 0, C + (size_t)r * N + c);
+        vstore_half2((float2)(acc[4 * i + 2], acc[4 * i + 3]), 0, C + (size_t)(r + 8) * N + c);
+    }
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Hopper's wgmma through NVIDIA's OpenCL: does the patched-PTX road load, and how fast is it.
+
+    python3 tools/probe_wgmma.py [--sizes 4096] [--configs MT=128/NT=128/SWZ=64/ST=3,...] [--reps 10]
+
+Prints the device, whether ``yolo_cl.kernels.gemm_wgmma``'s probe passes (its kernel built,
+patched to sm_90a by ``yolo_cl.ptx`` and loaded as a binary, or refused with the reason under
+``--verbose``), then for each square size and config the device time of ``yc_gemm_wgmma``
+(profiling events, best of ``--reps`` after a warm-up) in TFLOP/s with its relative error against
+NumPy on a 256-row slice. ``tools/check_mma.py`` gives the mma.sync family's figures to compare.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import numpy as np
+
+from yolo_cl.kernels import gemm_wgmma as gw
+from yolo_cl.runtime import Runtime
+
+CONFIGS = [dict(MT=128, NT=128, SWZ=64, ST=3), dict(MT=128, NT=128, SWZ=64, ST=2),
+           dict(MT=128, NT=128, SWZ=32, ST=4), dict(MT=128, NT=128, SWZ=32, ST=6),
+           dict(MT=64, NT=128, SWZ=128, ST=2), dict(MT=128, NT=64, SWZ=128, ST=2),
+           dict(MT=128, NT=256, SWZ=32, ST=4), dict(MT=256, NT=128, SWZ=32, ST=4),
+           dict(MT=256, NT=128, SWZ=64, ST=2), dict(MT=128, NT=256, SWZ=64, ST=2)]
+
+
+def time_gemm(rt, cfg: dict, n: int, reps: int) -> tuple:
+    """(best ms, relative error on a row slice) of an n x n x n GEMM under ``cfg``."""
+    cl = rt.cl
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+    Bt = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+    a, b = rt.upload(A, "A"), rt.upload(Bt, "Bt")
+    c = rt.alloc(n * n * 2, "C")
+    k = cl.Kernel(gw.program(rt, cfg), "yc_gemm_wgmma")
+    k.set_args(a, b, c, np.int32(n), np.int32(n), np.int32(n))
+    threads = 2 * int(cfg["MT"])
+    gs, ls = (n // int(cfg["NT"]) * threads, n // int(cfg["MT"])), (threads, 1)
+    evs = [cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls) for _ in range(reps + 1)]
+    rt.queue.finish()
+    ms = min(e.profile.end - e.profile.start for e in evs[1:]) * 1e-6
+    out = np.empty((n, n), np.float16)
+    cl.enqueue_copy(rt.queue, out, c)
+    rt.queue.finish()
+    ref = A[:256].astype(np.float64) @ Bt.astype(np.float64).T
+    err = float(np.linalg.norm(out[:256].astype(np.float64) - ref) / np.linalg.norm(ref))
+    return ms, err
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4096")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--configs", default="", help="','-separated configs, e.g. MT=128/NT=128/SWZ=64/ST=3")
+    ap.add_argument("--verbose", action="store_true", help="say why the probe refuses")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    rt = Runtime(profiling=True)
+    print(f"device: {rt.device_name} ({rt.vendor}, driver {rt.driver}); Hopper: {gw.hopper(rt)}; "
+          f"emulated: {gw.emulated()}")
+    t0 = time.perf_counter()
+    ok = gw.available(rt)
+    print(f"probe: {'yes' if ok else 'no'} ({time.perf_counter() - t0:.2f} s)", flush=True)
+    if not ok:
+        return 1
+    configs = [{k: int(v) for k, v in (kv.split("=") for kv in c.split("/"))} for c in args.configs.split(",")] \
+        if args.configs else CONFIGS
+    for n in (int(s) for s in args.sizes.split(",")):
+        for cfg in configs:
+            name = " ".join(f"{k}{v}" for k, v in cfg.items())
+            if gw.why_illegal(cfg) is not None or n % int(cfg["MT"]) or n % int(cfg["NT"]) or n % gw.k_tile(cfg):
+                print(f"{n}^3 {name}: skipped ({gw.why_illegal(cfg) or 'size not a multiple of the tile'})")
+                continue
+            try:
+                ms, err = time_gemm(rt, cfg, n, args.reps)
+            except Exception as e:      # noqa: BLE001 - report and go on with the next config
+                print(f"{n}^3 {name}: FAILED {str(e).splitlines()[0][:200]}", flush=True)
+                continue
+            print(f"{n}^3 {name}: {ms:.3f} ms {2 * n ** 3 / ms / 1e9:.1f} TFLOP/s  rel err {err:.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
