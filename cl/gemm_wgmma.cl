@@ -1,16 +1,18 @@
-/* C[m][n] = sum_k A[m][k] * Bt[n][k] on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): half
+/* C[m][n] = sum_k A[m][k] * B[k][n] on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): half
  * inputs, float accumulation, half output. NVIDIA's OpenCL C compiler will not emit wgmma, so each
  * sm_90a instruction is written as an inline-asm comment marker ("// YC_PTX ..."), which the
  * compiler fills with the operands' registers; engine/ptx.py turns the markers into instructions
  * in the built PTX and raises its target to sm_90a, and the runtime loads that PTX as a binary.
  *
- *   A   [M][K] half, row-major (k contiguous);  Bt  [N][K] half, row-major (B transposed)
+ *   A   [M][K] half, row-major (k contiguous)
+ *   B   [N][K] half (B transposed: k contiguous), or with B_KN [K][N] (n contiguous: a conv's
+ *       input planes), read by wgmma in its transposed-B ("MN-major") layout
  *   C   [M][N] half, row-major. M, N and K are multiples of MT, NT and KT (the host pads).
  *
  * Tiling: a work-group of MT / 64 warpgroups (128 work-items each) owns an MT x NT tile of C;
  * warpgroup w computes rows 64w .. 64w + 63 with one m64nNTk16 wgmma per 16 of k, both operands
  * read by the tensor cores straight from local memory through 64-bit matrix descriptors.
- * Local memory holds STAGES stages of KT columns of A's and Bt's tile rows, filled by cp.async
+ * Local memory holds STAGES stages of KT of k of A's and B's tiles, filled by cp.async
  * STAGES - 1 tiles ahead; one barrier per stage; wgmma.wait_group 0 before a stage is refilled.
  *
  *   MT NT   64, 128 or 256 (MT: 1, 2 or 4 warpgroups)
@@ -18,7 +20,9 @@
  *           eight rows a group, 16-byte chunk c of row r stored at chunk c ^ ((r >> s) & (SWZ/16 - 1))
  *           with s = 2, 1, 0 for SWZ 32, 64, 128 -- the hardware's 32/64/128-byte swizzles, which
  *           read without bank conflicts (the unswizzled "interleave" layout ran at half the speed:
- *           BENCHMARKS.md, seventeenth session)
+ *           BENCHMARKS.md, seventeenth session). With B_KN, B's tile is kept n-contiguous: atoms
+ *           of 8 k-rows x SWZ bytes of n, swizzled alike, atom (k-group kg, n-atom na) at
+ *           (na * KT / 8 + kg) * 8 * SWZ (the descriptor's LBO: the n-atom stride, SBO: the k-group's)
  *   STAGES  local-memory stages (config key ST), 2 or more (STAGES x (MT + NT) x KT halves <= 48 KB)
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
@@ -45,19 +49,27 @@
 #define KSTEPS (KT / 16)               /* wgmma per stage */
 #define CHUNKS (SWZ / 16)              /* 16-byte chunks per row */
 #define THREADS (2 * MT)               /* MT / 64 warpgroups of 128 */
-#define STAGE ((MT + NT) * SWZ)        /* bytes of a stage: A's MT rows, then Bt's NT rows */
+#define STAGE ((MT + NT) * SWZ)        /* bytes of a stage: A's MT rows of KT, then B's KT x NT */
+#define NA (SWZ / 2)                   /* B_KN: n of a swizzle atom's row */
+#ifdef B_KN
+#define B_TRANS "1"
+#define B_LBO (KT * SWZ)               /* between n-atoms */
+#else
+#define B_TRANS "0"
+#define B_LBO 16                       /* unused by swizzled k-major layouts: 1 */
+#endif
 #define SWZ_SHIFT (SWZ == 128 ? 0 : SWZ == 64 ? 1 : 2)
 #define LAYOUT_TYPE (SWZ == 128 ? 1 : SWZ == 64 ? 2 : 3)     /* descriptor bits 62-63 */
 
 /* Where chunk c of tile row r goes in a stage (bytes). */
 #define CHUNK_AT(r, c) ((r) * SWZ + (((c) ^ (((r) >> SWZ_SHIFT) & (CHUNKS - 1))) << 4))
 
-/* A matrix descriptor: start address, leading byte offset (unused by swizzled K-major layouts: 1),
- * stride byte offset (between 8-row groups), layout type. */
-inline ulong yc_desc(const uint addr)
+/* A matrix descriptor: start address, leading byte offset (lbo: see B_LBO), stride byte offset
+ * (between 8-row groups: 8 rows of SWZ bytes), layout type. */
+inline ulong yc_desc(const uint addr, const uint lbo)
 {
-    return (ulong)((addr >> 4) & 0x3fff) | ((ulong)1 << 16) | ((ulong)((8 * SWZ) >> 4) << 32)
-           | ((ulong)LAYOUT_TYPE << 62);
+    return (ulong)((addr >> 4) & 0x3fff) | ((ulong)((lbo >> 4) & 0x3fff) << 16)
+           | ((ulong)((8 * SWZ) >> 4) << 32) | ((ulong)LAYOUT_TYPE << 62);
 }
 
 #ifdef WGMMA_EMULATE
@@ -69,12 +81,24 @@ inline ulong yc_desc(const uint addr)
 #define PROXY_FENCE()
 /* The byte of operand element (r, k) a descriptor names: rows of SWZ bytes, 8-row groups SBO
  * apart, then the swizzle applied to the address, as the hardware does. */
+inline uint yc_swizzled(const uint at) { return at ^ (((at >> 7) & (CHUNKS - 1)) << 4); }
 inline uint yc_operand_at(const ulong d, const int r, const int k)
 {
     const uint start = (uint)(d & 0x3fff) << 4, sbo = (uint)((d >> 32) & 0x3fff) << 4;
-    const uint at = start + (uint)(r >> 3) * sbo + (uint)(r & 7) * SWZ + 2 * k;
-    return at ^ (((at >> 7) & (CHUNKS - 1)) << 4);
+    return yc_swizzled(start + (uint)(r >> 3) * sbo + (uint)(r & 7) * SWZ + 2 * k);
 }
+/* ... and of B's element (n, k) in the MN-major layout: n-atoms LBO apart, k-groups SBO apart. */
+inline uint yc_operand_mn_at(const ulong d, const int n, const int k)
+{
+    const uint start = (uint)(d & 0x3fff) << 4, lbo = (uint)((d >> 16) & 0x3fff) << 4,
+               sbo = (uint)((d >> 32) & 0x3fff) << 4;
+    return yc_swizzled(start + (uint)(n / NA) * lbo + (uint)(k >> 3) * sbo + (uint)(k & 7) * SWZ + 2 * (n % NA));
+}
+#ifdef B_KN
+#define B_AT(d, c, k) yc_operand_mn_at(d, c, k)
+#else
+#define B_AT(d, c, k) yc_operand_at(d, c, k)
+#endif
 /* One m64nNTk16 wgmma of this work-item's warpgroup: its accumulator elements are those of
  * stacked m16n8 fragments (warp w: rows 16w + g and + 8; column block i: columns 8i + 2t, + 1). */
 inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const ulong db, const int wtid)
@@ -86,7 +110,7 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
             float s = acc[4 * i + q];
             for (int k = 0; k < 16; ++k)
                 s = fma(vload_half(0, (__local const half*)(sm + yc_operand_at(da, r, k))),
-                        vload_half(0, (__local const half*)(sm + yc_operand_at(db, c, k))), s);
+                        vload_half(0, (__local const half*)(sm + B_AT(db, c, k))), s);
             acc[4 * i + q] = s;
         }
 }
@@ -110,10 +134,10 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 #define WG_D "{" \
              "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
              "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define WG_AB0 ", %32, %36, p, 1, 1, 0, 0; "
-#define WG_AB1 ", %33, %37, p, 1, 1, 0, 0; "
-#define WG_AB2 ", %34, %38, p, 1, 1, 0, 0; "
-#define WG_AB3 ", %35, %39, p, 1, 1, 0, 0; "
+#define WG_AB0 ", %32, %36, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB1 ", %33, %37, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB2 ", %34, %38, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB3 ", %35, %39, p, 1, 1, 0, " B_TRANS "; "
 #define WG_ACC "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), \
                "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), \
                "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), \
@@ -124,10 +148,10 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
              "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
              "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
              "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define WG_AB0 ", %64, %68, p, 1, 1, 0, 0; "
-#define WG_AB1 ", %65, %69, p, 1, 1, 0, 0; "
-#define WG_AB2 ", %66, %70, p, 1, 1, 0, 0; "
-#define WG_AB3 ", %67, %71, p, 1, 1, 0, 0; "
+#define WG_AB0 ", %64, %68, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB1 ", %65, %69, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB2 ", %66, %70, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB3 ", %67, %71, p, 1, 1, 0, " B_TRANS "; "
 #define WG_ACC "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), \
                "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), \
                "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), \
@@ -146,10 +170,10 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
              "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
              "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
              "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-#define WG_AB0 ", %128, %132, p, 1, 1, 0, 0; "
-#define WG_AB1 ", %129, %133, p, 1, 1, 0, 0; "
-#define WG_AB2 ", %130, %134, p, 1, 1, 0, 0; "
-#define WG_AB3 ", %131, %135, p, 1, 1, 0, 0; "
+#define WG_AB0 ", %128, %132, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB1 ", %129, %133, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB2 ", %130, %134, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB3 ", %131, %135, p, 1, 1, 0, " B_TRANS "; "
 #define WG_ACC "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), \
                "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), \
                "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), \
@@ -185,18 +209,35 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
     asm volatile("// YC_PTX wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;" ::: "memory")
 #endif
 
-/* Stage s <- k-tile kt of A's and Bt's tile rows, each work-item copying 16-byte chunks. */
+/* Stage s <- k-tile kt of A's and B's tiles, each work-item copying 16-byte chunks: A's (and a
+ * k-contiguous B's) rows of KT; with B_KN, B's KT rows of NT, chunk c8 of k-row k to its atom. */
+#ifdef B_KN
+#define LOAD_B(s, kt, q)                                                                         \
+    {                                                                                            \
+        const int k = (q) / (NT / 8), c8 = (q) - k * (NT / 8), na = c8 / (NA / 8);               \
+        CP_ASYNC16((s) * STAGE + MT * SWZ + (na * (KT / 8) + (k >> 3)) * 8 * SWZ                 \
+                   + CHUNK_AT(k & 7, c8 - na * (NA / 8)),                                        \
+                   B + (size_t)((kt) * KT + k) * N + n0 + 8 * c8);                               \
+    }
+#else
+#define LOAD_B(s, kt, q)                                                                         \
+    {                                                                                            \
+        const int r = (q) / CHUNKS, c = (q) - r * CHUNKS;                                        \
+        CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + r, c), B + (size_t)(n0 + r) * K + (kt) * KT + c * 8); \
+    }
+#endif
 #define LOAD_STAGE(s, kt)                                                                        \
     for (int q = tid; q < (MT + NT) * CHUNKS; q += THREADS) {                                    \
-        const int r = q / CHUNKS, c = q - r * CHUNKS;                                            \
-        const __global ushort* src = r < MT ? A + (size_t)(m0 + r) * K + (kt) * KT + c * 8       \
-                                            : Bt + (size_t)(n0 + r - MT) * K + (kt) * KT + c * 8; \
-        CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), src);                                           \
+        if (q < MT * CHUNKS) {                                                                   \
+            const int r = q / CHUNKS, c = q - r * CHUNKS;                                        \
+            CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), A + (size_t)(m0 + r) * K + (kt) * KT + c * 8); \
+        } else                                                                                   \
+            LOAD_B(s, kt, q - MT * CHUNKS)                                                       \
     }                                                                                            \
     CP_COMMIT();
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
-void yc_gemm_wgmma(__global const ushort* restrict A, __global const ushort* restrict Bt,
+void yc_gemm_wgmma(__global const ushort* restrict A, __global const ushort* restrict B,
                    __global half* restrict C, const int M, const int N, const int K)
 {
     __local uint4 smem[STAGES * STAGE / 16] __attribute__((aligned(1024)));   /* the swizzle's period */
@@ -219,8 +260,12 @@ void yc_gemm_wgmma(__global const ushort* restrict A, __global const ushort* res
         ulong da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int j = 0; j < KSTEPS; ++j) {
-            da[j] = yc_desc(sb + (uint)(wg * 64 * SWZ + 32 * j));
-            db[j] = yc_desc(sb + (uint)(MT * SWZ + 32 * j));
+            da[j] = yc_desc(sb + (uint)(wg * 64 * SWZ + 32 * j), 16);
+#ifdef B_KN
+            db[j] = yc_desc(sb + (uint)(MT * SWZ + 2 * j * 8 * SWZ), B_LBO);   /* k-groups 2j, 2j + 1 */
+#else
+            db[j] = yc_desc(sb + (uint)(MT * SWZ + 32 * j), B_LBO);
+#endif
         }
         WG_FENCE();
         WGMMA_STAGE();

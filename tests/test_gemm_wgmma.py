@@ -80,28 +80,30 @@ def test_a_patch_that_fails_is_one_line_naming_the_kernel(rt):
     {"MT": 256, "NT": 64, "SWZ": 32, "ST": 4},
     {"MT": 128, "NT": 256, "SWZ": 32, "ST": 2},
 ])
-def test_gemm_equals_numpy(rt, cfg):
+@pytest.mark.parametrize("b_kn", [False, True], ids=["B k-contiguous", "B n-contiguous"])
+def test_gemm_equals_numpy(rt, cfg, b_kn):
     """Ragged sizes (every dimension padded to the tile) and more k-tiles than stages (the ring
-    wraps): A @ Bt.T in half inputs, float sums, half out."""
+    wraps): A @ B in half inputs, float sums, half out, B given either way."""
     rng = np.random.default_rng(3)
     M, N, K = 197, 141, 5 * gw.k_tile(cfg) + 9
     A = rng.standard_normal((M, K)).astype(np.float16)
-    Bt = rng.standard_normal((N, K)).astype(np.float16)
-    ref = A.astype(np.float64) @ Bt.astype(np.float64).T
-    C = gw.gemm(rt, A, Bt, cfg)
+    B = rng.standard_normal((K, N)).astype(np.float16)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    C = gw.gemm(rt, A, B if b_kn else B.T, cfg, b_kn=b_kn)
     assert C.shape == (M, N)
     err = np.abs(C - ref) / (np.abs(ref) + 1.0)
     assert float(err.max()) < 2e-3          # half output rounding: 2^-11 relative
 
 
-def test_each_swizzle_places_every_chunk_where_its_reader_looks(rt):
-    """A single k-tile of an identity-like product: Bt = I picks A's columns, so any chunk stored
-    or read at the wrong place shows as a wrong column of C."""
+@pytest.mark.parametrize("b_kn", [False, True], ids=["B k-contiguous", "B n-contiguous"])
+def test_each_swizzle_places_every_chunk_where_its_reader_looks(rt, b_kn):
+    """Products with B = I (exact in half): C must be A, so any chunk stored or read at the wrong
+    place shows as a wrong element of C. Two k-tiles and n-atoms across the tile."""
     for swz in (32, 64, 128):
-        cfg = {"MT": 64, "NT": 64, "SWZ": swz, "ST": 2}
-        kt = gw.k_tile(cfg)
-        A = (np.arange(64 * kt) % 251).reshape(64, kt).astype(np.float16)
-        C = gw.gemm(rt, A, np.eye(kt, dtype=np.float16), cfg)
+        cfg = {"MT": 64, "NT": 128, "SWZ": swz, "ST": 2}
+        k = 2 * gw.k_tile(cfg) if b_kn else 128
+        A = (np.arange(64 * k) % 251).reshape(64, k).astype(np.float16)
+        C = gw.gemm(rt, A, np.eye(k, dtype=np.float16), cfg, b_kn=b_kn)
         assert np.array_equal(C, A.astype(np.float32)), swz
 
 

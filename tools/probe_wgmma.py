@@ -2,12 +2,15 @@
 """Hopper's wgmma through NVIDIA's OpenCL: does the patched-PTX road load, and how fast is it.
 
     python3 tools/probe_wgmma.py [--sizes 4096] [--configs MT=128/NT=128/SWZ=64/ST=3,...] [--reps 10]
+                                 [--layouts kn,nk] [--shapes MxNxK,...]
 
 Prints the device, whether ``yolo_cl.kernels.gemm_wgmma``'s probe passes (its kernel built,
 patched to sm_90a by ``yolo_cl.ptx`` and loaded as a binary, or refused with the reason under
 ``--verbose``), then for each square size and config the device time of ``yc_gemm_wgmma``
 (profiling events, best of ``--reps`` after a warm-up) in TFLOP/s with its relative error against
-NumPy on a 256-row slice. ``tools/check_mma.py`` gives the mma.sync family's figures to compare.
+NumPy on a 256-row slice, with B n-contiguous (``kn``: [K][N], as a conv's input planes) and
+k-contiguous (``nk``: B transposed). ``--shapes`` times M x N x K GEMMs instead of squares (e.g.
+a network's convolutions as GEMMs: filters x pixels x inputs), each with the fastest config. ``tools/check_mma.py`` gives the mma.sync family's figures to compare.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import argparse
 import logging
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -28,25 +32,33 @@ CONFIGS = [dict(MT=128, NT=128, SWZ=64, ST=3), dict(MT=128, NT=128, SWZ=64, ST=2
            dict(MT=256, NT=128, SWZ=64, ST=2), dict(MT=128, NT=256, SWZ=64, ST=2)]
 
 
-def time_gemm(rt, cfg: dict, n: int, reps: int) -> tuple:
-    """(best ms, relative error on a row slice) of an n x n x n GEMM under ``cfg``."""
+def fits(cfg: dict, M: int, N: int, K: int) -> Optional[str]:
+    """Why ``cfg`` cannot time an M x N x K GEMM (the kernel takes whole tiles), or None."""
+    why = gw.why_illegal(cfg)
+    if why is None and (M % int(cfg["MT"]) or N % int(cfg["NT"]) or K % gw.k_tile(cfg)):
+        why = "size not a multiple of the tile"
+    return why
+
+
+def time_gemm(rt, cfg: dict, M: int, N: int, K: int, reps: int, b_kn: bool) -> tuple:
+    """(best ms, relative error on a row slice) of an M x N x K GEMM under ``cfg``."""
     cl = rt.cl
     rng = np.random.default_rng(0)
-    A = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
-    Bt = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
-    a, b = rt.upload(A, "A"), rt.upload(Bt, "Bt")
-    c = rt.alloc(n * n * 2, "C")
-    k = cl.Kernel(gw.program(rt, cfg), "yc_gemm_wgmma")
-    k.set_args(a, b, c, np.int32(n), np.int32(n), np.int32(n))
+    A = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
+    B = rng.standard_normal((K, N), dtype=np.float32).astype(np.float16)
+    a, b = rt.upload(A, "A"), rt.upload(B if b_kn else np.ascontiguousarray(B.T), "B")
+    c = rt.alloc(M * N * 2, "C")
+    k = cl.Kernel(gw.program(rt, cfg, b_kn), "yc_gemm_wgmma")
+    k.set_args(a, b, c, np.int32(M), np.int32(N), np.int32(K))
     threads = 2 * int(cfg["MT"])
-    gs, ls = (n // int(cfg["NT"]) * threads, n // int(cfg["MT"])), (threads, 1)
+    gs, ls = (N // int(cfg["NT"]) * threads, M // int(cfg["MT"])), (threads, 1)
     evs = [cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls) for _ in range(reps + 1)]
     rt.queue.finish()
     ms = min(e.profile.end - e.profile.start for e in evs[1:]) * 1e-6
-    out = np.empty((n, n), np.float16)
+    out = np.empty((M, N), np.float16)
     cl.enqueue_copy(rt.queue, out, c)
     rt.queue.finish()
-    ref = A[:256].astype(np.float64) @ Bt.astype(np.float64).T
+    ref = A[:256].astype(np.float64) @ B.astype(np.float64)
     err = float(np.linalg.norm(out[:256].astype(np.float64) - ref) / np.linalg.norm(ref))
     return ms, err
 
@@ -56,6 +68,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="4096")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--configs", default="", help="','-separated configs, e.g. MT=128/NT=128/SWZ=64/ST=3")
+    ap.add_argument("--shapes", default="", help="','-separated MxNxK GEMMs instead of --sizes")
+    ap.add_argument("--layouts", default="kn,nk", help="B n-contiguous (kn) and/or k-contiguous (nk)")
     ap.add_argument("--verbose", action="store_true", help="say why the probe refuses")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -69,18 +83,29 @@ def main() -> int:
         return 1
     configs = [{k: int(v) for k, v in (kv.split("=") for kv in c.split("/"))} for c in args.configs.split(",")] \
         if args.configs else CONFIGS
-    for n in (int(s) for s in args.sizes.split(",")):
+    shapes = [tuple(int(v) for v in t.split("x")) for t in args.shapes.split(",")] if args.shapes \
+        else [(n, n, n) for n in (int(v) for v in args.sizes.split(","))]
+    for (M, N, K), layout in ((shape, lay) for shape in shapes for lay in args.layouts.split(",")):
+        best = None
         for cfg in configs:
-            name = " ".join(f"{k}{v}" for k, v in cfg.items())
-            if gw.why_illegal(cfg) is not None or n % int(cfg["MT"]) or n % int(cfg["NT"]) or n % gw.k_tile(cfg):
-                print(f"{n}^3 {name}: skipped ({gw.why_illegal(cfg) or 'size not a multiple of the tile'})")
+            name = f"{M}x{N}x{K} B {layout} " + " ".join(f"{k}{v}" for k, v in cfg.items())
+            why = fits(cfg, M, N, K)
+            if why is not None:
+                if not args.shapes:
+                    print(f"{name}: skipped ({why})")
                 continue
             try:
-                ms, err = time_gemm(rt, cfg, n, args.reps)
+                ms, err = time_gemm(rt, cfg, M, N, K, args.reps, layout == "kn")
             except Exception as e:      # noqa: BLE001 - report and go on with the next config
-                print(f"{n}^3 {name}: FAILED {str(e).splitlines()[0][:200]}", flush=True)
+                print(f"{name}: FAILED {str(e).splitlines()[0][:200]}", flush=True)
                 continue
-            print(f"{n}^3 {name}: {ms:.3f} ms {2 * n ** 3 / ms / 1e9:.1f} TFLOP/s  rel err {err:.2e}", flush=True)
+            if not args.shapes:
+                print(f"{name}: {ms:.3f} ms {2 * M * N * K / ms / 1e9:.1f} TFLOP/s  rel err {err:.2e}", flush=True)
+            if best is None or ms < best[0]:
+                best = (ms, err, name)
+        if args.shapes and best is not None:
+            ms, err, name = best
+            print(f"{name}: {ms * 1e3:.1f} us {2 * M * N * K / ms / 1e9:.1f} TFLOP/s  rel err {err:.2e}", flush=True)
     return 0
 
 

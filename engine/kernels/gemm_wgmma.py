@@ -5,9 +5,10 @@ is the widest tensor-core instruction; ``wgmma`` reads both operands from local 
 swizzled layouts and is what cuDNN's Hopper kernels run on. The kernel writes it as markers that
 ``yolo_cl.ptx`` turns into instructions in the built PTX (``Runtime.program(..., patch=...)``).
 
-Not yet a conv family: C = A @ Bt.T with both operands k-contiguous, for the GEMM benchmark
-(``tools/probe_wgmma.py``) and the reference tests; the conv binding (activations are
-n-contiguous: wgmma's transposed-B layouts) and the shared epilogue come next (issue 17).
+Not yet a conv family: C = A @ B with B k-contiguous (given transposed) or, with ``b_kn``,
+n-contiguous as a conv's input planes are (wgmma's transposed-B layout), for the GEMM benchmark
+(``tools/probe_wgmma.py``) and the reference tests; the conv binding with the shared epilogue
+comes next (issue 17).
 """
 from __future__ import annotations
 
@@ -66,35 +67,42 @@ def hopper(rt) -> bool:
         return False
 
 
-def defines(cfg: dict) -> dict:
+def defines(cfg: dict, b_kn: bool = False) -> dict:
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
     d["STAGES"] = int(cfg["ST"])
+    d["B_KN"] = b_kn
     d["WGMMA_EMULATE"] = emulated()
     return d
 
 
-def program(rt, cfg: dict):
-    """The kernel's program for ``cfg``: built and patched to sm_90a, or emulated."""
+def program(rt, cfg: dict, b_kn: bool = False):
+    """The kernel's program for ``cfg`` (B n-contiguous with ``b_kn``): built and patched to
+    sm_90a, or emulated."""
     why = why_illegal(cfg)
     if why is not None:
         raise ValueError(f"wgmma config {cfg}: {why}")
-    return rt.program("gemm_wgmma.cl", defines(cfg), patch=None if emulated() else raise_to_sm90a)
+    return rt.program("gemm_wgmma.cl", defines(cfg, b_kn), patch=None if emulated() else raise_to_sm90a)
 
 
-def gemm(rt, A: np.ndarray, Bt: np.ndarray, cfg: dict = DEFAULT) -> np.ndarray:
-    """C = A @ Bt.T (float32 out) on the device, A and Bt rounded to half and zero-padded to the
-    tiles: the probe's, the tests' and the benchmark's GEMM."""
+def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> np.ndarray:
+    """C = A @ B (float32 out) on the device, B given transposed ([N][K]) or with ``b_kn`` as is
+    ([K][N]); the operands rounded to half and zero-padded to the tiles: the probe's, the tests'
+    and the benchmark's GEMM."""
     cl = rt.cl
-    (M, K), N = A.shape, Bt.shape[0]
+    (M, K), N = A.shape, (B.shape[1] if b_kn else B.shape[0])
     mt, nt, kt = int(cfg["MT"]), int(cfg["NT"]), k_tile(cfg)
     Mp, Np, Kp = -(-M // mt) * mt, -(-N // nt) * nt, -(-K // kt) * kt
     a = np.zeros((Mp, Kp), np.float16)
     a[:M, :K] = A
-    b = np.zeros((Np, Kp), np.float16)
-    b[:N, :K] = Bt
-    ab, bb = rt.upload(a, "A"), rt.upload(b, "Bt")
+    if b_kn:
+        b = np.zeros((Kp, Np), np.float16)
+        b[:K, :N] = B
+    else:
+        b = np.zeros((Np, Kp), np.float16)
+        b[:N, :K] = B
+    ab, bb = rt.upload(a, "A"), rt.upload(b, "B")
     cb = rt.alloc(Mp * Np * 2, "C")
-    k = cl.Kernel(program(rt, cfg), "yc_gemm_wgmma")
+    k = cl.Kernel(program(rt, cfg, b_kn), "yc_gemm_wgmma")
     k.set_args(ab, bb, cb, np.int32(Mp), np.int32(Np), np.int32(Kp))
     threads = 2 * mt
     cl.enqueue_nd_range_kernel(rt.queue, k, (Np // nt * threads, Mp // mt), (threads, 1))
@@ -105,13 +113,15 @@ def gemm(rt, A: np.ndarray, Bt: np.ndarray, cfg: dict = DEFAULT) -> np.ndarray:
 
 
 def probe(rt) -> float:
-    """Relative error of a ragged 150x70x100 GEMM (padding in every dimension) against NumPy."""
+    """The larger relative error of a ragged 150x70x100 GEMM (padding in every dimension) against
+    NumPy, with B k-contiguous and n-contiguous."""
     rng = np.random.default_rng(11)
     A = rng.standard_normal((150, 100)).astype(np.float16)
-    Bt = rng.standard_normal((70, 100)).astype(np.float16)
-    ref = A.astype(np.float64) @ Bt.astype(np.float64).T
-    C = gemm(rt, A, Bt, {"MT": 128, "NT": 64, "SWZ": 64, "ST": 2})
-    return float(np.linalg.norm(C - ref) / np.linalg.norm(ref))
+    B = rng.standard_normal((100, 70)).astype(np.float16)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    cfg = {"MT": 128, "NT": 64, "SWZ": 64, "ST": 2}
+    return max(float(np.linalg.norm(gemm(rt, A, B.T, cfg) - ref) / np.linalg.norm(ref)),
+               float(np.linalg.norm(gemm(rt, A, B, cfg, b_kn=True) - ref) / np.linalg.norm(ref)))
 
 
 def available(rt) -> bool:
