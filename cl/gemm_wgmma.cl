@@ -4,10 +4,12 @@
  * compiler fills with the operands' registers; engine/ptx.py turns the markers into instructions
  * in the built PTX and raises its target to sm_90a, and the runtime loads that PTX as a binary.
  *
- *   A   [M][K] half, row-major (k contiguous)
- *   B   [N][K] half (B transposed: k contiguous), or with B_KN [K][N] (n contiguous: a conv's
- *       input planes), read by wgmma in its transposed-B ("MN-major") layout
- *   C   [M][N] half, row-major. M, N and K are multiples of MT, NT and KT (the host pads).
+ *   A   the packed weights [Mp][Kp] half (k contiguous, zero-padded: gemm_mma.pack_weights)
+ *   B   [N][K] half (B transposed: k contiguous; ldb, K and offsets multiples of 8), or with B_KN
+ *       [K][N] (n contiguous: a conv's input planes, gemm1x1 or im2col), read by wgmma in its
+ *       transposed-B ("MN-major") layout
+ *   C   as the other GPU GEMM families store it, through the shared epilogue (gemm_epilogue.h:
+ *       bias, activation, shortcut, concat slice, upsample written through), any M, N, K
  *
  * Tiling: a work-group of MT / 64 warpgroups (128 work-items each) owns an MT x NT tile of C;
  * warpgroup w computes rows 64w .. 64w + 63 with one m64nNTk16 wgmma per 16 of k, both operands
@@ -27,6 +29,8 @@
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
  */
+#include "gemm_epilogue.h"
+
 #ifndef MT
 #define MT 128
 #endif
@@ -41,6 +45,9 @@
 #endif
 #if SWZ != 32 && SWZ != 64 && SWZ != 128
 #error "SWZ is 32, 64 or 128"
+#endif
+#ifndef KPAD
+#define KPAD 64
 #endif
 #if STAGES < 2
 #error "STAGES is 2 or more"
@@ -75,7 +82,8 @@ inline ulong yc_desc(const uint addr, const uint lbo)
 #ifdef WGMMA_EMULATE
 /* Local addresses are offsets into the kernel's stage array. */
 #define SMEM_BASE(p) 0u
-#define CP_ASYNC16(dst, src) (*(__local uint4*)(smem_b + (dst)) = *(const __global uint4*)(src))
+#define CP_ASYNC16(dst, src, ok)                                                                 \
+    (*(__local uint4*)(smem_b + (dst)) = (ok) ? *(const __global uint4*)(src) : (uint4)(0u))
 #define CP_COMMIT()
 #define CP_WAIT()
 #define PROXY_FENCE()
@@ -120,8 +128,10 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 #define WG_COMMIT_WAIT()
 #else
 #define SMEM_BASE(p) ((uint)(size_t)(p))
-#define CP_ASYNC16(dst, src)                                                                     \
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(base + (dst)), "l"((ulong)(size_t)(src)) : "memory")
+/* 16 bytes global -> local, zero-filled where !ok (its source then not read) */
+#define CP_ASYNC16(dst, src, ok)                                                                 \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                \
+                 :: "r"(base + (dst)), "l"((ulong)(size_t)(src)), "r"((ok) ? 16 : 0) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define CP_WAIT() asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory")
 /* cp.async writes through the generic proxy, wgmma reads through the async one */
@@ -209,43 +219,66 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
     asm volatile("// YC_PTX wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;" ::: "memory")
 #endif
 
-/* Stage s <- k-tile kt of A's and B's tiles, each work-item copying 16-byte chunks: A's (and a
- * k-contiguous B's) rows of KT; with B_KN, B's KT rows of NT, chunk c8 of k-row k to its atom. */
+/* Stage s <- k-tile kt of A's and B's tiles, each work-item copying 16-byte chunks (zeros past
+ * K or N): A's (and a k-contiguous B's) rows of KT; with B_KN, B's KT rows of NT, chunk c8 of
+ * k-row k to its atom, by cp.async or, with B_SCALAR (B's offsets or N not multiples of 8
+ * halves), element by element through registers. */
 #ifdef B_KN
+#ifdef B_SCALAR
+#define B_CHUNK(dst, k, n)                                                                       \
+    {                                                                                            \
+        ushort h[8];                                                                             \
+        for (int e = 0; e < 8; ++e)                                                              \
+            h[e] = ((k) < K && (n) + e < N) ? Bg[(size_t)(k) * ldb + (n) + e] : (ushort)0;       \
+        *(__local uint4*)(smem_b + (dst)) = (uint4)(h[0] | ((uint)h[1] << 16), h[2] | ((uint)h[3] << 16), \
+                                                    h[4] | ((uint)h[5] << 16), h[6] | ((uint)h[7] << 16)); \
+    }
+#else
+#define B_CHUNK(dst, k, n)                                                                       \
+    {                                                                                            \
+        const bool ok = (k) < K && (n) < N;                                                      \
+        CP_ASYNC16(dst, ok ? Bg + (size_t)(k) * ldb + (n) : Bg, ok);                             \
+    }
+#endif
 #define LOAD_B(s, kt, q)                                                                         \
     {                                                                                            \
         const int k = (q) / (NT / 8), c8 = (q) - k * (NT / 8), na = c8 / (NA / 8);               \
-        CP_ASYNC16((s) * STAGE + MT * SWZ + (na * (KT / 8) + (k >> 3)) * 8 * SWZ                 \
-                   + CHUNK_AT(k & 7, c8 - na * (NA / 8)),                                        \
-                   B + (size_t)((kt) * KT + k) * N + n0 + 8 * c8);                               \
+        B_CHUNK((s) * STAGE + MT * SWZ + (na * (KT / 8) + (k >> 3)) * 8 * SWZ                    \
+                + CHUNK_AT(k & 7, c8 - na * (NA / 8)), (kt) * KT + k, n0 + 8 * c8)               \
     }
 #else
 #define LOAD_B(s, kt, q)                                                                         \
     {                                                                                            \
-        const int r = (q) / CHUNKS, c = (q) - r * CHUNKS;                                        \
-        CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + r, c), B + (size_t)(n0 + r) * K + (kt) * KT + c * 8); \
+        const int r = (q) / CHUNKS, c = (q) - r * CHUNKS, k = (kt) * KT + c * 8;                 \
+        const bool ok = n0 + r < N && k < K;                                                     \
+        CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + r, c), ok ? Bg + (size_t)(n0 + r) * ldb + k : Bg, ok); \
     }
 #endif
 #define LOAD_STAGE(s, kt)                                                                        \
     for (int q = tid; q < (MT + NT) * CHUNKS; q += THREADS) {                                    \
         if (q < MT * CHUNKS) {                                                                   \
             const int r = q / CHUNKS, c = q - r * CHUNKS;                                        \
-            CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), A + (size_t)(m0 + r) * K + (kt) * KT + c * 8); \
+            CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * 8, true); \
         } else                                                                                   \
             LOAD_B(s, kt, q - MT * CHUNKS)                                                       \
     }                                                                                            \
     CP_COMMIT();
 
+/* The GEMM families' arguments (cl/common.h): A the packed weights [Mp][Kp] (engine/kernels/
+ * gemm_mma.pack_weights: rows padded to MPAD, k to KPAD with zeros), B at b_off + b * b_bstride,
+ * C and R as gemm_epilogue.h stores them; G is 1. Grid: (N tiles x THREADS, M tiles, images). */
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
-void yc_gemm_wgmma(__global const ushort* restrict A, __global const ushort* restrict B,
-                   __global half* restrict C, const int M, const int N, const int K)
+void yc_gemm_wgmma(YC_GEMM_PARAMS)
 {
     __local uint4 smem[STAGES * STAGE / 16] __attribute__((aligned(1024)));   /* the swizzle's period */
     __local uchar* smem_b = (__local uchar*)smem;
     const uint base = SMEM_BASE(smem);
     const int tid = get_local_id(0), wg = tid >> 7, wtid = tid & 127;
-    const int m0 = get_group_id(1) * MT, n0 = get_group_id(0) * NT;
-    const int tiles = K / KT;
+    const int m0 = get_group_id(1) * MT, n0 = get_group_id(0) * NT, b = get_group_id(2);
+    const int lda = (K + KPAD - 1) / KPAD * KPAD;
+    const __global ushort* Ag = (const __global ushort*)A + (size_t)m0 * lda;
+    const __global ushort* Bg = (const __global ushort*)B + b_off + (size_t)b * b_bstride;
+    const int tiles = (K + KT - 1) / KT;
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
@@ -274,12 +307,14 @@ void yc_gemm_wgmma(__global const ushort* restrict A, __global const ushort* res
         const int next = kt + STAGES - 1;
         if (next < tiles) { LOAD_STAGE(next % STAGES, next) } else { CP_COMMIT(); }
     }
+    YC_EPILOGUE_BASES(b)
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int r = m0 + wg * 64 + 16 * w + g;
 #pragma unroll
-    for (int i = 0; i < NT / 8; ++i) {
-        const int c = n0 + 8 * i + 2 * t;
-        vstore_half2((float2)(acc[4 * i], acc[4 * i + 1]), 0, C + (size_t)r * N + c);
-        vstore_half2((float2)(acc[4 * i + 2], acc[4 * i + 3]), 0, C + (size_t)(r + 8) * N + c);
-    }
+    for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t + (q & 1);
+            if (m < M && n < N)
+                yc_gemm_store(acc[4 * i + q], m, n, 0, M, ldc, bias, C, cb, R, rbase);
+        }
 }

@@ -15,6 +15,7 @@ from gemm_ref import LEAKY, LINEAR, SlicedC, b_operand, conv_reference, leaky, r
 from mma_env import emulate, rt  # noqa: F401 - fixtures
 from tiny_cfgs import conv, net_header, route, shortcut
 from yolo_cl.kernels import gemm_mma as gm
+from yolo_cl.kernels import gemm_wgmma as gw
 from yolo_cl.precision import FP16, FP32, PRECISIONS, TF32
 
 
@@ -421,7 +422,8 @@ def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
     assert tuner.mma == precision.mma and tuner.tol == precision.tolerance
     cands = tuner.candidates(node)
     fma = {"local"} if precision is TF32 and not rt.is_cpu else set()
-    assert cands and {c["family"] for c in cands} == {gm.FAMILY} | fma
+    wgmma = {"wgmma"} if precision is FP16 and gw.available(rt) else set()     # a Hopper GPU
+    assert cands and {c["family"] for c in cands} == {gm.FAMILY} | fma | wgmma
     assert {c["algo"] for c in cands if c["family"] == gm.FAMILY} == {"implicit", "im2col"}
     bench = tmod.ConvBench(rt, node, 1, precision, tuner.queue, mma=tuner.mma)
     err = bench.check(bench.bind(gm.heuristic_config(node, tuner.mma)))

@@ -8,8 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gemm_ref import rel_err
+from tiny_cfgs import conv, net_header, route, shortcut, upsample
 from yolo_cl.errors import DeviceError
+from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.kernels import gemm_wgmma as gw
+from yolo_cl.precision import FP16
 from yolo_cl.ptx import MARK, PtxError, raise_to_sm90a
 from yolo_cl.runtime import Runtime
 
@@ -36,9 +40,11 @@ def rt():
 
 @pytest.fixture(autouse=True)
 def emulate(rt, monkeypatch):
-    """Emulated wgmma where the device is not a Hopper GPU; the real instruction where it is."""
+    """Emulated wgmma (and mma, for a tensor-core precision) where the device is not a Hopper
+    GPU; the real instructions where it is."""
     if not gw.hopper(rt):
         monkeypatch.setenv(gw.EMULATE_ENV, "1")
+        monkeypatch.setenv(gm.EMULATE_ENV, "1")
 
 
 def test_markers_become_instructions_and_the_target_sm_90a():
@@ -114,7 +120,7 @@ def test_illegal_configs_are_named():
     assert gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 1}) is not None
     assert gw.why_illegal(gw.DEFAULT) is None
     with pytest.raises(ValueError, match="ST is 2"):
-        gw.program(None, {"MT": 64, "NT": 64, "SWZ": 64, "ST": 1})
+        gw.gemm(None, np.zeros((8, 8)), np.zeros((8, 8)), {"MT": 64, "NT": 64, "SWZ": 64, "ST": 1})
 
 
 def test_probe_says_yes_only_where_wgmma_runs(rt, monkeypatch):
@@ -127,3 +133,65 @@ def test_probe_says_yes_only_where_wgmma_runs(rt, monkeypatch):
         gw._PROBED.clear()
         assert not gw.available(rt)
     gw._PROBED.clear()
+
+
+# -- the conv family -------------------------------------------------------------------------------
+NET = (net_header(20, 20) + conv(16) + conv(24, 1) + conv(32, stride=2) + conv(16, 1) + conv(32) + shortcut(-3)
+       + route(-1, -4) + conv(16, 1) + upsample(2) + route(-1, 1) + conv(18, 1, bn=0, act="linear"))
+
+
+def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
+    """Offered where the probe passes and fp16 runs on tensor cores; its candidates are the explicit
+    B algorithms (a 1x1 conv straight from its input, any conv after im2col), never grouped convs."""
+    from test_tuner import convs
+    assert gw.KERNEL_FAMILY.offered(rt, "f16") and not gw.KERNEL_FAMILY.offered(rt, "tf32")
+    assert not gw.KERNEL_FAMILY.offered(rt, "")
+    nodes = convs(tmp_path, 12, 12)
+    pointwise = [n for n in nodes if n.attrs["size"] == 1 and n.attrs["groups"] == 1]
+    spatial = [n for n in nodes if n.attrs["size"] == 3 and n.attrs["groups"] == 1]
+    assert pointwise and spatial
+    assert gw.conv_algos(pointwise[0]) == ["gemm1x1", "im2col"] and gw.conv_algos(spatial[0]) == ["im2col"]
+    cands = gw.KERNEL_FAMILY.candidates(spatial[0], rt, 1, FP16, "f16")
+    assert cands and all(c["family"] == "wgmma" and gw.why_illegal(c) is None for c in cands)
+    assert gw.KERNEL_FAMILY.heuristic(spatial[0], 1, FP16, "f16") is None       # tuned in, never picked untuned
+
+
+def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
+    """Every conv of the tuner's test net (3x3, strided, 1x1, mish, leaky) under each algorithm of
+    the family, bound as the tuner binds a candidate and checked against its fp32 reference."""
+    from test_tuner import convs
+    from yolo_cl import tuner as tmod
+    tuner = tmod.Tuner(rt, FP16, reps=1)
+    checked = 0
+    for node in convs(tmp_path, 12, 10):
+        for algo in gw.conv_algos(node):
+            cfg = {"family": "wgmma", "algo": algo, "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}
+            bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
+            assert bench.check(bench.bind(cfg)) < FP16.tolerance, (node.describe(), algo)
+            checked += 1
+    assert checked >= 4
+
+
+def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
+    """A net whose every eligible conv is tuned to the wgmma family (a user database): 1x1 convs
+    from their input, 3x3 after im2col, a fused shortcut, concat slices, an upsample written
+    through, and B both 16-byte aligned (20x20: cp.async) and not (10x10 planes: element by
+    element). Two images; against the NumPy Darknet forward pass."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.tuning_db import shape_key
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 20, 4, batch=2)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    nodes = [l.node for l in det.executor(2).launches if l.node.op == "conv"]
+    configs = [{"family": "wgmma", "algo": gw.conv_algos(n)[0], **c} for n, c in zip(nodes, gw.SPACE * 3)]
+    tuning_database(rt, FP16, "f16").record({shape_key(n, 2): c for n, c in zip(nodes, configs)})
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    launches = det.executor(2).launches
+    convs = [l for l in launches if l.name == "gemm_wgmma"]
+    assert len(convs) == len(nodes) and {l.name for l in launches if l.node.op == "conv"} == {"gemm_wgmma", "im2col"}
+    assert {l.config["algo"] for l in convs} == {"gemm1x1", "im2col"}
+    assert any(l.config.get("writes") == "upsample" for l in convs)
+    assert rel_err(det.forward(blob)[0], ref) < 1e-2

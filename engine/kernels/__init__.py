@@ -111,9 +111,10 @@ class BindContext:
             raise YoloClError(f"the workspace holds {0 if ws is None else ws.size} bytes, {nbytes} are needed")
         return ws
 
-    def kernel(self, source: str, name: str, defines: dict, args: list):
-        """Build (cached) and return a kernel with ``args`` bound."""
-        k = self.rt.cl.Kernel(self.rt.program(source, defines), name)
+    def kernel(self, source: str, name: str, defines: dict, args: list, patch=None):
+        """Build (cached; its binary through ``patch``, see ``Runtime.program``) and return a
+        kernel with ``args`` bound."""
+        k = self.rt.cl.Kernel(self.rt.program(source, defines, patch=patch), name)
         k.set_args(*args)
         return k
 

@@ -1,7 +1,8 @@
 """The kernel-family interface and its one registry.
 
 A *family* is a set of conv kernels with their tunables: the CPU GEMM (``gemm_cpu``), the
-GPU local-memory GEMM (``gemm_local``, Winograd included), the tensor-core GEMM (``gemm_mma``)
+GPU local-memory GEMM (``gemm_local``, Winograd included), the tensor-core GEMMs (``gemm_mma``;
+``gemm_wgmma``, Hopper's warpgroup MMA)
 and the direct kernels (``direct``: depthwise, and configs without a family). Each module
 declares one object, ``KERNEL_FAMILY``, with the methods of :class:`KernelFamily`, the same signatures in every
 family; a config names its family by ``config["family"]``. The executor (through ``conv``),
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional, Protocol
 
-from . import direct, gemm_cpu, gemm_local, gemm_mma
+from . import direct, gemm_cpu, gemm_local, gemm_mma, gemm_wgmma
 from ..graph import Node
 from ..precision import FMA_COMPETES, Precision
 from ..search import SpaceKeys
@@ -51,7 +52,8 @@ class KernelFamily(Protocol):
         """The launches that compute ``node`` under ``cfg``."""
 
 
-FAMILIES: tuple = (direct.KERNEL_FAMILY, gemm_mma.KERNEL_FAMILY, gemm_local.KERNEL_FAMILY, gemm_cpu.KERNEL_FAMILY)
+FAMILIES: tuple = (direct.KERNEL_FAMILY, gemm_wgmma.KERNEL_FAMILY, gemm_mma.KERNEL_FAMILY, gemm_local.KERNEL_FAMILY,
+                   gemm_cpu.KERNEL_FAMILY)
 _BY_NAME = {f.name: f for f in FAMILIES}
 
 

@@ -1,14 +1,17 @@
-"""Hopper's warpgroup MMA (``wgmma``, sm_90a) for a half GEMM, ``cl/gemm_wgmma.cl``.
+"""Hopper's warpgroup MMA (``wgmma``, sm_90a): a tensor-core GEMM family, ``cl/gemm_wgmma.cl``.
 
 NVIDIA's OpenCL C compiler emits PTX for ``sm_90`` only, where ``mma.sync`` (the ``mma`` family)
 is the widest tensor-core instruction; ``wgmma`` reads both operands from local memory in
 swizzled layouts and is what cuDNN's Hopper kernels run on. The kernel writes it as markers that
 ``yolo_cl.ptx`` turns into instructions in the built PTX (``Runtime.program(..., patch=...)``).
 
-Not yet a conv family: C = A @ B with B k-contiguous (given transposed) or, with ``b_kn``,
-n-contiguous as a conv's input planes are (wgmma's transposed-B layout), for the GEMM benchmark
-(``tools/probe_wgmma.py``) and the reference tests; the conv binding with the shared epilogue
-comes next (issue 17).
+As a conv family it runs fp16 convs whose B is an explicit matrix: 1x1 convs straight from their
+input planes (``gemm1x1``) and any conv after an im2col pass, with the shared epilogue (bias,
+activation, fused shortcut, concat slice, an upsample written through); no groups, no split-K,
+no pool written through. The 3x3 convs' implicit gather stays the ``mma`` family's. It is offered
+where its probe passes (a Hopper GPU, or ``YOLO_CL_WGMMA_EMULATE=1``), searched by the tuner next
+to the others, and has no untuned pick yet (``heuristic`` None): its per-shape speed against the
+``mma`` family is in BENCHMARKS.md (seventeenth session).
 """
 from __future__ import annotations
 
@@ -18,13 +21,26 @@ from typing import Optional
 
 import numpy as np
 
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise, \
+    packed_upload, residual_args, write_target
+from .gemm_local import b_operand, conv_cost, scratch_bytes
+from .gemm_mma import KPAD, pack_weights
+from ..errors import YoloClError
+from ..graph import Node
 from ..ptx import raise_to_sm90a
 
 log = logging.getLogger("yolo_cl.kernels")
 
+FAMILY = "wgmma"
+ALGOS = ("gemm1x1", "im2col")
 EMULATE_ENV = "YOLO_CL_WGMMA_EMULATE"
 LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold (static arrays)
-DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 330 TFLOP/s at 4096^3 (BENCHMARKS.md)
+DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
+# The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
+SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
+         {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
+         {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
+         {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}]
 _PROBED: dict = {}                 # (device, driver, emulated) -> bool
 
 
@@ -59,7 +75,8 @@ def why_illegal(cfg: dict) -> Optional[str]:
 def hopper(rt) -> bool:
     """An NVIDIA device reporting compute capability 9.0 (wgmma is sm_90a's, not later chips')."""
     d = rt.device
-    if "NVIDIA" not in d.vendor.upper() or "cl_nv_device_attribute_query" not in d.extensions:
+    if "NVIDIA" not in str(getattr(d, "vendor", "")).upper() \
+            or "cl_nv_device_attribute_query" not in str(getattr(d, "extensions", "")):
         return False
     try:
         return int(d.compute_capability_major_nv) == 9
@@ -68,48 +85,53 @@ def hopper(rt) -> bool:
 
 
 def defines(cfg: dict, b_kn: bool = False) -> dict:
+    """The kernel's tunables and layout (``b_kn``: B n-contiguous), its emulation where it is on."""
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
-    d["STAGES"] = int(cfg["ST"])
-    d["B_KN"] = b_kn
-    d["WGMMA_EMULATE"] = emulated()
+    d.update(STAGES=int(cfg["ST"]), KPAD=KPAD, B_KN=b_kn, WGMMA_EMULATE=emulated())
     return d
 
 
-def program(rt, cfg: dict, b_kn: bool = False):
-    """The kernel's program for ``cfg`` (B n-contiguous with ``b_kn``): built and patched to
-    sm_90a, or emulated."""
-    why = why_illegal(cfg)
-    if why is not None:
-        raise ValueError(f"wgmma config {cfg}: {why}")
-    return rt.program("gemm_wgmma.cl", defines(cfg, b_kn), patch=None if emulated() else raise_to_sm90a)
+def patch():
+    """What ``Runtime.program`` does to the built binary: sm_90a markers (none when emulated)."""
+    return None if emulated() else raise_to_sm90a
+
+
+def aligned(*ints) -> bool:
+    """Whether B's offsets, strides and row length (in halves) let cp.async copy 16-byte chunks."""
+    return all(int(v) % 8 == 0 for v in ints)
+
+
+def launch(cfg: dict, M: int, N: int, Z: int) -> tuple:
+    """(global size, local size) over Z images."""
+    threads = 2 * int(cfg["MT"])
+    return (-(-N // int(cfg["NT"])) * threads, -(-M // int(cfg["MT"])), Z), (threads, 1, 1)
 
 
 def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> np.ndarray:
     """C = A @ B (float32 out) on the device, B given transposed ([N][K]) or with ``b_kn`` as is
-    ([K][N]); the operands rounded to half and zero-padded to the tiles: the probe's, the tests'
-    and the benchmark's GEMM."""
+    ([K][N]); the operands rounded to half (k padded to a multiple of 8 where B is transposed):
+    the probe's, the tests' and the benchmark's GEMM."""
+    why = why_illegal(cfg)
+    if why is not None:
+        raise ValueError(f"wgmma config {cfg}: {why}")
     cl = rt.cl
     (M, K), N = A.shape, (B.shape[1] if b_kn else B.shape[0])
-    mt, nt, kt = int(cfg["MT"]), int(cfg["NT"]), k_tile(cfg)
-    Mp, Np, Kp = -(-M // mt) * mt, -(-N // nt) * nt, -(-K // kt) * kt
-    a = np.zeros((Mp, Kp), np.float16)
-    a[:M, :K] = A
-    if b_kn:
-        b = np.zeros((Kp, Np), np.float16)
-        b[:K, :N] = B
-    else:
-        b = np.zeros((Np, Kp), np.float16)
-        b[:N, :K] = B
-    ab, bb = rt.upload(a, "A"), rt.upload(b, "B")
-    cb = rt.alloc(Mp * Np * 2, "C")
-    k = cl.Kernel(program(rt, cfg, b_kn), "yc_gemm_wgmma")
-    k.set_args(ab, bb, cb, np.int32(Mp), np.int32(Np), np.int32(Kp))
-    threads = 2 * mt
-    cl.enqueue_nd_range_kernel(rt.queue, k, (Np // nt * threads, Mp // mt), (threads, 1))
-    out = np.empty((Mp, Np), np.float16)
-    cl.enqueue_copy(rt.queue, out, cb)
+    if not b_kn and K % 8:
+        pad = 8 - K % 8
+        A, B, K = np.pad(A, ((0, 0), (0, pad))), np.pad(B, ((0, 0), (0, pad))), K + pad
+    a = rt.upload(pack_weights(np.asarray(A, np.float32), 1, "f16"), "A")
+    b = rt.upload(np.ascontiguousarray(B, np.float16), "B")
+    c = rt.alloc(M * N * 2, "C")
+    bias = rt.upload(np.zeros(M, np.float32), "bias")
+    d = {**defines(cfg, b_kn), "HALF_STORAGE": True, "NO_BIAS": True, "B_SCALAR": b_kn and not aligned(N)}
+    k = cl.Kernel(rt.program("gemm_wgmma.cl", d, patch=patch()), "yc_gemm_wgmma")
+    k.set_args(a, bias, b, *i32(0, 0, 0, N if b_kn else K), c, *i32(0, 0, N), c, *i32(0, 0), *i32(M, N, K, 1))
+    gs, ls = launch(cfg, M, N, 1)
+    cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
+    out = np.empty((M, N), np.float16)
+    cl.enqueue_copy(rt.queue, out, c)
     rt.queue.finish()
-    return out[:M, :N].astype(np.float32)
+    return out.astype(np.float32)
 
 
 def probe(rt) -> float:
@@ -142,3 +164,74 @@ def available(rt) -> bool:
                 log.info("wgmma off on %s: %s", rt.device_name, str(e).splitlines()[0][:200])
         _PROBED[key] = ok
     return _PROBED[key]
+
+
+# -- the conv family ---------------------------------------------------------------------------
+def conv_algos(node: Node) -> list:
+    """Algorithms of this family that can run ``node``: an explicit B, one group."""
+    if conv_gemm_shape(node)[3] != 1 or is_depthwise(node):
+        return []
+    return ["gemm1x1", "im2col"] if is_pointwise(node) else ["im2col"]
+
+
+def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """Launches for a conv under a wgmma config: [im2col,] GEMM with the fused epilogue."""
+    if ctx.mma != "f16":
+        raise YoloClError("the wgmma family computes fp16 on a Hopper GPU's tensor cores only")
+    algo = cfg.get("algo")
+    if algo not in conv_algos(node):
+        raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family")
+    why = why_illegal(cfg)
+    if why is not None:
+        raise YoloClError(f"wgmma config {cfg}: {why}")
+    M, N, K, _ = conv_gemm_shape(node)
+    a = node.attrs
+    wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY),
+                        lambda: pack_weights(a["weights"].reshape(a["filters"], -1), 1, "f16"))
+    launches, b_args = b_operand(ctx, node, algo)
+    store = write_target(ctx, node)
+    d = {**epilogue_defines(ctx, node), **store.defines, **defines(cfg, b_kn=True),
+         "B_SCALAR": not aligned(N, *b_args[1:3], b_args[4])}
+    args = [wts["A"], wts["bias"]] + b_args + store.c_args + residual_args(ctx, node) + i32(M, N, K, 1)
+    gs, ls = launch(cfg, M, N, ctx.batch)
+    k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
+    launches.append(Launch(k, gs, ls, node, "gemm_wgmma", dict(cfg, writes=store.writes) if store.writes else dict(cfg),
+                           node.flops * ctx.batch))
+    return launches
+
+
+class WgmmaGemm:
+    """The kernel-family interface (see ``family.py``) of the wgmma GEMM."""
+
+    name = FAMILY
+    tensor_cores = True
+    derived, schedule, block = (), (), ("MT", "NT")
+
+    def offered(self, rt, mma: str) -> bool:
+        return mma == "f16" and available(rt)
+
+    def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
+        return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) for c in SPACE]
+
+    def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
+        return None
+
+    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+        if cfg.get("algo") not in conv_algos(node):
+            return f"algorithm '{cfg.get('algo')}' cannot run this layer in the wgmma family"
+        try:
+            return why_illegal(cfg)
+        except (KeyError, TypeError, ValueError) as e:
+            return f"wgmma config {cfg}: {e}"
+
+    def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
+        return conv_cost(node, {**cfg, "MWG": int(cfg["MT"]), "NWG": int(cfg["NT"])}, batch, rt)
+
+    def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
+        return scratch_bytes(node, cfg, batch, precision)
+
+    def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
+        return bind(ctx, node, cfg)
+
+
+KERNEL_FAMILY = WgmmaGemm()
