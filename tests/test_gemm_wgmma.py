@@ -123,15 +123,20 @@ def test_illegal_configs_are_named():
         gw.gemm(None, np.zeros((8, 8)), np.zeros((8, 8)), {"MT": 64, "NT": 64, "SWZ": 64, "ST": 1})
 
 
-def test_probe_says_yes_only_where_wgmma_runs(rt, monkeypatch):
+def test_probe_says_yes_only_where_wgmma_runs(rt, tmp_path, monkeypatch):
     """Emulated (or a real Hopper GPU): the probe GEMM matches and the kernel is offered. A device
-    that is not a Hopper GPU, without emulation, is never offered it."""
+    that is not a Hopper GPU, without emulation, is never offered it, and a stored config of the
+    family (a tuning file from a Hopper GPU) is refused there rather than bound."""
+    from test_tuner import convs
+    node = convs(tmp_path)[0]
+    cfg = {"family": "wgmma", "algo": "im2col", **gw.DEFAULT}
     gw._PROBED.clear()
-    assert gw.available(rt)
+    assert gw.available(rt) and gw.KERNEL_FAMILY.why_illegal(node, cfg, rt) is None
     if not gw.hopper(rt):
         monkeypatch.delenv(gw.EMULATE_ENV)
         gw._PROBED.clear()
         assert not gw.available(rt)
+        assert "does not run" in gw.KERNEL_FAMILY.why_illegal(node, cfg, rt)
     gw._PROBED.clear()
 
 

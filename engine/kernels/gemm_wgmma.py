@@ -217,6 +217,8 @@ class WgmmaGemm:
         return None
 
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+        if not available(rt):           # a stored entry on a device (or driver) where the probe fails
+            return "wgmma does not run on this device"
         if cfg.get("algo") not in conv_algos(node):
             return f"algorithm '{cfg.get('algo')}' cannot run this layer in the wgmma family"
         try:
