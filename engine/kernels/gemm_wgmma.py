@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise, \
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise, marked, \
     packed_upload, residual_args, write_target
 from .gemm_local import b_operand, conv_cost, scratch_bytes
 from .gemm_mma import KPAD, pack_weights
@@ -91,7 +91,7 @@ def defines(cfg: dict, b_kn: bool = False) -> dict:
     return d
 
 
-def patch():
+def patch() -> Optional[Callable[[bytes], bytes]]:
     """What ``Runtime.program`` does to the built binary: sm_90a markers (none when emulated)."""
     return None if emulated() else raise_to_sm90a
 
@@ -171,7 +171,7 @@ def conv_algos(node: Node) -> list:
     """Algorithms of this family that can run ``node``: an explicit B, one group."""
     if conv_gemm_shape(node)[3] != 1 or is_depthwise(node):
         return []
-    return ["gemm1x1", "im2col"] if is_pointwise(node) else ["im2col"]
+    return list(ALGOS) if is_pointwise(node) else ["im2col"]
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
@@ -195,8 +195,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     args = [wts["A"], wts["bias"]] + b_args + store.c_args + residual_args(ctx, node) + i32(M, N, K, 1)
     gs, ls = launch(cfg, M, N, ctx.batch)
     k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
-    launches.append(Launch(k, gs, ls, node, "gemm_wgmma", dict(cfg, writes=store.writes) if store.writes else dict(cfg),
-                           node.flops * ctx.batch))
+    launches.append(Launch(k, gs, ls, node, "gemm_wgmma", marked(cfg, store.writes), node.flops * ctx.batch))
     return launches
 
 
