@@ -7,7 +7,8 @@
  *   A   the packed weights [Mp][Kp] half (k contiguous, zero-padded: gemm_mma.pack_weights)
  *   B   [N][K] half (B transposed: k contiguous; ldb, K and offsets multiples of 8), or with B_KN
  *       [K][N] (n contiguous: a conv's input planes, gemm1x1 or im2col), read by wgmma in its
- *       transposed-B ("MN-major") layout
+ *       transposed-B ("MN-major") layout; with IMPLICIT (B_KN too) the conv's input itself, the
+ *       im2col matrix gathered element by element (trailing args H, W, OW; defines KS SX SY PAD DIL)
  *   C   as the other GPU GEMM families store it, through the shared epilogue (gemm_epilogue.h:
  *       bias, activation, shortcut, concat slice, upsample written through), any M, N, K
  *
@@ -48,6 +49,9 @@
 #endif
 #ifndef KPAD
 #define KPAD 64
+#endif
+#if defined(IMPLICIT) && !defined(B_KN)
+#error "IMPLICIT gathers the n-contiguous B: B_KN"
 #endif
 #if STAGES < 2
 #error "STAGES is 2 or more"
@@ -195,9 +199,29 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 /* Stage s <- k-tile kt of A's and B's tiles, each work-item copying 16-byte chunks (zeros past
  * K or N): A's (and a k-contiguous B's) rows of KT; with B_KN, B's KT rows of NT, chunk c8 of
  * k-row k to its atom, by cp.async or, with B_SCALAR (B's offsets or N not multiples of 8
- * halves), element by element through registers. */
+ * halves), element by element through registers; with IMPLICIT (and B_KN) B is the conv's
+ * input and each element is gathered from its (c, ky, kx) and output pixel, as im2col would. */
 #ifdef B_KN
-#ifdef B_SCALAR
+#if defined(IMPLICIT)
+/* B[k][n] of the conv's im2col matrix, gathered from its input (0 in the padding and past K, N):
+ * k = (c, ky, kx), n = output pixel (x, y) of OW a row. */
+inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, const int K, const int N,
+                        const int H, const int W, const int OW)
+{
+    if (k >= K || n >= N) return 0;
+    const int c = k / (KS * KS), r = k - c * (KS * KS), ky = r / KS, kx = r - ky * KS;
+    const int oy = n / OW, ox = n - oy * OW;
+    const int iy = oy * SY - PAD + ky * DIL, ix = ox * SX - PAD + kx * DIL;
+    return (iy >= 0 && iy < H && ix >= 0 && ix < W) ? Bg[((size_t)c * H + iy) * W + ix] : (ushort)0;
+}
+#define B_CHUNK(dst, k, n)                                                                       \
+    {                                                                                            \
+        ushort h[8];                                                                             \
+        for (int e = 0; e < 8; ++e) h[e] = yc_im2col(Bg, (k), (n) + e, K, N, H, W, OW);          \
+        *(__local uint4*)(smem_b + (dst)) = (uint4)(h[0] | ((uint)h[1] << 16), h[2] | ((uint)h[3] << 16), \
+                                                    h[4] | ((uint)h[5] << 16), h[6] | ((uint)h[7] << 16)); \
+    }
+#elif defined(B_SCALAR)
 #define B_CHUNK(dst, k, n)                                                                       \
     {                                                                                            \
         ushort h[8];                                                                             \

@@ -146,8 +146,8 @@ NET = (net_header(20, 20) + conv(16) + conv(24, 1) + conv(32, stride=2) + conv(1
 
 
 def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
-    """Offered where the probe passes and fp16 runs on tensor cores; its candidates are the explicit
-    B algorithms (a 1x1 conv straight from its input, any conv after im2col), never grouped convs."""
+    """Offered where the probe passes and fp16 runs on tensor cores; its candidates: a 1x1 conv
+    straight from its input, any conv gathered on the fly or after im2col, never grouped convs."""
     from test_tuner import convs
     assert gw.KERNEL_FAMILY.offered(rt, "f16") and not gw.KERNEL_FAMILY.offered(rt, "tf32")
     assert not gw.KERNEL_FAMILY.offered(rt, "")
@@ -155,33 +155,37 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
     pointwise = [n for n in nodes if n.attrs["size"] == 1 and n.attrs["groups"] == 1]
     spatial = [n for n in nodes if n.attrs["size"] == 3 and n.attrs["groups"] == 1]
     assert pointwise and spatial
-    assert gw.conv_algos(pointwise[0]) == ["gemm1x1", "im2col"] and gw.conv_algos(spatial[0]) == ["im2col"]
+    assert gw.conv_algos(pointwise[0]) == ["gemm1x1", "implicit", "im2col"]
+    assert gw.conv_algos(spatial[0]) == ["implicit", "im2col"]
     cands = gw.KERNEL_FAMILY.candidates(spatial[0], rt, 1, FP16, "f16")
     assert cands and all(c["family"] == "wgmma" and gw.why_illegal(c) is None for c in cands)
     assert gw.KERNEL_FAMILY.heuristic(spatial[0], 1, FP16, "f16") is None       # tuned in, never picked untuned
 
 
 def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
-    """Every conv of the tuner's test net (3x3, strided, 1x1, mish, leaky) under each algorithm of
-    the family, bound as the tuner binds a candidate and checked against its fp32 reference."""
+    """Every conv of the tuner's test net (3x3, strided, 1x1, mish, leaky) and a dilated 3x3 under
+    each algorithm of the family, bound as the tuner binds a candidate and checked against its fp32
+    reference."""
     from test_tuner import convs
+    from tiny_graphs import conv_nodes
     from yolo_cl import tuner as tmod
     tuner = tmod.Tuner(rt, FP16, reps=1)
+    dilated = conv_nodes(tmp_path / "dil.cfg", net_header(11, 9, 8) + conv(12, dilation=2, act="linear"))
     checked = 0
-    for node in convs(tmp_path, 12, 10):
+    for node in convs(tmp_path, 12, 10) + dilated:
         for algo in gw.conv_algos(node):
             cfg = {"family": "wgmma", "algo": algo, "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}
             bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
             assert bench.check(bench.bind(cfg)) < FP16.tolerance, (node.describe(), algo)
             checked += 1
-    assert checked >= 4
+    assert checked >= 7
 
 
 def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
-    """A net whose every eligible conv is tuned to the wgmma family (a user database): 1x1 convs
-    from their input, 3x3 after im2col, a fused shortcut, concat slices, an upsample written
-    through, and B both 16-byte aligned (20x20: cp.async) and not (10x10 planes: element by
-    element). Two images; against the NumPy Darknet forward pass."""
+    """A net whose every conv is tuned to the wgmma family (a user database), its algorithms taken
+    in turn (a 1x1 conv from its input, convs gathered on the fly, after im2col), a fused shortcut,
+    concat slices, an upsample written through, and B both 16-byte aligned (20x20: cp.async) and
+    not (10x10 planes: element by element). Two images; against the NumPy Darknet forward pass."""
     import yolo_cl
     from test_gemm_mma import net_and_reference
     from yolo_cl.kernels.family import tuning_database
@@ -191,12 +195,13 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 20, 4, batch=2)
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
     nodes = [l.node for l in det.executor(2).launches if l.node.op == "conv"]
-    configs = [{"family": "wgmma", "algo": gw.conv_algos(n)[0], **c} for n, c in zip(nodes, gw.SPACE * 3)]
+    configs = [{"family": "wgmma", "algo": gw.conv_algos(n)[i % len(gw.conv_algos(n))], **c}
+               for i, (n, c) in enumerate(zip(nodes, gw.SPACE * 3))]
     tuning_database(rt, FP16, "f16").record({shape_key(n, 2): c for n, c in zip(nodes, configs)})
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
     launches = det.executor(2).launches
     convs = [l for l in launches if l.name == "gemm_wgmma"]
     assert len(convs) == len(nodes) and {l.name for l in launches if l.node.op == "conv"} == {"gemm_wgmma", "im2col"}
-    assert {l.config["algo"] for l in convs} == {"gemm1x1", "im2col"}
+    assert {l.config["algo"] for l in convs} == {"gemm1x1", "implicit", "im2col"}
     assert any(l.config.get("writes") == "upsample" for l in convs)
     assert rel_err(det.forward(blob)[0], ref) < 1e-2

@@ -5,10 +5,11 @@ is the widest tensor-core instruction; ``wgmma`` reads both operands from local 
 swizzled layouts and is what cuDNN's Hopper kernels run on. The kernel writes it as markers that
 ``yolo_cl.ptx`` turns into instructions in the built PTX (``Runtime.program(..., patch=...)``).
 
-As a conv family it runs fp16 convs whose B is an explicit matrix: 1x1 convs straight from their
-input planes (``gemm1x1``) and any conv after an im2col pass, with the shared epilogue (bias,
-activation, fused shortcut, concat slice, an upsample written through); no groups, no split-K,
-no pool written through. The 3x3 convs' implicit gather stays the ``mma`` family's. It is offered
+As a conv family it runs fp16 convs of one group: 1x1 convs straight from their input planes
+(``gemm1x1``), any conv with its im2col matrix gathered element by element as the tiles are
+staged (``implicit``) or written by an im2col pass first (``im2col``), with the shared epilogue
+(bias, activation, fused shortcut, concat slice, an upsample written through); no split-K, no
+pool written through. It is offered
 where its probe passes (a Hopper GPU, or ``YOLO_CL_WGMMA_EMULATE=1``), searched by the tuner next
 to the others, and has no untuned pick yet (``heuristic`` None): its per-shape speed against the
 ``mma`` family is in BENCHMARKS.md (seventeenth session).
@@ -32,7 +33,7 @@ from ..ptx import raise_to_sm90a
 log = logging.getLogger("yolo_cl.kernels")
 
 FAMILY = "wgmma"
-ALGOS = ("gemm1x1", "im2col")
+ALGOS = ("gemm1x1", "implicit", "im2col")
 EMULATE_ENV = "YOLO_CL_WGMMA_EMULATE"
 LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold (static arrays)
 DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
@@ -168,10 +169,11 @@ def available(rt) -> bool:
 
 # -- the conv family ---------------------------------------------------------------------------
 def conv_algos(node: Node) -> list:
-    """Algorithms of this family that can run ``node``: an explicit B, one group."""
+    """Algorithms of this family that can run ``node`` (one group): a 1x1 conv's input as B, the
+    im2col matrix gathered on the fly, or written by an im2col pass first."""
     if conv_gemm_shape(node)[3] != 1 or is_depthwise(node):
         return []
-    return list(ALGOS) if is_pointwise(node) else ["im2col"]
+    return list(ALGOS) if is_pointwise(node) else ["implicit", "im2col"]
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
@@ -192,7 +194,12 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     store = write_target(ctx, node)
     d = {**epilogue_defines(ctx, node), **store.defines, **defines(cfg, b_kn=True),
          "B_SCALAR": not aligned(N, *b_args[1:3], b_args[4])}
-    args = [wts["A"], wts["bias"]] + b_args + store.c_args + residual_args(ctx, node) + i32(M, N, K, 1)
+    extra = []
+    if algo == "implicit":
+        x = node.inputs[0]
+        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
+        extra = i32(x.h, x.w, node.output.w)
+    args = [wts["A"], wts["bias"]] + b_args + store.c_args + residual_args(ctx, node) + i32(M, N, K, 1) + extra
     gs, ls = launch(cfg, M, N, ctx.batch)
     k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
     launches.append(Launch(k, gs, ls, node, "gemm_wgmma", marked(cfg, store.writes), node.flops * ctx.batch))
