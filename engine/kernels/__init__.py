@@ -114,7 +114,8 @@ class BindContext:
     def kernel(self, source: str, name: str, defines: dict, args: list, patch=None):
         """Build (cached; its binary through ``patch``, see ``Runtime.program``) and return a
         kernel with ``args`` bound."""
-        k = self.rt.cl.Kernel(self.rt.program(source, defines, patch=patch), name)
+        prg = self.rt.program(source, defines) if patch is None else self.rt.program(source, defines, patch=patch)
+        k = self.rt.cl.Kernel(prg, name)
         k.set_args(*args)
         return k
 
