@@ -290,10 +290,21 @@ class Runtime:
                 self._programs[key] = prg
         return prg
 
+    def _counted_compile(self, source: str, text: str, opts: str):
+        """:meth:`_compile`, told to ``on_first_build`` the first time and counted in ``builds``."""
+        with self._lock:
+            notify, self.on_first_build = self.on_first_build, None
+        if notify is not None:
+            notify()
+        prg = self._compile(source, text, opts)
+        with self._lock:
+            self.builds += 1
+        return prg
+
     def _patched(self, source: str, opts: str, patch: Callable[[bytes], bytes]):
         """``cl/<source>`` built, its binary patched, and loaded from the patched binary."""
         cl = self.cl
-        built = self._compile(source, _source_text(source), opts)
+        built = self._counted_compile(source, _source_text(source), opts)
         try:
             binary = patch(built.get_info(cl.program_info.BINARIES)[0])
             with warnings.catch_warnings():
@@ -327,13 +338,7 @@ class Runtime:
                 pass   # stale or corrupt binary: rebuild from source below
         if self.binary_cache and not self.export_binaries and held.is_file():
             return self._compile(source, text, opts)    # a hit in the driver's cache: no build counted
-        with self._lock:
-            notify, self.on_first_build = self.on_first_build, None
-        if notify is not None:
-            notify()
-        prg = self._compile(source, text, opts)
-        with self._lock:
-            self.builds += 1
+        prg = self._counted_compile(source, text, opts)
         if self.binary_cache:
             try:
                 if self.export_binaries:
