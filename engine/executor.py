@@ -21,7 +21,7 @@ from . import branches as side, cmdbuf, staging
 from .errors import DeviceError, YoloClError
 from .graph import Graph, folding_default
 from .hostsets import HostSets
-from .kernels import BindContext
+from .kernels import BindContext, writes_through
 from .kernels.nodes import bind_node, workspace_bytes
 from .launch import LaunchList
 from .measure import event_ms
@@ -166,7 +166,7 @@ class Executor:
             bound = [one(n) for n in nodes]
         def reads_through(launches: list) -> bool:
             return any(l.config.get("through") for l in launches)
-        written = frozenset(id(n.attrs["write_through"]) for n, ls in bound if any(l.config.get("writes") for l in ls))
+        written = frozenset(id(n.attrs["write_through"]) for n, ls in bound if writes_through(ls))
 
         def reread(node, launches: list) -> tuple:
             """``node`` bound again where it read through a layer its producer wrote."""

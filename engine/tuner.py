@@ -23,7 +23,7 @@ import numpy as np
 from . import measure, search
 from .errors import YoloClError, reason
 from .graph import Node, Tensor, View
-from .kernels import BindContext, family
+from .kernels import BindContext, family, writes_through
 from .kernels import gemm_mma
 from .kernels.nodes import bind_node
 from .precision import FP32, Precision
@@ -101,11 +101,6 @@ def reference_through(y: np.ndarray, node: Node) -> np.ndarray:
         for kx in range(k):
             np.maximum(out, yp[:, :, ky:ky + sy * (oh - 1) + 1:sy, kx:kx + sx * (ow - 1) + 1:sx], out=out)
     return out
-
-
-def writes_through(launches: list) -> bool:
-    """Whether a conv's launches store the layer it writes through (the executor then drops it)."""
-    return any(l.config.get("writes") for l in launches)
 
 
 def rel_error(x: np.ndarray, ref: np.ndarray) -> float:

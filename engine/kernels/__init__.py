@@ -204,6 +204,12 @@ def marked(config: dict, writes: str) -> dict:
     return {**config, "writes": writes} if writes else dict(config)
 
 
+def writes_through(launches: list) -> bool:
+    """Whether a conv's launches store the layer it writes through (``marked``: the executor then
+    drops that layer's own launch, and the tuner checks what they store there)."""
+    return any(l.config.get("writes") for l in launches)
+
+
 def written_pool(ctx: BindContext, node: Node) -> Optional[Node]:
     """The 2x2 stride-2 max-pool that alone reads ``node``'s output (graph.mark_write_fusions),
     where the context writes through: a Winograd conv's tile-vector store computes it (its tiles
