@@ -18,7 +18,6 @@ import argparse
 import logging
 import sys
 import time
-from typing import Optional
 
 import numpy as np
 
@@ -32,31 +31,18 @@ CONFIGS = [dict(MT=128, NT=128, SWZ=64, ST=3), dict(MT=128, NT=128, SWZ=64, ST=2
            dict(MT=256, NT=128, SWZ=64, ST=2), dict(MT=128, NT=256, SWZ=64, ST=2)]
 
 
-def fits(cfg: dict, M: int, N: int, K: int) -> Optional[str]:
-    """Why ``cfg`` cannot time an M x N x K GEMM (the kernel takes whole tiles), or None."""
-    why = gw.why_illegal(cfg)
-    if why is None and (M % int(cfg["MT"]) or N % int(cfg["NT"]) or K % gw.k_tile(cfg)):
-        why = "size not a multiple of the tile"
-    return why
-
-
 def time_gemm(rt, cfg: dict, M: int, N: int, K: int, reps: int, b_kn: bool) -> tuple:
     """(best ms, relative error on a row slice) of an M x N x K GEMM under ``cfg``."""
     cl = rt.cl
     rng = np.random.default_rng(0)
     A = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
     B = rng.standard_normal((K, N), dtype=np.float32).astype(np.float16)
-    a, b = rt.upload(A, "A"), rt.upload(B if b_kn else np.ascontiguousarray(B.T), "B")
-    c = rt.alloc(M * N * 2, "C")
-    k = cl.Kernel(gw.program(rt, cfg, b_kn), "yc_gemm_wgmma")
-    k.set_args(a, b, c, np.int32(M), np.int32(N), np.int32(K))
-    threads = 2 * int(cfg["MT"])
-    gs, ls = (N // int(cfg["NT"]) * threads, M // int(cfg["MT"])), (threads, 1)
-    evs = [cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls) for _ in range(reps + 1)]
+    g = gw.bound_gemm(rt, A, B if b_kn else np.ascontiguousarray(B.T), cfg, b_kn)
+    evs = [cl.enqueue_nd_range_kernel(rt.queue, g.kernel, g.gsize, g.lsize) for _ in range(reps + 1)]
     rt.queue.finish()
     ms = min(e.profile.end - e.profile.start for e in evs[1:]) * 1e-6
     out = np.empty((M, N), np.float16)
-    cl.enqueue_copy(rt.queue, out, c)
+    cl.enqueue_copy(rt.queue, out, g.c)
     rt.queue.finish()
     ref = A[:256].astype(np.float64) @ B.astype(np.float64)
     err = float(np.linalg.norm(out[:256].astype(np.float64) - ref) / np.linalg.norm(ref))
@@ -89,7 +75,7 @@ def main() -> int:
         best = None
         for cfg in configs:
             name = f"{M}x{N}x{K} B {layout} " + " ".join(f"{k}{v}" for k, v in cfg.items())
-            why = fits(cfg, M, N, K)
+            why = gw.why_illegal(cfg)
             if why is not None:
                 if not args.shapes:
                     print(f"{name}: skipped ({why})")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -108,14 +108,23 @@ def launch(cfg: dict, M: int, N: int, Z: int) -> tuple:
     return (-(-N // int(cfg["NT"])) * threads, -(-M // int(cfg["MT"])), Z), (threads, 1, 1)
 
 
-def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> np.ndarray:
-    """C = A @ B (float32 out) on the device, B given transposed ([N][K]) or with ``b_kn`` as is
-    ([K][N]); the operands rounded to half (k padded to a multiple of 8 where B is transposed):
-    the probe's, the tests' and the benchmark's GEMM."""
+class BoundGemm(NamedTuple):
+    """A GEMM ready to enqueue: the kernel with its arguments set, its sizes, C's buffer ([M][N]
+    half), and every buffer it reads (a kernel does not keep its buffer arguments alive)."""
+
+    kernel: object
+    gsize: tuple
+    lsize: tuple
+    c: object
+    buffers: tuple
+
+
+def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> BoundGemm:
+    """C = A @ B on the device, bound: B given transposed ([N][K]) or with ``b_kn`` as is
+    ([K][N]), the operands uploaded as half (k padded to a multiple of 8 where B is transposed)."""
     why = why_illegal(cfg)
     if why is not None:
         raise ValueError(f"wgmma config {cfg}: {why}")
-    cl = rt.cl
     (M, K), N = A.shape, (B.shape[1] if b_kn else B.shape[0])
     if not b_kn and K % 8:
         pad = 8 - K % 8
@@ -125,12 +134,18 @@ def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = Fal
     c = rt.alloc(M * N * 2, "C")
     bias = rt.upload(np.zeros(M, np.float32), "bias")
     d = {**defines(cfg, b_kn), "HALF_STORAGE": True, "NO_BIAS": True, "B_SCALAR": b_kn and not aligned(N)}
-    k = cl.Kernel(rt.program("gemm_wgmma.cl", d, patch=patch()), "yc_gemm_wgmma")
+    k = rt.cl.Kernel(rt.program("gemm_wgmma.cl", d, patch=patch()), "yc_gemm_wgmma")
     k.set_args(a, bias, b, *i32(0, 0, 0, N if b_kn else K), c, *i32(0, 0, N), c, *i32(0, 0), *i32(M, N, K, 1))
-    gs, ls = launch(cfg, M, N, 1)
-    cl.enqueue_nd_range_kernel(rt.queue, k, gs, ls)
-    out = np.empty((M, N), np.float16)
-    cl.enqueue_copy(rt.queue, out, c)
+    return BoundGemm(k, *launch(cfg, M, N, 1), c, (a, b, bias))
+
+
+def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> np.ndarray:
+    """C = A @ B (float32 out) through :func:`bound_gemm`: the probe's and the tests' GEMM."""
+    g = bound_gemm(rt, A, B, cfg, b_kn)
+    cl = rt.cl
+    cl.enqueue_nd_range_kernel(rt.queue, g.kernel, g.gsize, g.lsize)
+    out = np.empty((A.shape[0], B.shape[1] if b_kn else B.shape[0]), np.float16)
+    cl.enqueue_copy(rt.queue, out, g.c)
     rt.queue.finish()
     return out.astype(np.float32)
 
