@@ -132,15 +132,22 @@ def tf32_round(x: np.ndarray) -> np.ndarray:
 
 
 # -- capability ------------------------------------------------------------------------------
-def tensor_cores(rt) -> bool:
-    """An NVIDIA device reporting compute capability 8.0 or later (cl_nv_device_attribute_query)."""
+def compute_capability(rt) -> int:
+    """The major compute capability an NVIDIA device reports (cl_nv_device_attribute_query); 0 for
+    any other device, or where the driver refuses the attribute."""
     d = rt.device
-    if "NVIDIA" not in d.vendor.upper() or "cl_nv_device_attribute_query" not in d.extensions:
-        return False
+    if "NVIDIA" not in str(getattr(d, "vendor", "")).upper() \
+            or "cl_nv_device_attribute_query" not in str(getattr(d, "extensions", "")):
+        return 0
     try:
-        return int(d.compute_capability_major_nv) >= 8
-    except Exception:                   # noqa: BLE001 - an attribute the driver refuses means no
-        return False
+        return int(d.compute_capability_major_nv)
+    except Exception:                   # noqa: BLE001 - an attribute the driver refuses means none
+        return 0
+
+
+def tensor_cores(rt) -> bool:
+    """An NVIDIA device reporting compute capability 8.0 or later."""
+    return compute_capability(rt) >= 8
 
 
 def available(rt, mode: str) -> bool:

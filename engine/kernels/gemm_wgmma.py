@@ -25,7 +25,7 @@ import numpy as np
 from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise, marked, \
     packed_upload, residual_args, write_target
 from .gemm_local import b_operand, conv_cost, scratch_bytes
-from .gemm_mma import KPAD, pack_weights
+from .gemm_mma import KPAD, compute_capability, pack_weights
 from ..errors import YoloClError
 from ..graph import Node
 from ..ptx import raise_to_sm90a
@@ -75,14 +75,7 @@ def why_illegal(cfg: dict) -> Optional[str]:
 
 def hopper(rt) -> bool:
     """An NVIDIA device reporting compute capability 9.0 (wgmma is sm_90a's, not later chips')."""
-    d = rt.device
-    if "NVIDIA" not in str(getattr(d, "vendor", "")).upper() \
-            or "cl_nv_device_attribute_query" not in str(getattr(d, "extensions", "")):
-        return False
-    try:
-        return int(d.compute_capability_major_nv) == 9
-    except Exception:                   # noqa: BLE001 - an attribute the driver refuses means no
-        return False
+    return compute_capability(rt) == 9
 
 
 def defines(cfg: dict, b_kn: bool = False) -> dict:
