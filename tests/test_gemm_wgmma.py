@@ -140,6 +140,27 @@ def test_probe_says_yes_only_where_wgmma_runs(rt, tmp_path, monkeypatch):
     gw._PROBED.clear()
 
 
+def test_offering_does_not_probe_and_a_failed_probe_offers_nothing(rt, tmp_path, monkeypatch):
+    """Being offered is cheap (a plan that binds none of the family's configs never probes); where
+    the probe then fails (a driver that refuses the patched binary, say) the tuner gets no candidate
+    of the family and a stored config of it is refused."""
+    from test_tuner import convs
+    node = convs(tmp_path)[0]
+    calls = []
+
+    def failing(r):
+        calls.append(r)
+        raise RuntimeError("the driver refused the binary")
+    monkeypatch.setenv(gw.EMULATE_ENV, "1")
+    monkeypatch.setattr(gw, "probe", failing)
+    gw._PROBED.clear()
+    assert gw.KERNEL_FAMILY.offered(rt, "f16") and not calls
+    assert gw.KERNEL_FAMILY.candidates(node, rt, 1, FP16, "f16") == [] and len(calls) == 1
+    assert "does not run" in gw.KERNEL_FAMILY.why_illegal(node, {"family": "wgmma", "algo": "im2col", **gw.DEFAULT}, rt)
+    assert len(calls) == 1                  # once per device and driver
+    gw._PROBED.clear()
+
+
 # -- the conv family -------------------------------------------------------------------------------
 NET = (net_header(20, 20) + conv(16) + conv(24, 1) + conv(32, stride=2) + conv(16, 1) + conv(32) + shortcut(-3)
        + route(-1, -4) + conv(16, 1) + upsample(2) + route(-1, 1) + conv(18, 1, bn=0, act="linear"))

@@ -9,9 +9,9 @@ As a conv family it runs fp16 convs of one group: 1x1 convs straight from their 
 (``gemm1x1``), any conv with its im2col matrix gathered element by element as the tiles are
 staged (``implicit``) or written by an im2col pass first (``im2col``), with the shared epilogue
 (bias, activation, fused shortcut, concat slice, an upsample written through); no split-K, no
-pool written through. It is offered
-where its probe passes (a Hopper GPU, or ``YOLO_CL_WGMMA_EMULATE=1``), searched by the tuner next
-to the others, and has no untuned pick yet (``heuristic`` None): its per-shape speed against the
+pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
+used where its probe passes (run when its configs are first asked for or checked), searched by
+the tuner next to the others, and has no untuned pick yet (``heuristic`` None): its per-shape speed against the
 ``mma`` family is in BENCHMARKS.md (seventeenth session).
 """
 from __future__ import annotations
@@ -221,10 +221,14 @@ class WgmmaGemm:
     tensor_cores = True
     derived, schedule, block = (), (), ("MT", "NT")
 
+    # The probe runs only where the family is asked for configs (the tuner) or a stored config
+    # of it is checked: a run that binds none of its configs does not pay for it at start-up.
     def offered(self, rt, mma: str) -> bool:
-        return mma == "f16" and available(rt)
+        return mma == "f16" and (hopper(rt) or emulated())
 
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
+        if not available(rt):
+            return []
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) for c in SPACE]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
