@@ -207,9 +207,9 @@ inline float yc_activate(float x, const int a) {
 /* The arguments of every GEMM kernel (gemm.cl, gemm_local.cl, gemm_mma.cl), in the order one host
  * binding passes them: A (packed weights), the bias, B with its offset, batch and group strides
  * and row length, C with its offset, batch stride and row length, the fused shortcut's R with its
- * offset and batch stride, the shape M, N, K, G, and for an implicit GEMM (IMPLICIT) the input's
- * height and width and the output's width. */
-#ifdef IMPLICIT
+ * offset and batch stride, the shape M, N, K, G, and for an implicit GEMM (IMPLICIT, or the wgmma
+ * family's NHWC) the input's height and width and the output's width. */
+#if defined(IMPLICIT) || defined(NHWC)
 #define YC_IMPLICIT_PARAMS , const int H, const int W, const int OW
 #else
 #define YC_IMPLICIT_PARAMS

@@ -22,6 +22,26 @@ __kernel void yc_im2col(__global const dtype* restrict X, const int x_off, const
     ST(col, (size_t)z * K * N + (size_t)k * N + n, v);
 }
 
+/* Y[b][p][c] = X[b][c][p]: a conv's input planes as pixels of C channels (NCHW -> NHWC), for the
+ * wgmma family's nhwc convs, whose B rows then are 16-byte runs of channels. 32 x 32 tiles through
+ * local memory, read along p and written along c. Grid (p rounded up to 32, 8 per 32 of C, images),
+ * work-groups of 32 x 8. */
+__kernel __attribute__((reqd_work_group_size(32, 8, 1)))
+void yc_nchw_to_nhwc(__global const dtype* restrict X, const int x_off, const int x_bstride,
+                     const int C, const int HW, __global dtype* restrict Y)
+{
+    __local float t[32][33];
+    const int lx = get_local_id(0), ly = get_local_id(1), b = get_global_id(2);
+    const int p0 = get_group_id(0) * 32, c0 = get_group_id(1) * 32;
+    for (int i = ly; i < 32; i += 8)
+        if (c0 + i < C && p0 + lx < HW)
+            t[i][lx] = LD(X, x_off + (size_t)b * x_bstride + (size_t)(c0 + i) * HW + p0 + lx);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = ly; i < 32; i += 8)
+        if (p0 + i < HW && c0 + lx < C)
+            ST(Y, ((size_t)b * HW + p0 + i) * C + c0 + lx, t[lx][i]);
+}
+
 /* Depthwise conv (groups == channels == filters): one output element per work-item.
  * Weights W[c][KS][KS] (float), fused bias, activation and optional residual add. */
 __kernel void yc_depthwise(__global const dtype* restrict X, const int x_off, const int x_bstride,

@@ -8,7 +8,10 @@
  *   B   [N][K] half (B transposed: k contiguous; ldb, K and offsets multiples of 8), or with B_KN
  *       [K][N] (n contiguous: a conv's input planes, gemm1x1 or im2col), read by wgmma in its
  *       transposed-B ("MN-major") layout; with IMPLICIT (B_KN too) the conv's input itself, the
- *       im2col matrix gathered element by element (trailing args H, W, OW; defines KS SX SY PAD DIL)
+ *       im2col matrix gathered element by element (trailing args H, W, OW; defines KS SX SY PAD DIL);
+ *       with NHWC (k-contiguous B) the conv's input transposed to [H][W][C] (conv.cl's
+ *       yc_nchw_to_nhwc; C a multiple of 8, k ordered (ky, kx, c) in A too), each row of B's tile
+ *       an output pixel's window copied 16 bytes at a time by cp.async (same trailing args)
  *   C   as the other GPU GEMM families store it, through the shared epilogue (gemm_epilogue.h:
  *       bias, activation, shortcut, concat slice, upsample written through), any M, N, K
  *
@@ -52,6 +55,9 @@
 #endif
 #if defined(IMPLICIT) && !defined(B_KN)
 #error "IMPLICIT gathers the n-contiguous B: B_KN"
+#endif
+#if defined(NHWC) && defined(B_KN)
+#error "NHWC reads a k-contiguous B: not B_KN"
 #endif
 #if STAGES < 2
 #error "STAGES is 2 or more"
@@ -251,6 +257,41 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
         CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + r, c), ok ? Bg + (size_t)(n0 + r) * ldb + k : Bg, ok); \
     }
 #endif
+#ifdef NHWC
+/* B[n][k] = the input's [H][W][C] element (iy, ix, c) under output pixel n for k = (ky, kx, c):
+ * chunk column c8 of a k-tile is the same for every B chunk a work-item copies (THREADS is a
+ * multiple of CHUNKS), so each work-item keeps its rows' window corners (iy0, ix0; far outside
+ * the input for rows past N) and walks its k's (ky, kx, c) forward one tile at a time, the tiles
+ * being staged in order, instead of dividing per chunk. */
+#define BROWS ((NT * CHUNKS + THREADS - 1) / THREADS)     /* B chunks a work-item copies a stage */
+#define NHWC_NEXT_TAP()                                                                          \
+    while (cc >= cin) { cc -= cin; if (++kx == KS) { kx = 0; ++ky; } }
+#define NHWC_START()                                                                             \
+    const int cin = K / (KS * KS);                                                               \
+    int cc = (tid % CHUNKS) * 8, ky = 0, kx = 0, iy0[BROWS], ix0[BROWS];                         \
+    NHWC_NEXT_TAP()                                                                              \
+    for (int i = 0; i < BROWS; ++i) {                                                            \
+        const int n = n0 + (tid + i * THREADS) / CHUNKS, oy = n / OW, ox = n - oy * OW;          \
+        iy0[i] = n < N ? oy * SY - PAD : -(1 << 28);                                             \
+        ix0[i] = ox * SX - PAD;                                                                  \
+    }
+#define LOAD_STAGE(s, kt)                                                                        \
+    for (int q = tid; q < MT * CHUNKS; q += THREADS) {                                           \
+        const int r = q / CHUNKS, c = q - r * CHUNKS;                                            \
+        CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * 8, true); \
+    }                                                                                            \
+    for (int i = 0; i < BROWS; ++i) {                                                            \
+        const int q = tid + i * THREADS, iy = iy0[i] + ky * DIL, ix = ix0[i] + kx * DIL;         \
+        const bool ok = ky < KS && iy >= 0 && iy < H && ix >= 0 && ix < W;                       \
+        if (q < NT * CHUNKS)                                                                     \
+            CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + q / CHUNKS, q % CHUNKS),                      \
+                       ok ? Bg + ((size_t)iy * W + ix) * cin + cc : Bg, ok);                     \
+    }                                                                                            \
+    CP_COMMIT();                                                                                 \
+    cc += KT;                                                                                    \
+    NHWC_NEXT_TAP()
+#else
+#define NHWC_START()
 #define LOAD_STAGE(s, kt)                                                                        \
     for (int q = tid; q < (MT + NT) * CHUNKS; q += THREADS) {                                    \
         if (q < MT * CHUNKS) {                                                                   \
@@ -260,6 +301,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
             LOAD_B(s, kt, q - MT * CHUNKS)                                                       \
     }                                                                                            \
     CP_COMMIT();
+#endif
 
 /* The GEMM families' arguments (cl/common.h): A the packed weights [Mp][Kp] (engine/kernels/
  * gemm_mma.pack_weights: rows padded to MPAD, k to KPAD with zeros), B at b_off + b * b_bstride,
@@ -279,6 +321,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+    NHWC_START()
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < tiles) { LOAD_STAGE(s, s) } else { CP_COMMIT(); }
     }

@@ -176,8 +176,11 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
     pointwise = [n for n in nodes if n.attrs["size"] == 1 and n.attrs["groups"] == 1]
     spatial = [n for n in nodes if n.attrs["size"] == 3 and n.attrs["groups"] == 1]
     assert pointwise and spatial
-    assert gw.conv_algos(pointwise[0]) == ["gemm1x1", "implicit", "im2col"]
-    assert gw.conv_algos(spatial[0]) == ["implicit", "im2col"]
+    assert gw.conv_algos(pointwise[0]) == ["gemm1x1", "implicit", "im2col", "nhwc"]
+    assert spatial[0].attrs["in_c"] == 3 and gw.conv_algos(spatial[0]) == ["implicit", "im2col"]
+    from tiny_graphs import conv_nodes
+    wide = conv_nodes(tmp_path / "wide.cfg", net_header(11, 9, 8) + conv(12))[0]
+    assert gw.conv_algos(wide) == ["implicit", "im2col", "nhwc"]
     cands = gw.KERNEL_FAMILY.candidates(spatial[0], rt, 1, FP16, "f16")
     assert cands and all(c["family"] == "wgmma" and gw.why_illegal(c) is None for c in cands)
     assert gw.KERNEL_FAMILY.heuristic(spatial[0], 1, FP16, "f16") is None       # tuned in, never picked untuned
@@ -199,12 +202,50 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
             bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
             assert bench.check(bench.bind(cfg)) < FP16.tolerance, (node.describe(), algo)
             checked += 1
-    assert checked >= 7
+    assert checked >= 11
+
+
+@pytest.mark.parametrize("tile", [{"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 64, "SWZ": 32, "ST": 3},
+                                  {"MT": 256, "NT": 64, "SWZ": 32, "ST": 2}])
+def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile):
+    """nhwc convs whose k-tiles hold several taps (16 channels, 64 of k a tile), a tap split across
+    tiles (40 channels), strides, padding, a 5x5 and a 1x1 conv, on tiles where some work-items
+    copy several B rows and (256 x 64) some none: each through the tuner's gate."""
+    from tiny_graphs import conv_nodes
+    from yolo_cl import tuner as tmod
+    tuner = tmod.Tuner(rt, FP16, reps=1)
+    text = (net_header(13, 11, 16) + conv(40, act="leaky") + conv(24, size=3, stride=2) + conv(16, size=5)
+            + conv(8, size=1, act="linear"))
+    nodes = conv_nodes(tmp_path / "n.cfg", text)
+    for node in nodes:
+        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
+        assert bench.check(bench.bind({"family": "wgmma", "algo": "nhwc", **tile})) < FP16.tolerance, node.describe()
+    assert len(nodes) == 4
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_nchw_to_nhwc_equals_numpy(rt, half):
+    """The nhwc convs' transpose of an input view (an offset, a batch stride wider than the planes,
+    channels and pixels not multiples of the 32 x 32 tile) into [image][pixel][channel]."""
+    dtype = np.float16 if half else np.float32
+    C, H, W, off, stride = 40, 7, 9, 5, 40 * 63 + 11
+    x = np.random.default_rng(2).standard_normal(off + 2 * stride).astype(dtype)
+    xb = rt.upload(x, "x")
+    y = rt.alloc(2 * C * H * W * x.itemsize, "y")
+    k = rt.cl.Kernel(rt.program("conv.cl", {"HALF_STORAGE": half}), "yc_nchw_to_nhwc")
+    k.set_args(xb, *np.int32([off, stride, C, H * W]), y)
+    rt.cl.enqueue_nd_range_kernel(rt.queue, k, (64, 16, 2), (32, 8, 1))
+    out = np.empty((2, H * W, C), dtype)
+    rt.cl.enqueue_copy(rt.queue, out, y)
+    rt.queue.finish()
+    planes = np.stack([x[off + b * stride:off + b * stride + C * H * W].reshape(C, H * W) for b in range(2)])
+    assert np.array_equal(out, planes.transpose(0, 2, 1))
 
 
 def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     """A net whose every conv is tuned to the wgmma family (a user database), its algorithms taken
-    in turn (a 1x1 conv from its input, convs gathered on the fly, after im2col), a fused shortcut,
+    in turn (a 1x1 conv from its input, convs gathered on the fly, after im2col, from the input
+    transposed to NHWC), a fused shortcut,
     concat slices, an upsample written through, and B both 16-byte aligned (20x20: cp.async) and
     not (10x10 planes: element by element). Two images; against the NumPy Darknet forward pass."""
     import yolo_cl
@@ -216,13 +257,18 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 20, 4, batch=2)
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
     nodes = [l.node for l in det.executor(2).launches if l.node.op == "conv"]
-    configs = [{"family": "wgmma", "algo": gw.conv_algos(n)[i % len(gw.conv_algos(n))], **c}
-               for i, (n, c) in enumerate(zip(nodes, gw.SPACE * 3))]
+    pending, configs = list(gw.ALGOS), []
+    for n, c in zip(nodes, gw.SPACE * 3):      # each algorithm once, then nhwc wherever it can run
+        algo = next((a for a in pending if a in gw.conv_algos(n)), gw.conv_algos(n)[-1])
+        pending = [a for a in pending if a != algo]
+        configs.append({"family": "wgmma", "algo": algo, **c})
     tuning_database(rt, FP16, "f16").record({shape_key(n, 2): c for n, c in zip(nodes, configs)})
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
     launches = det.executor(2).launches
     convs = [l for l in launches if l.name == "gemm_wgmma"]
-    assert len(convs) == len(nodes) and {l.name for l in launches if l.node.op == "conv"} == {"gemm_wgmma", "im2col"}
-    assert {l.config["algo"] for l in convs} == {"gemm1x1", "implicit", "im2col"}
-    assert any(l.config.get("writes") == "upsample" for l in convs)
+    assert len(convs) == len(nodes)
+    assert {l.name for l in launches if l.node.op == "conv"} == {"gemm_wgmma", "im2col", "nchw_to_nhwc"}
+    assert {l.config["algo"] for l in convs} == set(gw.ALGOS)
+    assert any(l.config.get("writes") == "upsample" and l.config["algo"] == "nhwc" for l in convs)
+    assert any(l.node.attrs.get("residual") is not None and l.config["algo"] == "nhwc" for l in convs)
     assert rel_err(det.forward(blob)[0], ref) < 1e-2

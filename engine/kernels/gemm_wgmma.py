@@ -7,7 +7,9 @@ swizzled layouts and is what cuDNN's Hopper kernels run on. The kernel writes it
 
 As a conv family it runs fp16 convs of one group: 1x1 convs straight from their input planes
 (``gemm1x1``), any conv with its im2col matrix gathered element by element as the tiles are
-staged (``implicit``) or written by an im2col pass first (``im2col``), with the shared epilogue
+staged (``implicit``) or written by an im2col pass first (``im2col``), or (``nhwc``, input
+channels a multiple of 8) from its input transposed to pixels of channels first, whose windows
+the tiles then copy 16 bytes at a time (one pass over the input, not im2col's KxK), with the shared epilogue
 (bias, activation, fused shortcut, concat slice, an upsample written through); no split-K, no
 pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
@@ -33,7 +35,7 @@ from ..ptx import raise_to_sm90a
 log = logging.getLogger("yolo_cl.kernels")
 
 FAMILY = "wgmma"
-ALGOS = ("gemm1x1", "implicit", "im2col")
+ALGOS = ("gemm1x1", "implicit", "im2col", "nhwc")
 EMULATE_ENV = "YOLO_CL_WGMMA_EMULATE"
 LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold (static arrays)
 DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
@@ -178,10 +180,36 @@ def available(rt) -> bool:
 # -- the conv family ---------------------------------------------------------------------------
 def conv_algos(node: Node) -> list:
     """Algorithms of this family that can run ``node`` (one group): a 1x1 conv's input as B, the
-    im2col matrix gathered on the fly, or written by an im2col pass first."""
+    im2col matrix gathered on the fly, or written by an im2col pass first, and the input
+    transposed to NHWC where its channels fill 16-byte chunks."""
     if conv_gemm_shape(node)[3] != 1 or is_depthwise(node):
         return []
-    return list(ALGOS) if is_pointwise(node) else ["implicit", "im2col"]
+    algos = ["gemm1x1"] if is_pointwise(node) else []
+    return algos + ["implicit", "im2col"] + (["nhwc"] if node.attrs["in_c"] % 8 == 0 else [])
+
+
+def nhwc_weights(node: Node) -> np.ndarray:
+    """A conv's weights [filters][K] with k ordered (ky, kx, c), as an nhwc conv's B rows are."""
+    a = node.attrs
+    w = a["weights"].reshape(a["filters"], a["in_c"], a["size"], a["size"])
+    return w.transpose(0, 2, 3, 1).reshape(a["filters"], -1)
+
+
+def nhwc_operand(ctx: BindContext, node: Node) -> tuple:
+    """(launches, B arguments) of an nhwc conv: the input transposed into the workspace
+    ([image][H][W][C]), read by the GEMM as B rows of channels (its ldb: C)."""
+    x, c = node.inputs[0], node.attrs["in_c"]
+    xb, xoff, xbs = ctx.view(x)
+    ws = ctx.scratch(nhwc_bytes(node, ctx.batch, ctx.itemsize))
+    k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(), [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws])
+    gs = (-(-x.h * x.w // 32) * 32, -(-c // 32) * 8, ctx.batch)
+    return [Launch(k, gs, (32, 8, 1), node, "nchw_to_nhwc")], [ws] + i32(0, c * x.h * x.w, 0, c)
+
+
+def nhwc_bytes(node: Node, batch: int, itemsize: int) -> int:
+    """The workspace of an nhwc conv: its input, transposed."""
+    x = node.inputs[0]
+    return batch * node.attrs["in_c"] * x.h * x.w * itemsize
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
@@ -196,16 +224,23 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         raise YoloClError(f"wgmma config {cfg}: {why}")
     M, N, K, _ = conv_gemm_shape(node)
     a = node.attrs
-    wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY),
-                        lambda: pack_weights(a["weights"].reshape(a["filters"], -1), 1, "f16"))
-    launches, b_args = b_operand(ctx, node, algo)
+    nhwc = algo == "nhwc"
+    if nhwc:
+        wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY, "nhwc"),
+                            lambda: pack_weights(nhwc_weights(node), 1, "f16"))
+        launches, b_args = nhwc_operand(ctx, node)
+    else:
+        wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY),
+                            lambda: pack_weights(a["weights"].reshape(a["filters"], -1), 1, "f16"))
+        launches, b_args = b_operand(ctx, node, algo)
     store = write_target(ctx, node)
-    d = {**epilogue_defines(ctx, node), **store.defines, **defines(cfg, b_kn=True),
-         "B_SCALAR": not aligned(N, *b_args[1:3], b_args[4])}
+    d = {**epilogue_defines(ctx, node), **store.defines, **defines(cfg, b_kn=not nhwc),
+         "B_SCALAR": not nhwc and not aligned(N, *b_args[1:3], b_args[4])}
     extra = []
-    if algo == "implicit":
+    if algo in ("implicit", "nhwc"):
         x = node.inputs[0]
-        d.update(IMPLICIT=True, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"], PAD=a["pad"], DIL=a["dilation"])
+        d.update({"NHWC" if nhwc else "IMPLICIT": True}, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"],
+                 PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, node.output.w)
     args = [wts["A"], wts["bias"]] + b_args + store.c_args + residual_args(ctx, node) + i32(M, N, K, 1) + extra
     gs, ls = launch(cfg, M, N, ctx.batch)
@@ -248,6 +283,8 @@ class WgmmaGemm:
         return conv_cost(node, {**cfg, "MWG": int(cfg["MT"]), "NWG": int(cfg["NT"])}, batch, rt)
 
     def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
+        if cfg.get("algo") == "nhwc":
+            return nhwc_bytes(node, batch, precision.itemsize)
         return scratch_bytes(node, cfg, batch, precision)
 
     def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
