@@ -34,7 +34,9 @@ inline float yc_gemm_value(const float acc, const int m, const int g, const int 
 /* The fused epilogue of one element: bias, ACT, [+ R, ACT2], store. With UP_S (a conv writing
  * through the [upsample] that alone reads it, graph.mark_write_fusions) C is the upsampled
  * output, ldc its plane, and column n (pixel (n % UP_OW, n / UP_OW) of the conv's output) is
- * stored UP_S x UP_S times, as the upsample layer would copy it. */
+ * stored UP_S x UP_S times, as the upsample layer would copy it. With NHWC_OUT (the number of
+ * output channels; kernels/layout.py: the conv that alone reads C takes it as pixels of
+ * channels) C is stored channels-last: pixel n's channels contiguous. */
 inline void yc_gemm_store(const float acc, const int m, const int n, const int g, const int M, const int ldc,
                           __global const float* restrict bias, __global dtype* restrict C, const size_t cb,
                           __global const dtype* restrict R, const size_t rbase)
@@ -50,6 +52,8 @@ inline void yc_gemm_store(const float acc, const int m, const int n, const int g
     for (int dy = 0; dy < UP_S; ++dy)
         for (int dx = 0; dx < UP_S; ++dx)
             ST(C, at + (size_t)dy * UP_S * UP_OW + dx, v);
+#elif defined(NHWC_OUT)
+    ST(C, cb + (size_t)n * NHWC_OUT + g * M + m, v);
 #else
     ST(C, cb + row + n, v);
 #endif

@@ -21,7 +21,7 @@ from . import branches as side, cmdbuf, staging
 from .errors import DeviceError, YoloClError
 from .graph import Graph, folding_default
 from .hostsets import HostSets
-from .kernels import BindContext, writes_through
+from .kernels import BindContext, layout, writes_through
 from .kernels.nodes import bind_node, workspace_bytes
 from .launch import LaunchList
 from .measure import event_ms
@@ -83,6 +83,7 @@ class Executor:
         self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold,
                                write=write)
+        self.ctx.nhwc = layout.nhwc_tensors(self.ctx, graph)    # stored channels-last for their nhwc reader
         # One workspace for the main queue and one for the side branches (they run at the same
         # time), each as large as the configs about to be bound need (not the worst of any family)
         on_side = set().union(*(b.nodes for b in self.branches))
@@ -173,6 +174,13 @@ class Executor:
             stale = reads_through(launches) and any(id(p) in written for p in node.attrs.get("read_through") or ())
             return one(node, replace(self.ctx_for(node), written=written), None) if stale else (node, launches)
         bound = [reread(n, ls) for n, ls in bound]
+        bad = layout.disagreeing(self.ctx.nhwc, bound)
+        if bad:     # a config fell back to one that stores or reads planes: both ends bound again so
+            self.ctx.nhwc = self.ctx.nhwc - bad
+            if self._side_ctx is not None:
+                self._side_ctx.nhwc = self.ctx.nhwc
+            bound = [one(n, replace(self.ctx_for(n), written=written), None) if n.output.tensor.id in bad or
+                     (n.op == "conv" and n.inputs[0].tensor.id in bad) else (n, ls) for n, ls in bound]
         folded = written | {id(p) for n, ls in bound if reads_through(ls) for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]
 

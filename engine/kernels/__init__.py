@@ -61,6 +61,7 @@ class BindContext:
     fold: bool = True              # convs read through the producers the graph marked (graph.mark_read_fusions)
     write: bool = True             # convs store the layers they write through (graph.mark_write_fusions)
     written: frozenset = frozenset()   # ids of the layers a conv wrote through: their outputs exist, no read through them
+    nhwc: frozenset = frozenset()      # ids of the tensors stored channels-last (layout.nhwc_tensors)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -160,18 +161,20 @@ class Store:
     """Where a GEMM conv's epilogue stores (:func:`write_target`): its defines, the C arguments
     [buffer, offset, batch stride, ldc], trailing arguments (the conv's own output where it keeps
     it beside a pool), the op it writes through ("" for none) and the elements of a row of C the
-    split-K sum writes (the conv's pixels, or the pooled map's)."""
+    split-K sum writes (the conv's pixels, or the pooled map's); ``layout`` "nhwc" where the
+    output is stored channels-last (``BindContext.nhwc``)."""
 
     defines: dict
     c_args: list
     extra: list
     writes: str
     n_out: int
+    layout: str = ""
 
 
 # Defines of the epilogue, which the split-K sum kernel (gemm_local.cl) runs where K is split.
 EPILOGUE_KEYS = ("HALF_STORAGE", "ACT", "ACT2", "RESIDUAL", "NO_BIAS", "UP_S", "UP_OW", "SUM_POOL", "MP_SIZE",
-                 "MP_SX", "MP_SY", "MP_PAD", "SUM_OW", "SUM_OH", "SUM_PW")
+                 "MP_SX", "MP_SY", "MP_PAD", "SUM_OW", "SUM_OH", "SUM_PW", "NHWC_OUT")
 
 
 def write_target(ctx: BindContext, node: Node, pool: str = "") -> Store:
@@ -180,9 +183,12 @@ def write_target(ctx: BindContext, node: Node, pool: str = "") -> Store:
     epilogue stores each value stride x stride times, cl/gemm_epilogue.h); a 2x2 stride-2 max-pool
     where ``pool`` is "blocks" (the tensor-core implicit GEMM's POOL2; with ``write_keeps``, the
     conv's own output too, through trailing arguments); any max-pool that alone reads the conv
-    where ``pool`` is "sum" (the split-K sum kernel computes each window from the partial sums)."""
+    where ``pool`` is "sum" (the split-K sum kernel computes each window from the partial sums).
+    A conv whose output tensor the context stores channels-last (``ctx.nhwc``) stores it so."""
     out = node.output
     N = out.h * out.w
+    if out.tensor.id in ctx.nhwc:       # layout.nhwc_tensors: a whole tensor, written through nothing
+        return Store({"NHWC_OUT": out.c}, ctx.view(out) + [np.int32(N)], [], "", N, "nhwc")
     w = node.attrs.get("write_through") if ctx.write else None
     if w is not None and w.op == "upsample":
         s = w.attrs["stride"]
@@ -199,9 +205,11 @@ def write_target(ctx: BindContext, node: Node, pool: str = "") -> Store:
     return Store({}, ctx.view(out) + [np.int32(N)], [], "", N)
 
 
-def marked(config: dict, writes: str) -> dict:
-    """A launch's config, with ``writes`` naming the op it wrote through (what the executor drops)."""
-    return {**config, "writes": writes} if writes else dict(config)
+def marked(config: dict, writes: str, stores: str = "") -> dict:
+    """A launch's config, with ``writes`` naming the op it wrote through (what the executor drops)
+    and ``stores`` the layout it stored its output in where not the usual ("nhwc")."""
+    out = {**config, "writes": writes} if writes else dict(config)
+    return {**out, "stores": stores} if stores else out
 
 
 def writes_through(launches: list) -> bool:

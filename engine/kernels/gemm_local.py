@@ -383,7 +383,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                          residual_args(ctx, node), extra, ctx.workspace, store.n_out)
     for i, (name, dd, args, gs, ls, label) in enumerate(specs):
         k = ctx.kernel("gemm_local.cl", name, dd, args)
-        launches.append(Launch(k, gs, ls, node, label, marked(cfg, store.writes),
+        launches.append(Launch(k, gs, ls, node, label, marked(cfg, store.writes, store.layout),
                                node.flops * ctx.batch if i == 0 else 0))
     return launches
 

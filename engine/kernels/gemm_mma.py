@@ -485,7 +485,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     for i, (src, name, dd, args, gs, ls) in enumerate(specs):
         k = ctx.kernel(src, name, dd, args)
         launches.append(Launch(k, gs, ls, node, "gemm_mma" if i == 0 else "splitk_sum",
-                               marked(cfg, store.writes), node.flops * ctx.batch if i == 0 else 0))
+                               marked(cfg, store.writes, store.layout), node.flops * ctx.batch if i == 0 else 0))
     return launches
 
 

@@ -197,9 +197,12 @@ def nhwc_weights(node: Node) -> np.ndarray:
 
 def nhwc_operand(ctx: BindContext, node: Node) -> tuple:
     """(launches, B arguments) of an nhwc conv: the input transposed into the workspace
-    ([image][H][W][C]), read by the GEMM as B rows of channels (its ldb: C)."""
+    ([image][H][W][C]), read by the GEMM as B rows of channels (its ldb: C); or where its
+    producer stored it channels-last (``ctx.nhwc``: kernels/layout.py) the input as it is."""
     x, c = node.inputs[0], node.attrs["in_c"]
     xb, xoff, xbs = ctx.view(x)
+    if x.tensor.id in ctx.nhwc:
+        return [], [xb, xoff, xbs] + i32(0, c)
     ws = ctx.scratch(nhwc_bytes(node, ctx.batch, ctx.itemsize))
     k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(), [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws])
     gs = (-(-x.h * x.w // 32) * 32, -(-c // 32) * 8, ctx.batch)
@@ -245,7 +248,10 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     args = [wts["A"], wts["bias"]] + b_args + store.c_args + residual_args(ctx, node) + i32(M, N, K, 1) + extra
     gs, ls = launch(cfg, M, N, ctx.batch)
     k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
-    launches.append(Launch(k, gs, ls, node, "gemm_wgmma", marked(cfg, store.writes), node.flops * ctx.batch))
+    info = marked(cfg, store.writes, store.layout)
+    if nhwc and not launches:
+        info["reads"] = "nhwc"
+    launches.append(Launch(k, gs, ls, node, "gemm_wgmma", info, node.flops * ctx.batch))
     return launches
 
 

@@ -1,0 +1,77 @@
+"""Which tensors a plan stores channels-last (NHWC) instead of as planes (NCHW).
+
+The wgmma family's ``nhwc`` convs read their input as pixels of channels, so that every row of a
+B tile is a 16-byte copy; where the input is stored as planes they transpose it first, one pass
+over it (``gemm_wgmma.nhwc_operand``). A tensor that only such a conv reads, and that a conv
+stores through the shared GEMM epilogue (``cl/gemm_epilogue.h``'s ``NHWC_OUT``), is stored
+channels-last by its producer instead, and the reader takes it as it is: no transpose, no launch.
+
+The choice follows the configs the plan is about to bind (``conv.choose``), so both ends are
+predicted before either is bound; a config that then fails to bind falls back to one that may not
+agree, which :func:`disagreeing` finds in the bound launches (the producer's launch marked
+``stores: nhwc``, the reader's ``reads: nhwc``) so the executor binds both ends again with the
+tensor stored as planes.
+"""
+from __future__ import annotations
+
+from . import BindContext
+from . import family
+from .conv import choose
+from ..graph import Graph, View, reads
+
+EPILOGUE_FAMILIES = ("local", "mma", "wgmma")     # their GEMMs store through yc_gemm_store
+
+
+def _whole(v: View) -> bool:
+    return v.c0 == 0 and v.c == v.tensor.c
+
+
+def _bound_config(ctx: BindContext, node) -> dict:
+    """The config ``node`` will bind (its tuned one where legal, else the heuristic's)."""
+    config, fallback = choose(ctx, node)
+    return config if family.why_illegal(node, config, ctx.rt) is None else fallback
+
+
+def stores_plainly(ctx: BindContext, node) -> bool:
+    """Whether conv ``node`` stores its whole output through the shared GEMM epilogue, writing
+    through no other layer (so it can store it channels-last)."""
+    if node.op != "conv" or not _whole(node.output):
+        return False
+    if ctx.write and node.attrs.get("write_through") is not None:
+        return False
+    cfg = _bound_config(ctx, node)
+    return cfg.get("family") in EPILOGUE_FAMILIES and cfg.get("algo") != "winograd"
+
+
+def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
+    """Ids of the tensors to store channels-last: one writer (a conv that ``stores_plainly``),
+    one reader (a conv bound ``nhwc`` that reads the whole tensor as its input, nothing else),
+    not a network output."""
+    readers: dict = {}
+    writers: dict = {}
+    for node in graph.nodes:
+        writers.setdefault(node.output.tensor.id, []).append(node)
+        for v in reads(node, ctx.fold):
+            readers.setdefault(v.tensor.id, []).append(node)
+    returned = {v.tensor.id for v in graph.outputs}
+    out = set()
+    for tid, ws in writers.items():
+        rs = readers.get(tid, [])
+        if tid in returned or len(ws) != 1 or len(rs) != 1:
+            continue
+        r = rs[0]
+        if r.op != "conv" or r.inputs[0].tensor.id != tid or not _whole(r.inputs[0]):
+            continue
+        cfg = _bound_config(ctx, r)
+        if cfg.get("family") == "wgmma" and cfg.get("algo") == "nhwc" and stores_plainly(ctx, ws[0]):
+            out.add(tid)
+    return frozenset(out)
+
+
+def disagreeing(nhwc: frozenset, bound: list) -> frozenset:
+    """Ids of the tensors in ``nhwc`` whose writer did not store them channels-last or whose
+    reader did not read them so, from ``bound`` [(node, launches)]."""
+    stored = {n.output.tensor.id for n, ls in bound if any(l.config.get("stores") == "nhwc" for l in ls)}
+    read = {n.inputs[0].tensor.id for n, ls in bound if n.op == "conv"
+            and any(l.config.get("reads") == "nhwc" for l in ls)}
+    return frozenset(t for t in nhwc if t not in stored or t not in read)

@@ -1,0 +1,103 @@
+"""Tensors stored channels-last for the wgmma family's nhwc convs (engine/kernels/layout.py).
+
+A conv whose output only an nhwc conv reads stores it as pixels of channels through the shared
+GEMM epilogue (directly, or through the split-K sum), and the reader takes it without its
+transpose launch; the answers equal the NumPy Darknet forward pass. Emulated on PoCL (as in
+test_gemm_wgmma.py), the real instructions on a Hopper GPU."""
+from __future__ import annotations
+
+import pytest
+
+from gemm_ref import rel_err
+from tiny_cfgs import conv, net_header, shortcut
+from yolo_cl.errors import YoloClError
+from yolo_cl.kernels import gemm_mma as gm
+from yolo_cl.kernels import gemm_wgmma as gw
+from yolo_cl.kernels import layout
+from yolo_cl.precision import FP16
+from yolo_cl.runtime import Runtime
+
+# 0: 3x3 (mma), 1: 1x1 (mma, split-K: stored channels-last through the sum), 2: nhwc 3x3 (read
+# twice, by 3 and as 4's shortcut: planes), 3: nhwc 1x1 (transposes its input), 4: nhwc 3x3 with
+# the shortcut fused, 6: nhwc 3x3, 7: 1x1 (wgmma gemm1x1, reading planes), 8: nhwc 3x3, 9: the head.
+NET = (net_header(16, 16) + conv(64) + conv(24, 1) + conv(32) + conv(16, 1) + conv(32) + shortcut(-3)
+       + conv(24) + conv(16, 1) + conv(16) + conv(18, 1, bn=0, act="linear"))
+MMA_1X1 = {"family": "mma", "algo": "gemm1x1", "MWG": 64, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2, "ST": 2}
+NHWC = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}
+CONFIGS = [{"family": "mma", "algo": "implicit", "MWG": 64, "NWG": 64, "KWG": 32, "WM": 2, "WN": 2},
+           {**MMA_1X1, "SK": 2}, NHWC, NHWC, NHWC, NHWC,
+           {"family": "wgmma", "algo": "gemm1x1", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}, NHWC, MMA_1X1]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime()
+
+
+@pytest.fixture(autouse=True)
+def emulate(rt, monkeypatch):
+    if not gw.hopper(rt):
+        monkeypatch.setenv(gw.EMULATE_ENV, "1")
+        monkeypatch.setenv(gm.EMULATE_ENV, "1")
+
+
+def detector(rt, tmp_path, monkeypatch):
+    """(Detector, blob, reference) of NET with CONFIGS recorded as a user tuning database."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.tuning_db import shape_key
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 16, 5, batch=2)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    nodes = [l.node for l in det.executor(2).launches if l.node.op == "conv" and l.name != "splitk_sum"]
+    nodes = list(dict.fromkeys(nodes))
+    assert len(nodes) == len(CONFIGS)
+    tuning_database(rt, FP16, "f16").record({shape_key(n, 2): c for n, c in zip(nodes, CONFIGS)})
+    return yolo_cl.Detector(str(cfg), weights, precision="fp16"), blob, ref
+
+
+def test_producers_store_channels_last_and_readers_skip_the_transpose(rt, tmp_path, monkeypatch):
+    det, blob, ref = detector(rt, tmp_path, monkeypatch)
+    ex = det.executor(2)
+    launches = ex.launches
+    stores = [l.node.label for l in launches if l.config.get("stores") == "nhwc"]
+    reads = [l.node.label for l in launches if l.config.get("reads") == "nhwc"]
+    transposed = [l.node.label for l in launches if l.name == "nchw_to_nhwc"]
+    assert len(ex.ctx.nhwc) == 4 and len(set(stores)) == 4 and len(reads) == 4
+    assert len(transposed) == 1                 # the conv reading layer 2, which a shortcut reads too
+    assert any(l.name == "splitk_sum" and l.config.get("stores") == "nhwc" for l in launches)
+    assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+def test_a_reader_that_falls_back_gets_planes(rt, tmp_path, monkeypatch):
+    """An nhwc config that fails to bind falls back to the heuristic's, which reads planes: the
+    executor binds its producer again storing planes, and the answer stays right."""
+    det, blob, ref = detector(rt, tmp_path, monkeypatch)
+    bind = gw.bind
+    failing = {}
+
+    def refuse_once_per_layer(ctx, node, cfg):
+        if cfg.get("algo") == "nhwc" and node.attrs["in_c"] == 16 and node.inputs[0].tensor.id in ctx.nhwc:
+            failing[node.label] = True
+            raise YoloClError("refused for the test")
+        return bind(ctx, node, cfg)
+    monkeypatch.setattr(gw, "bind", refuse_once_per_layer)
+    ex = det.executor(2)
+    assert failing and len(ex.ctx.nhwc) == 4 - len(failing)
+    assert len({l.node.label for l in ex.launches if l.config.get("stores") == "nhwc"}) == len(ex.ctx.nhwc)
+    assert len([l for l in ex.launches if l.config.get("reads") == "nhwc"]) == len(ex.ctx.nhwc)
+    assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+def test_no_tensor_is_stored_channels_last_without_an_nhwc_reader(rt, tmp_path, monkeypatch):
+    """Untuned (no nhwc config), every tensor stays planes."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 16, 5)
+    ex = yolo_cl.Detector(str(cfg), weights, precision="fp16").executor(1)
+    assert ex.ctx.nhwc == frozenset() and not layout.disagreeing(ex.ctx.nhwc, [])
+    assert not any(l.config.get("stores") or l.config.get("reads") for l in ex.launches)
