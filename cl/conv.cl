@@ -22,13 +22,13 @@ __kernel void yc_im2col(__global const dtype* restrict X, const int x_off, const
     ST(col, (size_t)z * K * N + (size_t)k * N + n, v);
 }
 
-/* Y[b][p][c] = X[b][c][p]: a conv's input planes as pixels of C channels (NCHW -> NHWC), for the
+/* Y[y_off + (b * HW + p) * C + c] = X[b][c][p]: a conv's input planes as pixels of C channels (NCHW -> NHWC), for the
  * wgmma family's nhwc convs, whose B rows then are 16-byte runs of channels. 32 x 32 tiles through
  * local memory, read along p and written along c. Grid (p rounded up to 32, 8 per 32 of C, images),
  * work-groups of 32 x 8. */
 __kernel __attribute__((reqd_work_group_size(32, 8, 1)))
 void yc_nchw_to_nhwc(__global const dtype* restrict X, const int x_off, const int x_bstride,
-                     const int C, const int HW, __global dtype* restrict Y)
+                     const int C, const int HW, __global dtype* restrict Y, const int y_off)
 {
     __local float t[32][33];
     const int lx = get_local_id(0), ly = get_local_id(1), b = get_global_id(2);
@@ -39,7 +39,7 @@ void yc_nchw_to_nhwc(__global const dtype* restrict X, const int x_off, const in
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = ly; i < 32; i += 8)
         if (p0 + i < HW && c0 + lx < C)
-            ST(Y, ((size_t)b * HW + p0 + i) * C + c0 + lx, t[lx][i]);
+            ST(Y, y_off + ((size_t)b * HW + p0 + i) * C + c0 + lx, t[lx][i]);
 }
 
 /* Depthwise conv (groups == channels == filters): one output element per work-item.

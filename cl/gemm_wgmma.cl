@@ -30,6 +30,9 @@
  *           of 8 k-rows x SWZ bytes of n, swizzled alike, atom (k-group kg, n-atom na) at
  *           (na * KT / 8 + kg) * 8 * SWZ (the descriptor's LBO: the n-atom stride, SBO: the k-group's)
  *   STAGES  local-memory stages (config key ST), 2 or more (STAGES x (MT + NT) x KT halves <= 48 KB)
+ *   SK      K split over SK work-groups (a whole number of k-tiles each, none empty: the host
+ *           checks): with SK > 1 each stores its raw float sums to P = (float*)C as [SK][images][M][N]
+ *           and gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. Grid z: images x SK
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
  */
@@ -52,6 +55,9 @@
 #endif
 #ifndef KPAD
 #define KPAD 64
+#endif
+#ifndef SK
+#define SK 1
 #endif
 #if defined(IMPLICIT) && !defined(B_KN)
 #error "IMPLICIT gathers the n-contiguous B: B_KN"
@@ -267,9 +273,8 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #define NHWC_NEXT_TAP()                                                                          \
     while (cc >= cin) { cc -= cin; if (++kx == KS) { kx = 0; ++ky; } }
 #define NHWC_START()                                                                             \
-    const int cin = K / (KS * KS);                                                               \
-    int cc = (tid % CHUNKS) * 8, ky = 0, kx = 0, iy0[BROWS], ix0[BROWS];                         \
-    NHWC_NEXT_TAP()                                                                              \
+    const int cin = K / (KS * KS), kfirst = kt0 * KT + (tid % CHUNKS) * 8, tap0 = kfirst / cin;  \
+    int cc = kfirst - tap0 * cin, ky = tap0 / KS, kx = tap0 - ky * KS, iy0[BROWS], ix0[BROWS];   \
     for (int i = 0; i < BROWS; ++i) {                                                            \
         const int n = n0 + (tid + i * THREADS) / CHUNKS, oy = n / OW, ox = n - oy * OW;          \
         iy0[i] = n < N ? oy * SY - PAD : -(1 << 28);                                             \
@@ -313,17 +318,20 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     __local uchar* smem_b = (__local uchar*)smem;
     const uint base = SMEM_BASE(smem);
     const int tid = get_local_id(0), wg = tid >> 7, wtid = tid & 127;
-    const int m0 = get_group_id(1) * MT, n0 = get_group_id(0) * NT, b = get_group_id(2);
+    const int m0 = get_group_id(1) * MT, n0 = get_group_id(0) * NT;
+    const int b = get_group_id(2) / SK, ks = get_group_id(2) - b * SK;
+    /* this work-group's k-tiles [kt0, kt0 + tiles): all of them, or one split's */
+    const int per = ((K + SK - 1) / SK + KT - 1) / KT, kt0 = ks * per;
+    const int tiles = min((K + KT - 1) / KT, kt0 + per) - kt0;
     const int lda = (K + KPAD - 1) / KPAD * KPAD;
     const __global ushort* Ag = (const __global ushort*)A + (size_t)m0 * lda;
     const __global ushort* Bg = (const __global ushort*)B + b_off + (size_t)b * b_bstride;
-    const int tiles = (K + KT - 1) / KT;
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
     NHWC_START()
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < tiles) { LOAD_STAGE(s, s) } else { CP_COMMIT(); }
+        if (s < tiles) { LOAD_STAGE(s, kt0 + s) } else { CP_COMMIT(); }
     }
     for (int kt = 0; kt < tiles; ++kt) {
         CP_WAIT();
@@ -345,9 +353,15 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
         WG_COMMIT_WAIT();
         /* every warpgroup passed this stage's barrier after finishing the stage refilled here */
         const int next = kt + STAGES - 1;
-        if (next < tiles) { LOAD_STAGE(next % STAGES, next) } else { CP_COMMIT(); }
+        if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
     }
+#if SK > 1
+    __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
+#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
+#else
     YC_EPILOGUE_BASES(b)
+#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
+#endif
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < NT / 8; ++i)
@@ -355,6 +369,6 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
         for (int q = 0; q < 4; ++q) {
             const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t + (q & 1);
             if (m < M && n < N)
-                yc_gemm_store(acc[4 * i + q], m, n, 0, M, ldc, bias, C, cb, R, rbase);
+                STORE_C(acc[4 * i + q], m, n);
         }
 }

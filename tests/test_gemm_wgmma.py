@@ -231,13 +231,15 @@ def test_nchw_to_nhwc_equals_numpy(rt, half):
     C, H, W, off, stride = 40, 7, 9, 5, 40 * 63 + 11
     x = np.random.default_rng(2).standard_normal(off + 2 * stride).astype(dtype)
     xb = rt.upload(x, "x")
-    y = rt.alloc(2 * C * H * W * x.itemsize, "y")
+    y_off = 3
+    y = rt.alloc((y_off + 2 * C * H * W) * x.itemsize, "y")
     k = rt.cl.Kernel(rt.program("conv.cl", {"HALF_STORAGE": half}), "yc_nchw_to_nhwc")
-    k.set_args(xb, *np.int32([off, stride, C, H * W]), y)
+    k.set_args(xb, *np.int32([off, stride, C, H * W]), y, np.int32(y_off))
     rt.cl.enqueue_nd_range_kernel(rt.queue, k, (64, 16, 2), (32, 8, 1))
-    out = np.empty((2, H * W, C), dtype)
+    out = np.empty(y_off + 2 * H * W * C, dtype)
     rt.cl.enqueue_copy(rt.queue, out, y)
     rt.queue.finish()
+    out = out[y_off:].reshape(2, H * W, C)
     planes = np.stack([x[off + b * stride:off + b * stride + C * H * W].reshape(C, H * W) for b in range(2)])
     assert np.array_equal(out, planes.transpose(0, 2, 1))
 
@@ -272,3 +274,26 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     assert any(l.config.get("writes") == "upsample" and l.config["algo"] == "nhwc" for l in convs)
     assert any(l.node.attrs.get("residual") is not None and l.config["algo"] == "nhwc" for l in convs)
     assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+@pytest.mark.parametrize("algo", ["gemm1x1", "implicit", "nhwc"])
+def test_k_split_sums_equal_the_whole(rt, tmp_path, algo):
+    """K split over 3 work-groups (192 of k each: 6 k-tiles, the ring wrapping in each), the
+    partial sums added by the split-sum kernel with the epilogue (a fused shortcut included),
+    through the tuner's gate; a split that would leave one empty is refused by name."""
+    from tiny_graphs import conv_nodes
+    from yolo_cl import tuner as tmod
+    tuner = tmod.Tuner(rt, FP16, reps=1)
+    size, ch = (1, 576) if algo == "gemm1x1" else (3, 64)          # K = 576 either way
+    text = net_header(9, 7, ch) + conv(ch, size=size) + conv(ch, size=size) + shortcut(-2)
+    node = [n for n in conv_nodes(tmp_path / "sk.cfg", text) if n.attrs.get("residual") is not None][0]
+    K = gw.conv_gemm_shape(node)[2]
+    cfg = {"family": "wgmma", "algo": algo, "MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "SK": 3}
+    bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
+    launches = bench.bind(cfg)
+    assert [l.name for l in launches][-2:] == ["gemm_wgmma", "splitk_sum"]
+    assert bench.check(launches) < FP16.tolerance
+    assert gw.KERNEL_FAMILY.why_illegal(node, cfg, rt) is None
+    uneven = {**cfg, "SK": 7, "SWZ": 128}       # splits of 2 k-tiles of 64: the seventh empty
+    assert "non-empty" in gw.KERNEL_FAMILY.why_illegal(node, uneven, rt), K
+    assert "im2col" in gw.why_not_split(cfg, K, "im2col")

@@ -10,8 +10,9 @@ As a conv family it runs fp16 convs of one group: 1x1 convs straight from their 
 staged (``implicit``) or written by an im2col pass first (``im2col``), or (``nhwc``, input
 channels a multiple of 8) from its input transposed to pixels of channels first, whose windows
 the tiles then copy 16 bytes at a time (one pass over the input, not im2col's KxK), with the shared epilogue
-(bias, activation, fused shortcut, concat slice, an upsample written through); no split-K, no
-pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
+(bias, activation, fused shortcut, concat slice, an upsample written through, channels-last where
+kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
+kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
 the tuner next to the others, and has no untuned pick yet (``heuristic`` None): its per-shape speed against the
 ``mma`` family is in BENCHMARKS.md (seventeenth session).
@@ -24,9 +25,9 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise, marked, \
+from . import EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise, marked, \
     packed_upload, residual_args, write_target
-from .gemm_local import b_operand, conv_cost, scratch_bytes
+from .gemm_local import b_operand, conv_cost, partial_bytes, scratch_bytes, split_k
 from .gemm_mma import KPAD, compute_capability, pack_weights
 from ..errors import YoloClError
 from ..graph import Node
@@ -72,7 +73,22 @@ def why_illegal(cfg: dict) -> Optional[str]:
         return "ST is 2 or more"
     if local_bytes(cfg) > LOCAL_LIMIT:
         return f"{local_bytes(cfg)} bytes of local memory (at most {LOCAL_LIMIT})"
+    if not 1 <= split_k(cfg) <= 8:
+        return "SK is 1 to 8"
     return None
+
+
+def why_not_split(cfg: dict, K: int, algo: str) -> Optional[str]:
+    """Why ``cfg``'s K split cannot run a GEMM of ``K`` under ``algo``, or None: each split a whole
+    number of k-tiles, none empty; im2col's matrix fills the workspace the partial sums need."""
+    sk = split_k(cfg)
+    if sk == 1:
+        return None
+    if algo == "im2col":
+        return "no K split after im2col (its matrix is the workspace)"
+    kt = k_tile(cfg)
+    per = -(-(-(-K // sk)) // kt) * kt
+    return None if (sk - 1) * per < K else f"K = {K} cannot give {sk} non-empty splits of {kt}-wide k-tiles"
 
 
 def hopper(rt) -> bool:
@@ -83,7 +99,7 @@ def hopper(rt) -> bool:
 def defines(cfg: dict, b_kn: bool = False) -> dict:
     """The kernel's tunables and layout (``b_kn``: B n-contiguous), its emulation where it is on."""
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
-    d.update(STAGES=int(cfg["ST"]), KPAD=KPAD, B_KN=b_kn, WGMMA_EMULATE=emulated())
+    d.update(STAGES=int(cfg["ST"]), SK=split_k(cfg), KPAD=KPAD, B_KN=b_kn, WGMMA_EMULATE=emulated())
     return d
 
 
@@ -98,9 +114,9 @@ def aligned(*ints) -> bool:
 
 
 def launch(cfg: dict, M: int, N: int, Z: int) -> tuple:
-    """(global size, local size) over Z images."""
+    """(global size, local size) over Z images, each split SK ways."""
     threads = 2 * int(cfg["MT"])
-    return (-(-N // int(cfg["NT"])) * threads, -(-M // int(cfg["MT"])), Z), (threads, 1, 1)
+    return (-(-N // int(cfg["NT"])) * threads, -(-M // int(cfg["MT"])), Z * split_k(cfg)), (threads, 1, 1)
 
 
 class BoundGemm(NamedTuple):
@@ -195,18 +211,19 @@ def nhwc_weights(node: Node) -> np.ndarray:
     return w.transpose(0, 2, 3, 1).reshape(a["filters"], -1)
 
 
-def nhwc_operand(ctx: BindContext, node: Node) -> tuple:
-    """(launches, B arguments) of an nhwc conv: the input transposed into the workspace
-    ([image][H][W][C]), read by the GEMM as B rows of channels (its ldb: C); or where its
+def nhwc_operand(ctx: BindContext, node: Node, at: int = 0) -> tuple:
+    """(launches, B arguments) of an nhwc conv: the input transposed into the workspace at byte
+    ``at`` ([image][H][W][C]), read by the GEMM as B rows of channels (its ldb: C); or where its
     producer stored it channels-last (``ctx.nhwc``: kernels/layout.py) the input as it is."""
     x, c = node.inputs[0], node.attrs["in_c"]
     xb, xoff, xbs = ctx.view(x)
     if x.tensor.id in ctx.nhwc:
         return [], [xb, xoff, xbs] + i32(0, c)
-    ws = ctx.scratch(nhwc_bytes(node, ctx.batch, ctx.itemsize))
-    k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(), [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws])
+    ws = ctx.scratch(at + nhwc_bytes(node, ctx.batch, ctx.itemsize))
+    y_off = at // ctx.itemsize
+    k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(), [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws] + i32(y_off))
     gs = (-(-x.h * x.w // 32) * 32, -(-c // 32) * 8, ctx.batch)
-    return [Launch(k, gs, (32, 8, 1), node, "nchw_to_nhwc")], [ws] + i32(0, c * x.h * x.w, 0, c)
+    return [Launch(k, gs, (32, 8, 1), node, "nchw_to_nhwc")], [ws] + i32(y_off, c * x.h * x.w, 0, c)
 
 
 def nhwc_bytes(node: Node, batch: int, itemsize: int) -> int:
@@ -222,16 +239,18 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     algo = cfg.get("algo")
     if algo not in conv_algos(node):
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family")
-    why = why_illegal(cfg)
+    M, N, K, _ = conv_gemm_shape(node)
+    why = why_illegal(cfg) or why_not_split(cfg, K, algo)
     if why is not None:
         raise YoloClError(f"wgmma config {cfg}: {why}")
-    M, N, K, _ = conv_gemm_shape(node)
     a = node.attrs
     nhwc = algo == "nhwc"
+    sk = split_k(cfg)
+    partials = partial_bytes(cfg, M, N, ctx.batch)      # first in the workspace, an nhwc transpose after
     if nhwc:
         wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY, "nhwc"),
                             lambda: pack_weights(nhwc_weights(node), 1, "f16"))
-        launches, b_args = nhwc_operand(ctx, node)
+        launches, b_args = nhwc_operand(ctx, node, partials)
     else:
         wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY),
                             lambda: pack_weights(a["weights"].reshape(a["filters"], -1), 1, "f16"))
@@ -245,13 +264,20 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         d.update({"NHWC" if nhwc else "IMPLICIT": True}, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"],
                  PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, node.output.w)
-    args = [wts["A"], wts["bias"]] + b_args + store.c_args + residual_args(ctx, node) + i32(M, N, K, 1) + extra
+    c_args = store.c_args if sk == 1 else [ctx.scratch(partials)] + i32(0, 0, N)
+    r_args = residual_args(ctx, node)
+    args = [wts["A"], wts["bias"]] + b_args + c_args + r_args + i32(M, N, K, 1) + extra
     gs, ls = launch(cfg, M, N, ctx.batch)
     k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
     info = marked(cfg, store.writes, store.layout)
     if nhwc and not launches:
         info["reads"] = "nhwc"
     launches.append(Launch(k, gs, ls, node, "gemm_wgmma", info, node.flops * ctx.batch))
+    if sk > 1:      # the partial sums added and the epilogue run by the local family's split-sum kernel
+        sum_d = {**{k: v for k, v in d.items() if k in EPILOGUE_KEYS}, "SK": sk}
+        k = ctx.kernel("gemm_local.cl", "yc_gemm_splitk", sum_d, [c_args[0], wts["bias"]] + store.c_args + r_args
+                       + i32(M, N, 1))
+        launches.append(Launch(k, (-(-store.n_out // 64) * 64, M, ctx.batch), (64, 1, 1), node, "splitk_sum", info))
     return launches
 
 
@@ -281,7 +307,7 @@ class WgmmaGemm:
         if cfg.get("algo") not in conv_algos(node):
             return f"algorithm '{cfg.get('algo')}' cannot run this layer in the wgmma family"
         try:
-            return why_illegal(cfg)
+            return why_illegal(cfg) or why_not_split(cfg, conv_gemm_shape(node)[2], cfg["algo"])
         except (KeyError, TypeError, ValueError) as e:
             return f"wgmma config {cfg}: {e}"
 
@@ -289,8 +315,9 @@ class WgmmaGemm:
         return conv_cost(node, {**cfg, "MWG": int(cfg["MT"]), "NWG": int(cfg["NT"])}, batch, rt)
 
     def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
-        if cfg.get("algo") == "nhwc":
-            return nhwc_bytes(node, batch, precision.itemsize)
+        if cfg.get("algo") == "nhwc":       # the partial sums, then the transposed input
+            M, N = conv_gemm_shape(node)[:2]
+            return partial_bytes(cfg, M, N, batch) + nhwc_bytes(node, batch, precision.itemsize)
         return scratch_bytes(node, cfg, batch, precision)
 
     def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
