@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -177,6 +178,8 @@ class ConvBench:
             [family.heuristic(self.node, rt, batch, precision, mma)]
         ws = max(family.workspace_bytes(self.node, c, batch, precision) for c in configs)  # any it may bind
         self.ctx.workspace = rt.alloc(ws, "tuner workspace") if ws else None
+        self._retired: list = []        # smaller workspaces, kept alive for the launches bound on them
+        self._ws_lock = threading.Lock()
         self.offsets, self.tensors, self.total = offsets, tensors, total
         x = rng.standard_normal((batch, x0.c, x0.h, x0.w)).astype(np.float32)
         r = rng.standard_normal((batch, o0.c, o0.h, o0.w)).astype(np.float32) if res is not None else None
@@ -204,6 +207,17 @@ class ConvBench:
         self.rt.cl.enqueue_copy(self.queue, self.arena, self._pristine, byte_count=self.arena.size)
 
     def bind(self, config: dict) -> list:
+        """Launches of ``config``; one the candidates did not size the workspace for (a stored
+        config, a re-timed variant: a larger split, say) gets a larger workspace first."""
+        try:
+            need = family.workspace_bytes(self.node, config, self.batch, self.precision)
+        except (KeyError, TypeError, ValueError):
+            need = 0                    # a malformed config: binding says why
+        with self._ws_lock:
+            ws = self.ctx.workspace
+            if need > (ws.size if ws is not None else 0):
+                self._retired.append(ws)
+                self.ctx.workspace = self.rt.alloc(need, "tuner workspace")
         return family.bind(self.ctx, self.node, config)
 
     def check(self, launches: list) -> float:

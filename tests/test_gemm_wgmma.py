@@ -297,3 +297,7 @@ def test_k_split_sums_equal_the_whole(rt, tmp_path, algo):
     uneven = {**cfg, "SK": 7, "SWZ": 128}       # splits of 2 k-tiles of 64: the seventh empty
     assert "non-empty" in gw.KERNEL_FAMILY.why_illegal(node, uneven, rt), K
     assert "im2col" in gw.why_not_split(cfg, K, "im2col")
+    # eight splits: more partial sums than any candidate's scratch, so the bench grows its workspace
+    wide = {**cfg, "SK": 8, "SWZ": 32, "ST": 4}
+    assert gw.KERNEL_FAMILY.workspace_bytes(node, wide, 2, FP16) > bench.ctx.workspace.size
+    assert bench.check(bench.bind(wide)) < FP16.tolerance
