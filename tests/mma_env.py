@@ -19,3 +19,13 @@ def emulate(rt, monkeypatch):
     """Emulated mma where the device has no tensor cores; the real instruction where it has."""
     if not gm.tensor_cores(rt):
         monkeypatch.setenv(gm.EMULATE_ENV, "1")
+
+
+@pytest.fixture
+def emulate_hopper(rt, monkeypatch):
+    """Emulated wgmma and mma where the device is not a Hopper GPU; the real instructions where it
+    is (the wgmma family's tests: ``from mma_env import emulate_hopper, rt``, used autouse)."""
+    from yolo_cl.kernels import gemm_wgmma as gw
+    if not gw.hopper(rt):
+        monkeypatch.setenv(gw.EMULATE_ENV, "1")
+        monkeypatch.setenv(gm.EMULATE_ENV, "1")

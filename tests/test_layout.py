@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 
 from gemm_ref import rel_err
+from mma_env import emulate_hopper, rt  # noqa: F401 - fixtures
 from tiny_cfgs import conv, net_header, shortcut
 from yolo_cl.errors import YoloClError
-from yolo_cl.kernels import gemm_mma as gm
 from yolo_cl.kernels import gemm_wgmma as gw
 from yolo_cl.kernels import layout
 from yolo_cl.precision import FP16
-from yolo_cl.runtime import Runtime
 
 # 0: 3x3 (mma), 1: 1x1 (mma, split-K: stored channels-last through the sum), 2: nhwc 3x3 (read
 # twice, by 3 and as 4's shortcut: planes), 3: nhwc 1x1 (transposes its input), 4: nhwc 3x3 with
@@ -29,16 +28,9 @@ CONFIGS = [{"family": "mma", "algo": "implicit", "MWG": 64, "NWG": 64, "KWG": 32
            {"family": "wgmma", "algo": "gemm1x1", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}, NHWC, MMA_1X1]
 
 
-@pytest.fixture(scope="module")
-def rt():
-    return Runtime()
-
-
 @pytest.fixture(autouse=True)
-def emulate(rt, monkeypatch):
-    if not gw.hopper(rt):
-        monkeypatch.setenv(gw.EMULATE_ENV, "1")
-        monkeypatch.setenv(gm.EMULATE_ENV, "1")
+def emulate(emulate_hopper):
+    """Every test here on the real wgmma where it runs, emulated elsewhere."""
 
 
 def detector(rt, tmp_path, monkeypatch):

@@ -25,8 +25,8 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from . import EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise, marked, \
-    packed_upload, residual_args, write_target
+from . import EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
+    is_pointwise, marked, packed_upload, residual_args, write_target
 from .gemm_local import b_operand, conv_cost, partial_bytes, scratch_bytes, split_k
 from .gemm_mma import KPAD, compute_capability, pack_weights
 from ..errors import YoloClError
