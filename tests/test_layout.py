@@ -93,3 +93,13 @@ def test_no_tensor_is_stored_channels_last_without_an_nhwc_reader(rt, tmp_path, 
     ex = yolo_cl.Detector(str(cfg), weights, precision="fp16").executor(1)
     assert ex.ctx.nhwc == frozenset() and not layout.disagreeing(ex.ctx.nhwc, [])
     assert not any(l.config.get("stores") or l.config.get("reads") for l in ex.launches)
+
+
+def test_the_registry_answers_which_configs_store_and_read_channels_last():
+    """Every family declares its channels-last algorithms; layout.py asks the registry, not names."""
+    from yolo_cl.kernels import family
+    assert all(isinstance(f.stores_nhwc, tuple) and isinstance(f.reads_nhwc, tuple) for f in family.FAMILIES)
+    assert family.reads_nhwc(NHWC) and not family.reads_nhwc(MMA_1X1)
+    assert family.stores_nhwc(MMA_1X1) and family.stores_nhwc(NHWC)
+    assert not family.stores_nhwc({"family": "mma", "algo": "winograd", "m": 2})
+    assert not family.stores_nhwc({"family": "cpu", "algo": "im2col"}) and not family.reads_nhwc({"oops": 1})

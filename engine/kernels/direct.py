@@ -41,6 +41,7 @@ class Direct:
     name = FAMILY
     tensor_cores = False
     derived, schedule, block = (), (), ()
+    stores_nhwc, reads_nhwc = (), ()
 
     def offered(self, rt, mma: str) -> bool:
         return True

@@ -28,6 +28,8 @@ class KernelFamily(Protocol):
     derived: tuple           # config keys it derives from the others (the search never turns them)
     schedule: tuple          # knobs that change neither register block nor tiles (k unroll, prefetch)
     block: tuple             # keys that make a config's block or tile shape
+    stores_nhwc: tuple       # algorithms that can store a conv's output channels-last (kernels/layout.py)
+    reads_nhwc: tuple        # algorithms that read a conv's input channels-last
 
     def offered(self, rt, mma: str) -> bool:
         """Whether it is one of the device's families (``mma``: the tensor-core mode in use, or "")."""
@@ -65,6 +67,23 @@ def family_of(cfg: dict) -> KernelFamily:
         return _BY_NAME[cfg.get("family")]
     except (KeyError, TypeError):
         raise ValueError(f"config {cfg!r} names no kernel family of {', '.join(map(str, _BY_NAME))}") from None
+
+
+def stores_nhwc(cfg) -> bool:
+    """Whether ``cfg``'s launches can store a conv's output channels-last (the shared GEMM
+    epilogue's NHWC_OUT): the question kernels/layout.py asks of a producer."""
+    try:
+        return cfg["algo"] in family_of(cfg).stores_nhwc
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def reads_nhwc(cfg) -> bool:
+    """Whether ``cfg``'s launches read a conv's input channels-last (the wgmma family's ``nhwc``)."""
+    try:
+        return cfg["algo"] in family_of(cfg).reads_nhwc
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def offered(rt, mma: str) -> list:

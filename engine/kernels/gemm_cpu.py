@@ -545,6 +545,7 @@ class CpuGemm:
     name = FAMILY
     tensor_cores = False
     derived, schedule, block = (), ("KU", "WG", "ORD", "KS"), ("VW", "NV", "m", "KB")
+    stores_nhwc, reads_nhwc = (), ()
 
     def offered(self, rt, mma: str) -> bool:
         return rt.is_cpu and not mma

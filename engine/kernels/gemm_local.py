@@ -462,6 +462,7 @@ class LocalGemm:
     name = FAMILY
     tensor_cores = False
     derived, schedule, block = DERIVED, ("PF",), ("MWG", "NWG", "m")
+    stores_nhwc, reads_nhwc = ALGOS, ()        # their GEMMs store through the shared epilogue; Winograd does not
 
     def offered(self, rt, mma: str) -> bool:
         return not rt.is_cpu and (not mma or mma in FMA_COMPETES)

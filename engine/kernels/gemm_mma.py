@@ -517,6 +517,7 @@ class MmaGemm:
     name = FAMILY
     tensor_cores = True
     derived, schedule, block = (), ("GA", "SS"), ("MWG", "NWG")
+    stores_nhwc, reads_nhwc = ("gemm1x1", "im2col", "implicit"), ()     # not Winograd's output transform
 
     def offered(self, rt, mma: str) -> bool:
         return bool(mma)

@@ -287,6 +287,7 @@ class WgmmaGemm:
     name = FAMILY
     tensor_cores = True
     derived, schedule, block = (), (), ("MT", "NT")
+    stores_nhwc, reads_nhwc = ALGOS, ("nhwc",)
 
     # The probe runs only where the family is asked for configs (the tuner) or a stored config
     # of it is checked: a run that binds none of its configs does not pay for it at start-up.

@@ -19,9 +19,6 @@ from . import family
 from .conv import choose
 from ..graph import Graph, View, reads
 
-EPILOGUE_FAMILIES = ("local", "mma", "wgmma")     # their GEMMs store through yc_gemm_store
-
-
 def _whole(v: View) -> bool:
     return v.c0 == 0 and v.c == v.tensor.c
 
@@ -39,13 +36,12 @@ def stores_plainly(ctx: BindContext, node) -> bool:
         return False
     if ctx.write and node.attrs.get("write_through") is not None:
         return False
-    cfg = _bound_config(ctx, node)
-    return cfg.get("family") in EPILOGUE_FAMILIES and cfg.get("algo") != "winograd"
+    return family.stores_nhwc(_bound_config(ctx, node))
 
 
 def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
     """Ids of the tensors to store channels-last: one writer (a conv that ``stores_plainly``),
-    one reader (a conv bound ``nhwc`` that reads the whole tensor as its input, nothing else),
+    one reader (a conv bound to read it channels-last, the whole tensor as its input, nothing else),
     not a network output."""
     readers: dict = {}
     writers: dict = {}
@@ -62,8 +58,7 @@ def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
         r = rs[0]
         if r.op != "conv" or r.inputs[0].tensor.id != tid or not _whole(r.inputs[0]):
             continue
-        cfg = _bound_config(ctx, r)
-        if cfg.get("family") == "wgmma" and cfg.get("algo") == "nhwc" and stores_plainly(ctx, ws[0]):
+        if family.reads_nhwc(_bound_config(ctx, r)) and stores_plainly(ctx, ws[0]):
             out.add(tid)
     return frozenset(out)
 
