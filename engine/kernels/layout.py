@@ -14,10 +14,10 @@ tensor stored as planes.
 """
 from __future__ import annotations
 
-from . import BindContext
-from . import family
+from . import BindContext, family
 from .conv import choose
 from ..graph import Graph, View, reads
+
 
 def _whole(v: View) -> bool:
     return v.c0 == 0 and v.c == v.tensor.c
