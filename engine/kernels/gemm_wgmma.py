@@ -27,7 +27,7 @@ import numpy as np
 
 from . import EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
     is_pointwise, marked, packed_upload, residual_args, write_target
-from .gemm_local import b_operand, conv_cost, partial_bytes, scratch_bytes, split_k
+from .gemm_local import b_operand, conv_cost, partial_bytes, round_up, scratch_bytes, split_k
 from .gemm_mma import KPAD, compute_capability, pack_weights
 from ..errors import YoloClError
 from ..graph import Node
@@ -87,7 +87,7 @@ def why_not_split(cfg: dict, K: int, algo: str) -> Optional[str]:
     if algo == "im2col":
         return "no K split after im2col (its matrix is the workspace)"
     kt = k_tile(cfg)
-    per = -(-(-(-K // sk)) // kt) * kt
+    per = round_up(-(-K // sk), kt)     # k of each split, as the kernel cuts it
     return None if (sk - 1) * per < K else f"K = {K} cannot give {sk} non-empty splits of {kt}-wide k-tiles"
 
 
@@ -221,7 +221,8 @@ def nhwc_operand(ctx: BindContext, node: Node, at: int = 0) -> tuple:
         return [], [xb, xoff, xbs] + i32(0, c)
     ws = ctx.scratch(at + nhwc_bytes(node, ctx.batch, ctx.itemsize))
     y_off = at // ctx.itemsize
-    k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(), [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws] + i32(y_off))
+    k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(),
+                   [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws] + i32(y_off))
     gs = (-(-x.h * x.w // 32) * 32, -(-c // 32) * 8, ctx.batch)
     return [Launch(k, gs, (32, 8, 1), node, "nchw_to_nhwc")], [ws] + i32(y_off, c * x.h * x.w, 0, c)
 
