@@ -286,10 +286,11 @@ class BenchReport:
 
 
 def _config_text(cfg: dict) -> str:
-    """``cpu winograd nv m4 TM6 VW8 NV2 KU1 WG0``: names as words, tunables as name+value."""
-    words = ("family", "algo", "kernel")
+    """``cpu winograd nv m4 TM6 VW8 NV2 KU1 WG0``: names as words, tunables as name+value, and
+    what the launch does beyond its conv as ``writes:upsample``, ``stores:nhwc``, ``reads:nhwc``."""
+    words, marks = ("family", "algo", "kernel"), ("writes", "stores", "reads")
     head = [str(cfg[k]) for k in words if k in cfg]
-    return " ".join(head + [f"{k}{v}" for k, v in cfg.items() if k not in words])
+    return " ".join(head + [f"{k}:{v}" if k in marks else f"{k}{v}" for k, v in cfg.items() if k not in words])
 
 
 # -- running it -----------------------------------------------------------------------------

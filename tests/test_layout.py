@@ -103,3 +103,9 @@ def test_the_registry_answers_which_configs_store_and_read_channels_last():
     assert family.stores_nhwc(MMA_1X1) and family.stores_nhwc(NHWC)
     assert not family.stores_nhwc({"family": "mma", "algo": "winograd", "m": 2})
     assert not family.stores_nhwc({"family": "cpu", "algo": "im2col"}) and not family.reads_nhwc({"oops": 1})
+
+
+def test_bench_names_what_a_launch_stores_and_reads():
+    from yolo_cl.bench import _config_text
+    text = _config_text({**NHWC, "stores": "nhwc", "reads": "nhwc", "writes": "upsample"})
+    assert text == "wgmma nhwc MT64 NT64 SWZ64 ST2 stores:nhwc reads:nhwc writes:upsample"
