@@ -109,3 +109,17 @@ def test_bench_names_what_a_launch_stores_and_reads():
     from yolo_cl.bench import _config_text
     text = _config_text({**NHWC, "stores": "nhwc", "reads": "nhwc", "writes": "upsample"})
     assert text == "wgmma nhwc MT64 NT64 SWZ64 ST2 stores:nhwc reads:nhwc writes:upsample"
+
+
+def test_a_plan_no_family_reads_channels_last_for_asks_nothing(rt, tmp_path, monkeypatch):
+    """At fp32 (no tensor-core family offered) the plan never looks up a conv's config for it."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+
+    def boom(*a, **k):
+        raise AssertionError("looked up a config")
+    monkeypatch.setattr(layout, "choose", boom)
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 16, 5)
+    ex = yolo_cl.Detector(str(cfg), weights).executor(1)
+    assert ex.ctx.nhwc == frozenset()
+    assert rel_err(ex.run(blob)[0], ref) < 1e-4

@@ -42,7 +42,10 @@ def stores_plainly(ctx: BindContext, node) -> bool:
 def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
     """Ids of the tensors to store channels-last: one writer (a conv that ``stores_plainly``),
     one reader (a conv bound to read it channels-last, the whole tensor as its input, nothing else),
-    not a network output."""
+    not a network output. None where no family the device offers reads channels-last (the
+    question costs a look-up per conv: a plan on a CPU, or at fp32, does not ask it)."""
+    if not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
+        return frozenset()
     readers: dict = {}
     writers: dict = {}
     for node in graph.nodes:
