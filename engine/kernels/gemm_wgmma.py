@@ -27,7 +27,7 @@ import numpy as np
 
 from . import EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
     is_pointwise, marked, packed_upload, residual_args, write_target
-from .gemm_local import b_operand, conv_cost, partial_bytes, round_up, scratch_bytes, split_k
+from .gemm_local import b_operand, conv_cost, k_chunk, partial_bytes, scratch_bytes, split_k
 from .gemm_mma import KPAD, compute_capability, pack_weights
 from ..errors import YoloClError
 from ..graph import Node
@@ -87,8 +87,9 @@ def why_not_split(cfg: dict, K: int, algo: str) -> Optional[str]:
     if algo == "im2col":
         return "no K split after im2col (its matrix is the workspace)"
     kt = k_tile(cfg)
-    per = round_up(-(-K // sk), kt)     # k of each split, as the kernel cuts it
-    return None if (sk - 1) * per < K else f"K = {K} cannot give {sk} non-empty splits of {kt}-wide k-tiles"
+    if (sk - 1) * k_chunk(K, sk, kt) < K:
+        return None
+    return f"K = {K} cannot give {sk} non-empty splits of {kt}-wide k-tiles"
 
 
 def hopper(rt) -> bool:
