@@ -23,8 +23,8 @@ from typing import Optional
 
 import numpy as np
 
-from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, is_pointwise,
-               marked, packed_upload, residual_args, write_target)
+from . import (EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise,
+               is_pointwise, marked, packed_upload, residual_args, write_target)
 from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
@@ -205,6 +205,17 @@ def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: i
     return [("yc_gemm_local", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls, "gemm_local"),
             ("yc_gemm_splitk", defines_, [partial, a_args[1]] + c_args + r_args + [np.int32(v) for v in (M, N, G)],
              (round_up(n_out or N, 64), M, Z), (64, 1, 1), "splitk_sum")]
+
+
+def split_sum_spec(gemm_defines: dict, sk: int, partial, bias, c_args: list, r_args: list, M: int, N: int,
+                   G: int, Z: int, n_out: Optional[int] = None) -> tuple:
+    """(source, kernel name, defines, args, global, local) of ``yc_gemm_splitk`` summing another
+    family's ``sk`` partial planes (``partial``) and running the epilogue over ``n_out`` elements a
+    row (default N): built with only the GEMM's epilogue defines, so one program serves every
+    config of that epilogue."""
+    d = {**{k: v for k, v in gemm_defines.items() if k in EPILOGUE_KEYS}, "SK": sk}
+    return ("gemm_local.cl", "yc_gemm_splitk", d, [partial, bias] + c_args + r_args + i32(M, N, G),
+            (round_up(n_out or N, 64), M, Z), (64, 1, 1))
 
 
 def pack_weights(w: np.ndarray, G: int, dtype=np.float32) -> np.ndarray:

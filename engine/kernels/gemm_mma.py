@@ -54,10 +54,10 @@ from typing import Optional
 
 import numpy as np
 
-from . import (EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise,
+from . import (BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise,
                is_pointwise, marked, packed_upload, residual_args, winograd, write_target)
 from .gemm_local import (SPLITS, DeviceLimits, b_operand, conv_cost, device_limits, k_chunk, partial_bytes,
-                         round_up, scratch_bytes, split_k, tile_defines)
+                         round_up, scratch_bytes, split_k, split_sum_spec, tile_defines)
 from ..errors import YoloClError
 from ..graph import Node
 
@@ -325,11 +325,9 @@ def launch_specs(cfg: dict, defines_: dict, M: int, N: int, K: int, G: int, Z: i
     if counters is not None:
         return [("gemm_mma.cl", "yc_gemm_mma", {**defines_, "SK_FIX": True},
                  a_args + b_args + c_args + r_args + dims + extra + [partial, counters], gs, ls)]
-    sum_defines = {k: v for k, v in defines_.items() if k in EPILOGUE_KEYS}
     gemm_c = [partial] + i32(0, 0, N)
     return [("gemm_mma.cl", "yc_gemm_mma", defines_, a_args + b_args + gemm_c + r_args + dims + extra, gs, ls),
-            ("gemm_local.cl", "yc_gemm_splitk", {**sum_defines, "SK": split_k(cfg)},
-             [partial, a_args[1]] + c_args + r_args + i32(M, N, G), (round_up(n_out or N, 64), M, Z), (64, 1, 1))]
+            split_sum_spec(defines_, split_k(cfg), partial, a_args[1], c_args, r_args, M, N, G, Z, n_out)]
 
 
 def pool_blocks(cfg: dict, algo: str) -> bool:

@@ -25,9 +25,9 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from . import EPILOGUE_KEYS, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
     is_pointwise, marked, packed_upload, residual_args, write_target
-from .gemm_local import b_operand, conv_cost, k_chunk, partial_bytes, scratch_bytes, split_k
+from .gemm_local import b_operand, conv_cost, k_chunk, partial_bytes, scratch_bytes, split_k, split_sum_spec
 from .gemm_mma import KPAD, compute_capability, pack_weights
 from ..errors import YoloClError
 from ..graph import Node
@@ -276,10 +276,9 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         info["reads"] = "nhwc"
     launches.append(Launch(k, gs, ls, node, "gemm_wgmma", info, node.flops * ctx.batch))
     if sk > 1:      # the partial sums added and the epilogue run by the local family's split-sum kernel
-        sum_d = {**{k: v for k, v in d.items() if k in EPILOGUE_KEYS}, "SK": sk}
-        k = ctx.kernel("gemm_local.cl", "yc_gemm_splitk", sum_d, [c_args[0], wts["bias"]] + store.c_args + r_args
-                       + i32(M, N, 1))
-        launches.append(Launch(k, (-(-store.n_out // 64) * 64, M, ctx.batch), (64, 1, 1), node, "splitk_sum", info))
+        src, name, sum_d, sum_args, gs, ls = split_sum_spec(d, sk, c_args[0], wts["bias"], store.c_args, r_args,
+                                                            M, N, 1, ctx.batch, store.n_out)
+        launches.append(Launch(ctx.kernel(src, name, sum_d, sum_args), gs, ls, node, "splitk_sum", info))
     return launches
 
 
