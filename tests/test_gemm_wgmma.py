@@ -111,6 +111,8 @@ def test_illegal_configs_are_named():
     assert gw.why_illegal(gw.DEFAULT) is None
     with pytest.raises(ValueError, match="ST is 2"):
         gw.gemm(None, np.zeros((8, 8)), np.zeros((8, 8)), {"MT": 64, "NT": 64, "SWZ": 64, "ST": 1})
+    with pytest.raises(ValueError, match="sum launch"):       # a bare GEMM would return one split's sums
+        gw.gemm(None, np.zeros((8, 8)), np.zeros((8, 8)), {**gw.DEFAULT, "SK": 2})
 
 
 def test_probe_says_yes_only_where_wgmma_runs(rt, tmp_path, monkeypatch):

@@ -134,7 +134,7 @@ class BoundGemm(NamedTuple):
 def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> BoundGemm:
     """C = A @ B on the device, bound: B given transposed ([N][K]) or with ``b_kn`` as is
     ([K][N]), the operands uploaded as half (k padded to a multiple of 8 where B is transposed)."""
-    why = why_illegal(cfg)
+    why = why_illegal(cfg) or ("a K split needs its sum launch: convs bind one" if split_k(cfg) > 1 else None)
     if why is not None:
         raise ValueError(f"wgmma config {cfg}: {why}")
     (M, K), N = A.shape, (B.shape[1] if b_kn else B.shape[0])
