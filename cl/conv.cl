@@ -22,13 +22,14 @@ __kernel void yc_im2col(__global const dtype* restrict X, const int x_off, const
     ST(col, (size_t)z * K * N + (size_t)k * N + n, v);
 }
 
-/* Y[y_off + (b * HW + p) * C + c] = X[b][c][p]: a conv's input planes as pixels of C channels (NCHW -> NHWC), for the
- * wgmma family's nhwc convs, whose B rows then are 16-byte runs of channels. 32 x 32 tiles through
- * local memory, read along p and written along c. Grid (p rounded up to 32, 8 per 32 of C, images),
- * work-groups of 32 x 8. */
+/* Y[y_off + (b * HW + p) * CP + c] = X[b][c][p]: a conv's input planes as pixels of CP >= C channels
+ * (NCHW -> NHWC, channels C .. CP - 1 zero), for the wgmma family's nhwc convs, whose B rows then
+ * are 16-byte runs of channels (CP: C rounded up to 8). 32 x 32 tiles through local memory, read
+ * along p and written along c. Grid (p rounded up to 32, 8 per 32 of CP, images), work-groups of
+ * 32 x 8. */
 __kernel __attribute__((reqd_work_group_size(32, 8, 1)))
 void yc_nchw_to_nhwc(__global const dtype* restrict X, const int x_off, const int x_bstride,
-                     const int C, const int HW, __global dtype* restrict Y, const int y_off)
+                     const int C, const int HW, __global dtype* restrict Y, const int y_off, const int CP)
 {
     __local float t[32][33];
     const int lx = get_local_id(0), ly = get_local_id(1), b = get_global_id(2);
@@ -38,8 +39,8 @@ void yc_nchw_to_nhwc(__global const dtype* restrict X, const int x_off, const in
             t[i][lx] = LD(X, x_off + (size_t)b * x_bstride + (size_t)(c0 + i) * HW + p0 + lx);
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = ly; i < 32; i += 8)
-        if (p0 + i < HW && c0 + lx < C)
-            ST(Y, y_off + ((size_t)b * HW + p0 + i) * C + c0 + lx, t[lx][i]);
+        if (p0 + i < HW && c0 + lx < CP)
+            ST(Y, y_off + ((size_t)b * HW + p0 + i) * CP + c0 + lx, c0 + lx < C ? t[lx][i] : 0.0f);
 }
 
 /* Depthwise conv (groups == channels == filters): one output element per work-item.

@@ -169,10 +169,9 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
     spatial = [n for n in nodes if n.attrs["size"] == 3 and n.attrs["groups"] == 1]
     assert pointwise and spatial
     assert gw.conv_algos(pointwise[0]) == ["gemm1x1", "implicit", "im2col", "nhwc"]
-    assert spatial[0].attrs["in_c"] == 3 and gw.conv_algos(spatial[0]) == ["implicit", "im2col"]
-    from tiny_graphs import conv_nodes
-    wide = conv_nodes(tmp_path / "wide.cfg", net_header(11, 9, 8) + conv(12))[0]
-    assert gw.conv_algos(wide) == ["implicit", "im2col", "nhwc"]
+    assert spatial[0].attrs["in_c"] == 3 and gw.conv_algos(spatial[0]) == ["implicit", "im2col", "nhwc"]
+    assert gw.nhwc_channels(spatial[0]) == 8 and gw.gemm_k(spatial[0], "nhwc") == 72
+    assert gw.gemm_k(spatial[0], "implicit") == 27
     cands = gw.KERNEL_FAMILY.candidates(spatial[0], rt, 1, FP16, "f16")
     assert cands and all(c["family"] == "wgmma" and gw.why_illegal(c) is None for c in cands)
     assert gw.KERNEL_FAMILY.heuristic(spatial[0], 1, FP16, "f16") is None       # tuned in, never picked untuned
@@ -201,39 +200,43 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
                                   {"MT": 256, "NT": 64, "SWZ": 32, "ST": 2}])
 def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile):
     """nhwc convs whose k-tiles hold several taps (16 channels, 64 of k a tile), a tap split across
-    tiles (40 channels), strides, padding, a 5x5 and a 1x1 conv, on tiles where some work-items
-    copy several B rows and (256 x 64) some none: each through the tuner's gate."""
+    tiles (40 channels), strides, padding, a 5x5 and a 1x1 conv, channels padded to 8 (3 and 12
+    of them), on tiles where some work-items copy several B rows and (256 x 64) some none: each
+    through the tuner's gate."""
     from tiny_graphs import conv_nodes
     from yolo_cl import tuner as tmod
     tuner = tmod.Tuner(rt, FP16, reps=1)
     text = (net_header(13, 11, 16) + conv(40, act="leaky") + conv(24, size=3, stride=2) + conv(16, size=5)
-            + conv(8, size=1, act="linear"))
-    nodes = conv_nodes(tmp_path / "n.cfg", text)
+            + conv(12, size=1, act="linear") + conv(8, size=3, stride=2))
+    nodes = conv_nodes(tmp_path / "n.cfg", text) + conv_nodes(tmp_path / "rgb.cfg", net_header(13, 11) + conv(32))
     for node in nodes:
         bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
         assert bench.check(bench.bind({"family": "wgmma", "algo": "nhwc", **tile})) < FP16.tolerance, node.describe()
-    assert len(nodes) == 4
+    assert [n.attrs["in_c"] for n in nodes] == [16, 40, 24, 16, 12, 3]
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 def test_nchw_to_nhwc_equals_numpy(rt, half):
     """The nhwc convs' transpose of an input view (an offset, a batch stride wider than the planes,
-    channels and pixels not multiples of the 32 x 32 tile) into [image][pixel][channel]."""
+    channels and pixels not multiples of the 32 x 32 tile) into [image][pixel][channel], the
+    channels padded with zeros (40 -> 48, 3 -> 8), written over a workspace full of garbage."""
     dtype = np.float16 if half else np.float32
-    C, H, W, off, stride = 40, 7, 9, 5, 40 * 63 + 11
-    x = np.random.default_rng(2).standard_normal(off + 2 * stride).astype(dtype)
-    xb = rt.upload(x, "x")
-    y_off = 3
-    y = rt.alloc((y_off + 2 * C * H * W) * x.itemsize, "y")
-    k = rt.cl.Kernel(rt.program("conv.cl", {"HALF_STORAGE": half}), "yc_nchw_to_nhwc")
-    k.set_args(xb, *np.int32([off, stride, C, H * W]), y, np.int32(y_off))
-    rt.cl.enqueue_nd_range_kernel(rt.queue, k, (64, 16, 2), (32, 8, 1))
-    out = np.empty(y_off + 2 * H * W * C, dtype)
-    rt.cl.enqueue_copy(rt.queue, out, y)
-    rt.queue.finish()
-    out = out[y_off:].reshape(2, H * W, C)
-    planes = np.stack([x[off + b * stride:off + b * stride + C * H * W].reshape(C, H * W) for b in range(2)])
-    assert np.array_equal(out, planes.transpose(0, 2, 1))
+    for C, CP in ((40, 40), (40, 48), (3, 8)):
+        H, W, off, stride = 7, 9, 5, C * 63 + 11
+        x = np.random.default_rng(2).standard_normal(off + 2 * stride).astype(dtype)
+        xb = rt.upload(x, "x")
+        y_off = 3
+        y = rt.upload(np.full(y_off + 2 * CP * H * W, 7, dtype), "y")
+        k = rt.cl.Kernel(rt.program("conv.cl", {"HALF_STORAGE": half}), "yc_nchw_to_nhwc")
+        k.set_args(xb, *np.int32([off, stride, C, H * W]), y, *np.int32([y_off, CP]))
+        rt.cl.enqueue_nd_range_kernel(rt.queue, k, (64, -(-CP // 32) * 8, 2), (32, 8, 1))
+        out = np.empty(y_off + 2 * H * W * CP, dtype)
+        rt.cl.enqueue_copy(rt.queue, out, y)
+        rt.queue.finish()
+        out = out[y_off:].reshape(2, H * W, CP)
+        planes = np.stack([x[off + b * stride:off + b * stride + C * H * W].reshape(C, H * W) for b in range(2)])
+        assert np.array_equal(out[:, :, :C], planes.transpose(0, 2, 1)), (C, CP)
+        assert not out[:, :, C:].any(), (C, CP)
 
 
 def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):

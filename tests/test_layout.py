@@ -33,20 +33,20 @@ def emulate(emulate_hopper):
     """Every test here on the real wgmma where it runs, emulated elsewhere."""
 
 
-def detector(rt, tmp_path, monkeypatch):
-    """(Detector, blob, reference) of NET with CONFIGS recorded as a user tuning database."""
+def detector(rt, tmp_path, monkeypatch, net: str = NET, configs: list = CONFIGS):
+    """(Detector, blob, reference) of ``net`` with ``configs`` recorded as a user tuning database."""
     import yolo_cl
     from test_gemm_mma import net_and_reference
     from yolo_cl.kernels.family import tuning_database
     from yolo_cl.tuning_db import shape_key
     monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
-    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 16, 5, batch=2)
+    cfg, weights, blob, ref = net_and_reference(tmp_path, net, 16, 5, batch=2)
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
     nodes = [l.node for l in det.executor(2).launches if l.node.op == "conv" and l.name != "splitk_sum"]
     nodes = list(dict.fromkeys(nodes))
-    assert len(nodes) == len(CONFIGS)
-    tuning_database(rt, FP16, "f16").record({shape_key(n, 2): c for n, c in zip(nodes, CONFIGS)})
+    assert len(nodes) == len(configs)
+    tuning_database(rt, FP16, "f16").record({shape_key(n, 2): c for n, c in zip(nodes, configs)})
     return yolo_cl.Detector(str(cfg), weights, precision="fp16"), blob, ref
 
 
@@ -60,6 +60,20 @@ def test_producers_store_channels_last_and_readers_skip_the_transpose(rt, tmp_pa
     assert len(ex.ctx.nhwc) == 4 and len(set(stores)) == 4 and len(reads) == 4
     assert len(transposed) == 1                 # the conv reading layer 2, which a shortcut reads too
     assert any(l.name == "splitk_sum" and l.config.get("stores") == "nhwc" for l in launches)
+    assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+def test_channels_not_filling_16_bytes_are_padded_by_the_transpose(rt, tmp_path, monkeypatch):
+    """nhwc convs of the network's 3-channel input and of a 12-channel tensor: each input is
+    transposed with its channels padded to 8 and 16 (a producer never stores such a tensor
+    channels-last), the weights padded alike; the answer equals the NumPy forward pass."""
+    net = net_header(16, 16) + conv(12) + conv(16) + conv(18, 1, bn=0, act="linear")
+    det, blob, ref = detector(rt, tmp_path, monkeypatch, net, [NHWC, NHWC, MMA_1X1])
+    ex = det.executor(2)
+    transposes = [l for l in ex.launches if l.name == "nchw_to_nhwc"]
+    assert not ex.ctx.nhwc and len(transposes) == 2
+    assert [gw.nhwc_channels(l.node) for l in transposes] == [8, 16]
+    assert [gw.gemm_k(l.node, "nhwc") for l in transposes] == [72, 144]
     assert rel_err(det.forward(blob)[0], ref) < 1e-2
 
 

@@ -7,9 +7,10 @@ swizzled layouts and is what cuDNN's Hopper kernels run on. The kernel writes it
 
 As a conv family it runs fp16 convs of one group: 1x1 convs straight from their input planes
 (``gemm1x1``), any conv with its im2col matrix gathered element by element as the tiles are
-staged (``implicit``) or written by an im2col pass first (``im2col``), or (``nhwc``, input
-channels a multiple of 8) from its input transposed to pixels of channels first, whose windows
-the tiles then copy 16 bytes at a time (one pass over the input, not im2col's KxK), with the shared epilogue
+staged (``implicit``) or written by an im2col pass first (``im2col``), or (``nhwc``) from its
+input transposed to pixels of channels first (padded with zeros to a multiple of 8: a network's
+3-channel input as 8), whose windows the tiles then copy 16 bytes at a time (one pass over the
+input, not im2col's KxK), with the shared epilogue
 (bias, activation, fused shortcut, concat slice, an upsample written through, channels-last where
 kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
 kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
@@ -198,40 +199,53 @@ def available(rt) -> bool:
 def conv_algos(node: Node) -> list:
     """Algorithms of this family that can run ``node`` (one group): a 1x1 conv's input as B, the
     im2col matrix gathered on the fly, or written by an im2col pass first, and the input
-    transposed to NHWC where its channels fill 16-byte chunks."""
+    transposed to NHWC."""
     if conv_gemm_shape(node)[3] != 1 or is_depthwise(node):
         return []
     algos = ["gemm1x1"] if is_pointwise(node) else []
-    return algos + ["implicit", "im2col"] + (["nhwc"] if node.attrs["in_c"] % 8 == 0 else [])
+    return algos + ["implicit", "im2col", "nhwc"]
+
+
+def nhwc_channels(node: Node) -> int:
+    """The channels of an nhwc conv's input pixel: ``in_c`` rounded up to 8, so that a pixel's
+    channels are whole 16-byte chunks (the rest zeros, in the input and in the weights)."""
+    return -(-node.attrs["in_c"] // 8) * 8
+
+
+def gemm_k(node: Node, algo: str) -> int:
+    """K of ``node``'s GEMM under ``algo``: an nhwc conv's taps of padded pixels."""
+    return node.attrs["size"] ** 2 * nhwc_channels(node) if algo == "nhwc" else conv_gemm_shape(node)[2]
 
 
 def nhwc_weights(node: Node) -> np.ndarray:
-    """A conv's weights [filters][K] with k ordered (ky, kx, c), as an nhwc conv's B rows are."""
+    """A conv's weights [filters][K] with k ordered (ky, kx, c), as an nhwc conv's B rows are
+    (c padded with zero weights to :func:`nhwc_channels`)."""
     a = node.attrs
-    w = a["weights"].reshape(a["filters"], a["in_c"], a["size"], a["size"])
-    return w.transpose(0, 2, 3, 1).reshape(a["filters"], -1)
+    w = a["weights"].reshape(a["filters"], a["in_c"], a["size"], a["size"]).transpose(0, 2, 3, 1)
+    return np.pad(w, ((0, 0), (0, 0), (0, 0), (0, nhwc_channels(node) - a["in_c"]))).reshape(a["filters"], -1)
 
 
 def nhwc_operand(ctx: BindContext, node: Node, at: int = 0) -> tuple:
     """(launches, B arguments) of an nhwc conv: the input transposed into the workspace at byte
-    ``at`` ([image][H][W][C]), read by the GEMM as B rows of channels (its ldb: C); or where its
-    producer stored it channels-last (``ctx.nhwc``: kernels/layout.py) the input as it is."""
-    x, c = node.inputs[0], node.attrs["in_c"]
+    ``at`` ([image][H][W][CP], CP the padded channels), read by the GEMM as B rows of channels
+    (its ldb: CP); or where its producer stored it channels-last (``ctx.nhwc``: kernels/layout.py,
+    channels a multiple of 8 only) the input as it is."""
+    x, c, cp = node.inputs[0], node.attrs["in_c"], nhwc_channels(node)
     xb, xoff, xbs = ctx.view(x)
     if x.tensor.id in ctx.nhwc:
         return [], [xb, xoff, xbs] + i32(0, c)
     ws = ctx.scratch(at + nhwc_bytes(node, ctx.batch, ctx.itemsize))
     y_off = at // ctx.itemsize
     k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(),
-                   [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws] + i32(y_off))
-    gs = (-(-x.h * x.w // 32) * 32, -(-c // 32) * 8, ctx.batch)
-    return [Launch(k, gs, (32, 8, 1), node, "nchw_to_nhwc")], [ws] + i32(y_off, c * x.h * x.w, 0, c)
+                   [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws] + i32(y_off, cp))
+    gs = (-(-x.h * x.w // 32) * 32, -(-cp // 32) * 8, ctx.batch)
+    return [Launch(k, gs, (32, 8, 1), node, "nchw_to_nhwc")], [ws] + i32(y_off, cp * x.h * x.w, 0, cp)
 
 
 def nhwc_bytes(node: Node, batch: int, itemsize: int) -> int:
-    """The workspace of an nhwc conv: its input, transposed."""
+    """The workspace of an nhwc conv: its input, transposed (channels padded)."""
     x = node.inputs[0]
-    return batch * node.attrs["in_c"] * x.h * x.w * itemsize
+    return batch * nhwc_channels(node) * x.h * x.w * itemsize
 
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
@@ -241,7 +255,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     algo = cfg.get("algo")
     if algo not in conv_algos(node):
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family")
-    M, N, K, _ = conv_gemm_shape(node)
+    M, N = conv_gemm_shape(node)[:2]
+    K = gemm_k(node, algo)
     why = why_illegal(cfg) or why_not_split(cfg, K, algo)
     if why is not None:
         raise YoloClError(f"wgmma config {cfg}: {why}")
@@ -309,7 +324,7 @@ class WgmmaGemm:
         if cfg.get("algo") not in conv_algos(node):
             return f"algorithm '{cfg.get('algo')}' cannot run this layer in the wgmma family"
         try:
-            return why_illegal(cfg) or why_not_split(cfg, conv_gemm_shape(node)[2], cfg["algo"])
+            return why_illegal(cfg) or why_not_split(cfg, gemm_k(node, cfg["algo"]), cfg["algo"])
         except (KeyError, TypeError, ValueError) as e:
             return f"wgmma config {cfg}: {e}"
 

@@ -42,7 +42,8 @@ def stores_plainly(ctx: BindContext, node) -> bool:
 def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
     """Ids of the tensors to store channels-last: one writer (a conv that ``stores_plainly``),
     one reader (a conv bound to read it channels-last, the whole tensor as its input, nothing else),
-    not a network output. None where no family the device offers reads channels-last (the
+    channels a multiple of 8 (a pixel's whole 16-byte chunks, as the reader takes them), not a
+    network output. None where no family the device offers reads channels-last (the
     question costs a look-up per conv: a plan on a CPU, or at fp32, does not ask it)."""
     if not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
         return frozenset()
@@ -60,6 +61,8 @@ def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
             continue
         r = rs[0]
         if r.op != "conv" or r.inputs[0].tensor.id != tid or not _whole(r.inputs[0]):
+            continue
+        if r.inputs[0].c % 8:       # read as pixels padded to 16 bytes: transposed (and padded) first
             continue
         if family.reads_nhwc(_bound_config(ctx, r)) and stores_plainly(ctx, ws[0]):
             out.add(tid)
