@@ -104,7 +104,7 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
 
 def retime(models: list, size: int, precision_name: str, variants: list, reps: int, margin: float,
            clock: str, batch: int = 1, untuned: bool = False, budget: float = 0.0, rounds: int = 3,
-           log=print, only: str = "") -> tuple:
+           log=print, only: str = "", layers: Optional[set] = None) -> tuple:
     """(entries {shape key: config + ms}, the database); each shape's line goes to ``log`` as it is timed.
 
     Each config's time is its best over ``rounds`` round-robin timings. Batches above 2 are gated
@@ -112,7 +112,8 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
     and 2 exercises that stride) and timed at the full batch, so that a 608 batch-8 reference does
     not take minutes per shape. ``budget`` > 0 stops starting new shapes after that many seconds.
     ``only``: time only each config's launches of that name (e.g. ``gemm_mma``: an im2col
-    variant's GEMM without its im2col), a measurement: no entries are returned."""
+    variant's GEMM without its im2col), a measurement: no entries are returned. ``layers``: the
+    cfg layer numbers (a conv's first layer, as ``yolo-cl bench`` numbers its rows) to time, or all."""
     rt = Runtime(None, profiling=True)
     precision = precision_named(precision_name)
     mma = mode_for(rt, precision)
@@ -121,7 +122,7 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
     for model in models:
         graph = load_model(model, None, size, params="optional", make_params=random_params).graph
         for node in graph.nodes:
-            if node.op != "conv":
+            if node.op != "conv" or (layers and node.layers[0] not in layers):
                 continue
             if budget and time.monotonic() - t0 > budget:
                 log(f"budget of {budget:.0f} s spent: the remaining shapes are not timed")
@@ -188,9 +189,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="tuning file to write (default: the user database)")
     ap.add_argument("--only", default="", help="time only the launches of this name (gemm_mma: an im2col "
                     "variant's GEMM alone, the bound of a gather-free conv); writes nothing")
+    ap.add_argument("--layers", default="", help="comma-separated layer numbers (bench's node column): "
+                    "time only these convs")
     a = ap.parse_args(argv)
+    layers = {int(v) for v in a.layers.split(",") if v.strip()}
     entries, db = retime(a.models, a.size, a.precision, a.variants.split(","), a.reps, a.margin, a.clock,
-                         a.batch, a.untuned, a.budget, a.rounds, lambda line: print(line, flush=True), a.only)
+                         a.batch, a.untuned, a.budget, a.rounds, lambda line: print(line, flush=True), a.only,
+                         layers)
     if entries:
         path = db.record(entries, a.out or None)
         print(f"{len(entries)} shapes re-timed faster, written to {path}")
