@@ -11,20 +11,14 @@
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
-/* ST2 / ST4: elements i .. i + 1 (i + 3) in one store; i a multiple of 2 (4), so p + i is aligned
- * to the vector (buffers are). */
 #ifdef HALF_STORAGE
 typedef half dtype;
 #define LD(p, i) vload_half((i), (p))
 #define ST(p, i, v) vstore_half((v), (i), (p))
-#define ST2(p, i, a, b) vstorea_half2((float2)((a), (b)), (i) / 2, (p))
-#define ST4(p, i, a, b, c, d) vstorea_half4((float4)((a), (b), (c), (d)), (i) / 4, (p))
 #else
 typedef float dtype;
 #define LD(p, i) ((p)[(i)])
 #define ST(p, i, v) ((p)[(i)] = (v))
-#define ST2(p, i, a, b) (*(__global float2*)((p) + (i)) = (float2)((a), (b)))
-#define ST4(p, i, a, b, c, d) (*(__global float4*)((p) + (i)) = (float4)((a), (b), (c), (d)))
 #endif
 
 /* The arithmetic type of the FMA GEMM families' products and k-block sums (gemm.cl,

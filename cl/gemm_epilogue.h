@@ -59,45 +59,4 @@ inline void yc_gemm_store(const float acc, const int m, const int n, const int g
 #endif
 }
 
-
-/* C[m][n] and C[m][n + 1] (n even, both < N): as two yc_gemm_store, but where the pair lies side by
- * side in C, aligned, one vector store -- two halves (floats) of planes, or through a 2x upsample
- * the pair's four copies of each row (UP_OW even, so the pair shares a row) -- instead of two or
- * eight scalar ones. Channels-last pairs are two pixels apart: stored one by one. */
-inline void yc_gemm_store2(const float acc0, const float acc1, const int m, const int n, const int g, const int M,
-                           const int ldc, __global const float* restrict bias, __global dtype* restrict C,
-                           const size_t cb, __global const dtype* restrict R, const size_t rbase)
-{
-#if defined(NHWC_OUT) || (defined(UP_S) && (UP_S != 2 || UP_OW % 2))
-    yc_gemm_store(acc0, m, n, g, M, ldc, bias, C, cb, R, rbase);
-    yc_gemm_store(acc1, m, n + 1, g, M, ldc, bias, C, cb, R, rbase);
-#else
-    const size_t row = (size_t)(g * M + m) * ldc;
-    float v0 = yc_gemm_value(acc0, m, g, M, bias), v1 = yc_gemm_value(acc1, m, g, M, bias);
-#ifdef RESIDUAL
-    v0 = yc_activate(v0 + LD(R, rbase + row + n), ACT2);
-    v1 = yc_activate(v1 + LD(R, rbase + row + n + 1), ACT2);
-#endif
-#ifdef UP_S
-    const int oy = n / UP_OW, ox = n - oy * UP_OW;
-    const size_t at = cb + row + (size_t)oy * 4 * UP_OW + (size_t)ox * 2;
-    for (int dy = 0; dy < 2; ++dy) {
-        const size_t a = at + (size_t)dy * 2 * UP_OW;
-        if ((a & 3) == 0)
-            ST4(C, a, v0, v0, v1, v1);
-        else {
-            ST(C, a, v0); ST(C, a + 1, v0); ST(C, a + 2, v1); ST(C, a + 3, v1);
-        }
-    }
-#else
-    const size_t at = cb + row + n;
-    if ((at & 1) == 0)
-        ST2(C, at, v0, v1);
-    else {
-        ST(C, at, v0); ST(C, at + 1, v1);
-    }
-#endif
-#endif
-}
-
 #endif

@@ -814,19 +814,7 @@ void yc_gemm_mma(YC_GEMM_PARAMS
         }
     }
 #else
-    /* each accumulator pair (columns n, n + 1 of one row) through the pair store */
-    _Pragma("unroll") for (int i = 0; i < FM; ++i)
-    _Pragma("unroll") for (int r = 0; r < 2; ++r) {
-        const int m = m0 + wm * WTM + i * 16 + g + 8 * r;
-        if (CHECK_M_ON && m >= M) continue;
-        _Pragma("unroll") for (int j = 0; j < FN; ++j) {
-            const int n = n0 + wn * WTN + j * 8 + 2 * t;
-            if (!CHECK_N_ON || n + 1 < N)
-                yc_gemm_store2(acc[i][j][2 * r], acc[i][j][2 * r + 1], m, n, grp, M, ldc, bias, C, cb, R, rbase);
-            else if (n < N)
-                yc_gemm_store(acc[i][j][2 * r], m, n, grp, M, ldc, bias, C, cb, R, rbase);
-        }
-    }
+    YC_EACH_ACC(yc_gemm_store(v, m, n, grp, M, ldc, bias, C, cb, R, rbase);)
 #endif
 #if SK > 1
 #ifdef SK_FIX

@@ -359,22 +359,17 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #if SK > 1
     __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
 #define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
-#define STORE_C2(v0, v1, m, n) (STORE_C(v0, m, n), STORE_C(v1, m, (n) + 1))
 #else
     YC_EPILOGUE_BASES(b)
 #define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
-#define STORE_C2(v0, v1, m, n) yc_gemm_store2((v0), (v1), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
 #endif
-    /* a work-item's accumulators: columns n, n + 1 of rows g and g + 8 of its warp's 16, per 8 columns */
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int m = m0 + wg * 64 + 16 * w + g + 8 * r, n = n0 + 8 * i + 2 * t;
-            if (m < M && n + 1 < N)
-                STORE_C2(acc[4 * i + 2 * r], acc[4 * i + 2 * r + 1], m, n);
-            else if (m < M && n < N)
-                STORE_C(acc[4 * i + 2 * r], m, n);
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t + (q & 1);
+            if (m < M && n < N)
+                STORE_C(acc[4 * i + q], m, n);
         }
 }
