@@ -97,10 +97,11 @@ def candidates(node: Node, rt, batch: int, precision: Precision, mma: str) -> li
 
 
 def heuristic(node: Node, rt, batch: int, precision: Precision, mma: str) -> dict:
-    """The untuned config: the first of the device's families that runs ``node``."""
+    """The untuned config: the first of the device's families that runs ``node`` (a family whose
+    pick cannot run here -- its probe failed -- passes the layer on to the next)."""
     for f in offered(rt, mma):
         cfg = f.heuristic(node, batch, precision, mma)
-        if cfg is not None:
+        if cfg is not None and f.why_illegal(node, cfg, rt) is None:
             return cfg
     raise ValueError(f"no kernel family runs {node.describe()}")
 

@@ -15,8 +15,11 @@ input, not im2col's KxK), with the shared epilogue
 kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
 kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
-the tuner next to the others, and has no untuned pick yet (``heuristic`` None): its per-shape speed against the
-``mma`` family is in BENCHMARKS.md (seventeenth session).
+the tuner next to the others. Untuned, it claims the spatial convs with work for every SM (``nhwc``
+on 64 x 128 tiles: :func:`heuristic_config`), where it beat ``mma.sync`` on each yolov3 608
+batch 8 shape, and leaves the rest (1x1 convs, deep maps of one image: split-K on ``mma.sync``
+wins there) to the ``mma`` family; per-shape speeds in BENCHMARKS.md (seventeenth to nineteenth
+sessions).
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ ALGOS = ("gemm1x1", "implicit", "im2col", "nhwc")
 EMULATE_ENV = "YOLO_CL_WGMMA_EMULATE"
 LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold (static arrays)
 DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
+UNTUNED = {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}    # the tile most yolov3 608 batch 8 nhwc shapes kept
+HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
@@ -217,6 +222,19 @@ def gemm_k(node: Node, algo: str) -> int:
     return node.attrs["size"] ** 2 * nhwc_channels(node) if algo == "nhwc" else conv_gemm_shape(node)[2]
 
 
+def heuristic_config(node: Node, batch: int) -> Optional[dict]:
+    """The untuned pick: ``nhwc`` on :data:`UNTUNED` tiles for a spatial conv whose channels fill
+    16-byte chunks and whose 128 x 128 tiles number at least one per SM, else None (the ``mma``
+    family's). On an H100 every such yolov3 608 batch 8 shape ran 1.5-1.9x faster so; at 416 batch
+    1 the deep, long-K convs (few tiles) ran 1.3-2.8x faster on mma.sync's split-K."""
+    if "nhwc" not in conv_algos(node) or node.attrs["size"] == 1 or node.attrs["in_c"] % 8:
+        return None
+    M, N = conv_gemm_shape(node)[:2]
+    if -(-M // 128) * -(-N // 128) * batch < HOPPER_SMS:
+        return None
+    return {"algo": "nhwc", "family": FAMILY, **UNTUNED}
+
+
 def nhwc_weights(node: Node) -> np.ndarray:
     """A conv's weights [filters][K] with k ordered (ky, kx, c), as an nhwc conv's B rows are
     (c padded with zero weights to :func:`nhwc_channels`)."""
@@ -316,7 +334,7 @@ class WgmmaGemm:
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) for c in SPACE]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
-        return None
+        return heuristic_config(node, batch) if mma == "f16" else None
 
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
         if not available(rt):           # a stored entry on a device (or driver) where the probe fails
