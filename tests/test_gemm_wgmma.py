@@ -179,8 +179,8 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
 
 def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     """nhwc on 64 x 128 tiles for a 3x3 conv whose 128 x 128 tiles (over the batch) number one per
-    Hopper SM or more; None (the mma family's) for fewer, for 1x1 convs, for channels that need
-    padding, and at tf32."""
+    Hopper SM or more, gemm1x1 on 128 x 64 tiles for such a 1x1 conv; None (the mma family's) for
+    fewer, for channels that need padding, and at tf32."""
     from tiny_graphs import conv_nodes
     wide = conv_nodes(tmp_path / "w.cfg", net_header(208, 208, 32) + conv(64))[0]          # 1 x 338 tiles
     deep = conv_nodes(tmp_path / "d.cfg", net_header(26, 26, 256) + conv(512))[0]         # 4 x 6 tiles
@@ -189,14 +189,15 @@ def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     pick = gw.KERNEL_FAMILY.heuristic
     assert pick(wide, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED}
     assert pick(deep, 1, FP16, "f16") is None and pick(deep, 8, FP16, "f16")["algo"] == "nhwc"   # 192 tiles
-    assert pick(point, 8, FP16, "f16") is None and pick(rgb, 8, FP16, "f16") is None
+    assert pick(point, 1, FP16, "f16") == {"algo": "gemm1x1", "family": "wgmma", **gw.UNTUNED_1X1}
+    assert pick(rgb, 8, FP16, "f16") is None
     assert pick(wide, 1, FP16, "tf32") is None
 
 
 def test_untuned_convs_bind_the_pick_and_fall_back_where_the_probe_fails(rt, tmp_path, monkeypatch):
     """With no tuning entries (every tile count claimed: HOPPER_SMS 1) the net's spatial convs of
-    8n channels run nhwc, their producers storing channels-last, and equal the NumPy forward pass;
-    where the probe fails, the same layers get the mma family's pick."""
+    8n channels run nhwc, their producers storing channels-last, its 1x1 convs gemm1x1, and equal
+    the NumPy forward pass; where the probe fails, the same layers get the mma family's pick."""
     import yolo_cl
     from test_gemm_mma import net_and_reference
     from yolo_cl.kernels import family
@@ -208,6 +209,8 @@ def test_untuned_convs_bind_the_pick_and_fall_back_where_the_probe_fails(rt, tmp
     spatial = [l for l in ex.launches if l.name.startswith("gemm") and l.node.attrs["size"] == 3]
     assert spatial and all(l.config["algo"] == "nhwc" for l in spatial if l.node.attrs["in_c"] % 8 == 0)
     assert any(l.node.attrs["in_c"] == 3 and l.config["family"] == "mma" for l in spatial)
+    pointwise = [l for l in ex.launches if l.name.startswith("gemm") and l.node.attrs["size"] == 1]
+    assert pointwise and all(l.config["algo"] == "gemm1x1" and l.config["family"] == "wgmma" for l in pointwise)
     assert ex.ctx.nhwc
     assert rel_err(ex.run(blob)[0], ref) < 1e-2
     node = spatial[-1].node

@@ -15,10 +15,10 @@ input, not im2col's KxK), with the shared epilogue
 kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
 kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
-the tuner next to the others. Untuned, it claims the spatial convs with work for every SM (``nhwc``
-on 64 x 128 tiles: :func:`heuristic_config`), where it beat ``mma.sync`` on each yolov3 608
-batch 8 shape, and leaves the rest (1x1 convs, deep maps of one image: split-K on ``mma.sync``
-wins there) to the ``mma`` family; per-shape speeds in BENCHMARKS.md (seventeenth to nineteenth
+the tuner next to the others. Untuned, it claims the convs with work for every SM (``nhwc`` or
+``gemm1x1``: :func:`heuristic_config`), where it beat ``mma.sync`` on each yolov3 608 batch 8
+shape, and leaves the rest (deep maps of one image: split-K on ``mma.sync`` wins there) to the
+``mma`` family; per-shape speeds in BENCHMARKS.md (seventeenth to nineteenth
 sessions).
 """
 from __future__ import annotations
@@ -45,6 +45,7 @@ EMULATE_ENV = "YOLO_CL_WGMMA_EMULATE"
 LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold (static arrays)
 DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
 UNTUNED = {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}    # the tile most yolov3 608 batch 8 nhwc shapes kept
+UNTUNED_1X1 = {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2}    # ... and every gemm1x1 one
 HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
@@ -223,16 +224,20 @@ def gemm_k(node: Node, algo: str) -> int:
 
 
 def heuristic_config(node: Node, batch: int) -> Optional[dict]:
-    """The untuned pick: ``nhwc`` on :data:`UNTUNED` tiles for a spatial conv whose channels fill
-    16-byte chunks and whose 128 x 128 tiles number at least one per SM, else None (the ``mma``
-    family's). On an H100 every such yolov3 608 batch 8 shape ran 1.5-1.9x faster so; at 416 batch
-    1 the deep, long-K convs (few tiles) ran 1.3-2.8x faster on mma.sync's split-K."""
-    if "nhwc" not in conv_algos(node) or node.attrs["size"] == 1 or node.attrs["in_c"] % 8:
+    """The untuned pick for a conv whose 128 x 128 tiles number at least one per SM: a 1x1 conv
+    straight from its input (``gemm1x1``, :data:`UNTUNED_1X1` tiles), a spatial one whose channels
+    fill 16-byte chunks ``nhwc`` (:data:`UNTUNED` tiles); else None (the ``mma`` family's). On an
+    H100 every such yolov3 608 batch 8 shape ran 1.3-1.9x faster so; at 416 batch 1 the deep,
+    long-K convs (few tiles) ran 1.3-2.8x faster on mma.sync's split-K."""
+    algos = conv_algos(node)
+    if not algos:
         return None
     M, N = conv_gemm_shape(node)[:2]
     if -(-M // 128) * -(-N // 128) * batch < HOPPER_SMS:
         return None
-    return {"algo": "nhwc", "family": FAMILY, **UNTUNED}
+    if "gemm1x1" in algos:
+        return {"algo": "gemm1x1", "family": FAMILY, **UNTUNED_1X1}
+    return {"algo": "nhwc", "family": FAMILY, **UNTUNED} if node.attrs["in_c"] % 8 == 0 else None
 
 
 def nhwc_weights(node: Node) -> np.ndarray:
