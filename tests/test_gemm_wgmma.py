@@ -10,7 +10,7 @@ import pytest
 
 from gemm_ref import rel_err
 from mma_env import emulate_hopper, rt  # noqa: F401 - fixtures
-from tiny_cfgs import conv, net_header, route, shortcut, upsample
+from tiny_cfgs import conv, maxpool, net_header, route, shortcut, upsample
 from yolo_cl.errors import DeviceError
 from yolo_cl.kernels import gemm_wgmma as gw
 from yolo_cl.precision import FP16
@@ -191,6 +191,8 @@ def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     assert pick(deep, 1, FP16, "f16") is None and pick(deep, 8, FP16, "f16")["algo"] == "nhwc"   # 192 tiles
     assert pick(point, 1, FP16, "f16") == {"algo": "gemm1x1", "family": "wgmma", **gw.UNTUNED_1X1}
     assert pick(rgb, 8, FP16, "f16") is None
+    pooled = conv_nodes(tmp_path / "m.cfg", net_header(208, 208, 32) + conv(64) + maxpool(2, 2))[0]
+    assert pooled.attrs["write_through"].op == "maxpool" and pick(pooled, 8, FP16, "f16") is None
     assert pick(wide, 1, FP16, "tf32") is None
 
 

@@ -226,11 +226,13 @@ def gemm_k(node: Node, algo: str) -> int:
 def heuristic_config(node: Node, batch: int) -> Optional[dict]:
     """The untuned pick for a conv whose 128 x 128 tiles number at least one per SM: a 1x1 conv
     straight from its input (``gemm1x1``, :data:`UNTUNED_1X1` tiles), a spatial one whose channels
-    fill 16-byte chunks ``nhwc`` (:data:`UNTUNED` tiles); else None (the ``mma`` family's). On an
+    fill 16-byte chunks ``nhwc`` (:data:`UNTUNED` tiles); else None (the ``mma`` family's, which
+    also takes the convs a max-pool is written through: yolov3-tiny's 208x208 one). On an
     H100 every such yolov3 608 batch 8 shape ran 1.3-1.9x faster so; at 416 batch 1 the deep,
     long-K convs (few tiles) ran 1.3-2.8x faster on mma.sync's split-K."""
     algos = conv_algos(node)
-    if not algos:
+    pool = node.attrs.get("write_through")
+    if not algos or (pool is not None and pool.op == "maxpool"):     # mma writes the pool, this family not
         return None
     M, N = conv_gemm_shape(node)[:2]
     if -(-M // 128) * -(-N // 128) * batch < HOPPER_SMS:
