@@ -33,8 +33,8 @@ def test_each_device_gets_its_families_heuristic(tmp_path):
     assert family.heuristic(node, gpu, 1, FP32, "") == gemm_local.heuristic_config(node, 1)
     assert family.heuristic(node, gpu, 1, FP16, "f16") == gemm_mma.heuristic_config(node, "f16", 1)
     assert [f.name for f in family.offered(cpu, "")] == [None, "cpu"]
-    assert [f.name for f in family.offered(gpu, "f16")] == [None, "mma"]
-    assert [f.name for f in family.offered(gpu, "tf32")] == [None, "mma", "local"]     # fp32 FMA competes
+    assert [f.name for f in family.offered(gpu, "f16")] == [None, "narrow", "mma"]
+    assert [f.name for f in family.offered(gpu, "tf32")] == [None, "narrow", "mma", "local"]     # fp32 FMA competes
     assert family.heuristic(node, gpu, 1, TF32, "tf32") == gemm_mma.heuristic_config(node, "tf32", 1)
     cands = family.candidates(node, cpu, 1, FP16, "")
     assert cands and {c["family"] for c in cands} == {"cpu"}

@@ -40,6 +40,7 @@ class Direct:
 
     name = FAMILY
     tensor_cores = False
+    timed_beside_tensor_cores = False
     derived, schedule, block = (), (), ()
     stores_nhwc, reads_nhwc = (), ()
 

@@ -2,8 +2,8 @@
 
 A *family* is a set of conv kernels with their tunables: the CPU GEMM (``gemm_cpu``), the
 GPU local-memory GEMM (``gemm_local``, Winograd included), the tensor-core GEMMs (``gemm_mma``;
-``gemm_wgmma``, Hopper's warpgroup MMA)
-and the direct kernels (``direct``: depthwise, and configs without a family). Each module
+``gemm_wgmma``, Hopper's warpgroup MMA), the GPU direct conv of a narrow input (``narrow``: a
+network's RGB conv) and the direct kernels (``direct``: depthwise, and configs without a family). Each module
 declares one object, ``KERNEL_FAMILY``, with the methods of :class:`KernelFamily`, the same signatures in every
 family; a config names its family by ``config["family"]``. The executor (through ``conv``),
 the tuner and bench ask this module, never a family by name. Adding a family is one module
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional, Protocol
 
-from . import direct, gemm_cpu, gemm_local, gemm_mma, gemm_wgmma
+from . import direct, gemm_cpu, gemm_local, gemm_mma, gemm_wgmma, narrow
 from ..graph import Node
 from ..precision import FMA_COMPETES, Precision
 from ..search import SpaceKeys
@@ -25,6 +25,7 @@ class KernelFamily(Protocol):
 
     name: Optional[str]      # its configs' "family" value (None: configs without one)
     tensor_cores: bool       # computes on tensor cores (then FMA families' configs stand aside)
+    timed_beside_tensor_cores: bool  # an FMA family whose fp16 entries were tuned against them (they compete)
     derived: tuple           # config keys it derives from the others (the search never turns them)
     schedule: tuple          # knobs that change neither register block nor tiles (k unroll, prefetch)
     block: tuple             # keys that make a config's block or tile shape
@@ -54,7 +55,7 @@ class KernelFamily(Protocol):
         """The launches that compute ``node`` under ``cfg``."""
 
 
-FAMILIES: tuple = (direct.KERNEL_FAMILY, gemm_wgmma.KERNEL_FAMILY, gemm_mma.KERNEL_FAMILY, gemm_local.KERNEL_FAMILY,
+FAMILIES: tuple = (direct.KERNEL_FAMILY, narrow.KERNEL_FAMILY, gemm_wgmma.KERNEL_FAMILY, gemm_mma.KERNEL_FAMILY, gemm_local.KERNEL_FAMILY,
                    gemm_cpu.KERNEL_FAMILY)
 _BY_NAME = {f.name: f for f in FAMILIES}
 
@@ -110,8 +111,11 @@ def competes(cfg: dict, mma: str) -> bool:
     """Whether a tuned config is worth using: with f16 tensor cores on, an FMA family's tuned GEMM
     does not compete with them (depthwise convs have no tensor-core kernel; an fp16 record's FMA
     entries were tuned before there were tensor-core kernels). With tf32 it does
-    (``precision.FMA_COMPETES``): a tf32 record holds an FMA config only where it was timed faster."""
-    return not mma or mma in FMA_COMPETES or cfg.get("algo") == "depthwise" or family_of(cfg).tensor_cores
+    (``precision.FMA_COMPETES``): a tf32 record holds an FMA config only where it was timed faster.
+    A family made for what tensor cores do badly (``timed_beside_tensor_cores``) competes too."""
+    f = family_of(cfg)
+    return not mma or mma in FMA_COMPETES or cfg.get("algo") == "depthwise" or f.tensor_cores or \
+        f.timed_beside_tensor_cores
 
 
 def why_illegal(node: Node, cfg, rt) -> Optional[str]:

@@ -544,6 +544,7 @@ class CpuGemm:
 
     name = FAMILY
     tensor_cores = False
+    timed_beside_tensor_cores = False
     derived, schedule, block = (), ("KU", "WG", "ORD", "KS"), ("VW", "NV", "m", "KB")
     stores_nhwc, reads_nhwc = (), ()
 

@@ -472,6 +472,7 @@ class LocalGemm:
 
     name = FAMILY
     tensor_cores = False
+    timed_beside_tensor_cores = False
     derived, schedule, block = DERIVED, ("PF",), ("MWG", "NWG", "m")
     stores_nhwc, reads_nhwc = ALGOS, ()        # their GEMMs store through the shared epilogue; Winograd does not
 

@@ -514,6 +514,7 @@ class MmaGemm:
 
     name = FAMILY
     tensor_cores = True
+    timed_beside_tensor_cores = False
     derived, schedule, block = (), ("GA", "SS"), ("MWG", "NWG")
     stores_nhwc, reads_nhwc = ("gemm1x1", "im2col", "implicit"), ()     # not Winograd's output transform
 

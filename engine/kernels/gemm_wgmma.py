@@ -327,6 +327,7 @@ class WgmmaGemm:
 
     name = FAMILY
     tensor_cores = True
+    timed_beside_tensor_cores = False
     derived, schedule, block = (), (), ("MT", "NT")
     stores_nhwc, reads_nhwc = ALGOS, ("nhwc",)
 

@@ -1,0 +1,103 @@
+"""Convs of a narrow input computed directly (``cl/conv_narrow.cl``): a GPU family.
+
+A network's first conv reads 3 channels: as a GEMM its K is 27 (a 3x3 window), so the tensor-core
+families pad it to a 32- or 64-wide k-tile, gather it element by element and are bound by that
+gather (yolov3 608 batch 8: 0.33 ms on an H100, a quarter of which would be its output's writes).
+Here each work-item reads its pixel's window once into registers and computes ``FPW`` filters by
+FMA, storing through the GEMM families' epilogue (bias, activation, shortcut, concat slice, an
+upsample written through, channels-last for an ``nhwc`` reader; a max-pool is left to its own
+launch). Offered on GPUs at every precision, for convs of at most 4 input channels and one group;
+tuned in only (``heuristic`` None), measured against the others in BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, marked, packed_upload, \
+    residual_args, write_target
+from ..graph import Node
+
+FAMILY = "narrow"
+ALGOS = ("direct",)
+MAX_CHANNELS = 4
+MAX_K = 64                         # the window a work-item keeps in registers
+FPWS = (4, 8, 16, 32)              # filters per work-item
+WGS = (64, 128, 256)               # work-group sizes (pixels)
+
+
+def runs(node: Node) -> bool:
+    """Whether ``node`` is a conv this family runs: one group, at most 4 input channels, a window
+    of at most 64 values."""
+    M, N, K, G = conv_gemm_shape(node)
+    return G == 1 and node.attrs["in_c"] <= MAX_CHANNELS and K <= MAX_K
+
+
+def why_illegal(node: Node, cfg: dict) -> Optional[str]:
+    """Why ``cfg`` cannot run ``node``, or None."""
+    if not runs(node):
+        return f"the narrow family runs convs of one group and at most {MAX_CHANNELS} input channels"
+    if cfg.get("algo") not in ALGOS:
+        return f"algorithm '{cfg.get('algo')}' is not the narrow family's (direct)"
+    if cfg.get("FPW") not in FPWS or cfg.get("WG") not in WGS:
+        return f"FPW is one of {FPWS} and WG one of {WGS}"
+    return None
+
+
+def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
+    """The one launch of ``node`` under ``cfg``."""
+    a = node.attrs
+    M, N, K, _ = conv_gemm_shape(node)
+    x = node.inputs[0]
+    wts = packed_upload(ctx, node, (node.layers[0], ctx.half, FAMILY),
+                        lambda: a["weights"].reshape(M, K).astype(ctx.dtype))
+    store = write_target(ctx, node)
+    d = {**epilogue_defines(ctx, node), **store.defines, "CIN": a["in_c"], "KS": a["size"], "SX": a["stride_x"],
+         "SY": a["stride_y"], "PAD": a["pad"], "DIL": a["dilation"], "FPW": int(cfg["FPW"])}
+    xb, xoff, xbs = ctx.view(x)
+    args = [wts["A"], wts["bias"], xb, xoff, xbs] + i32(0, 0) + store.c_args + residual_args(ctx, node) + \
+        i32(M, N, K, 1, x.h, x.w, node.output.w)
+    wg = int(cfg["WG"])
+    gs = (-(-N // wg) * wg, -(-M // int(cfg["FPW"])), ctx.batch)
+    k = ctx.kernel("conv_narrow.cl", "yc_conv_narrow", d, args)
+    return [Launch(k, gs, (wg, 1, 1), node, "conv_narrow", marked(cfg, store.writes, store.layout),
+                   node.flops * ctx.batch)]
+
+
+class Narrow:
+    """The kernel-family interface (see ``family.py``) of the narrow-input direct conv."""
+
+    name = FAMILY
+    tensor_cores = False
+    timed_beside_tensor_cores = True
+    derived, schedule, block = (), ("WG",), ("FPW",)
+    stores_nhwc, reads_nhwc = ALGOS, ()
+
+    def offered(self, rt, mma: str) -> bool:
+        return not rt.is_cpu
+
+    def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
+        if not runs(node):
+            return []
+        M = conv_gemm_shape(node)[0]
+        return [{"algo": "direct", "family": FAMILY, "FPW": f, "WG": w} for f in FPWS if f < 2 * M for w in WGS]
+
+    def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
+        return None
+
+    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+        return why_illegal(node, cfg)
+
+    def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
+        return 0.0
+
+    def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
+        return 0
+
+    def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
+        why = why_illegal(node, cfg)
+        if why is not None:
+            raise ValueError(why)
+        return bind(ctx, node, cfg)
+
+
+KERNEL_FAMILY = Narrow()

@@ -1,0 +1,84 @@
+"""The narrow family (engine/kernels/narrow.py, cl/conv_narrow.cl): convs of at most 4
+input channels computed directly, against the NumPy reference through the tuner's gate, and in a
+network beside the tensor-core families (their emulation on PoCL)."""
+from __future__ import annotations
+
+import pytest
+
+from gemm_ref import rel_err
+from mma_env import emulate_hopper, rt  # noqa: F401 - fixtures
+from tiny_cfgs import conv, net_header, route, upsample
+from tiny_graphs import conv_nodes
+from yolo_cl import tuner as tmod
+from yolo_cl.kernels import family
+from yolo_cl.kernels import narrow
+from yolo_cl.precision import FP16, FP32
+
+
+@pytest.fixture(autouse=True)
+def emulate(emulate_hopper):
+    """The wgmma reader of the end-to-end test: real where it runs, emulated elsewhere."""
+
+
+@pytest.mark.parametrize("precision", [FP32, FP16], ids=["fp32", "fp16"])
+def test_every_config_passes_the_tuners_gate(rt, tmp_path, precision):
+    """3x3 convs of 3 channels (stride 1 and 2), a 5x5 of 1 channel, a dilated 3x3 of 4, a 1x1 of
+    3, with filters not a multiple of the filters per work-item and pixels not of the work-group."""
+    nets = [net_header(13, 11) + conv(20) + conv(8, stride=2), net_header(9, 10, 1) + conv(6, size=5),
+            net_header(12, 7, 4) + conv(10, dilation=2, act="linear"), net_header(10, 9) + conv(5, size=1)]
+    nodes = [n for i, t in enumerate(nets) for n in conv_nodes(tmp_path / f"n{i}.cfg", t) if n.attrs["in_c"] <= 4]
+    assert [n.attrs["in_c"] for n in nodes] == [3, 1, 4, 3]
+    tuner = tmod.Tuner(rt, precision, reps=1)
+    checked = 0
+    for node in nodes:
+        bench = tmod.ConvBench(rt, node, 2, precision, tuner.queue)
+        for cfg in narrow.KERNEL_FAMILY.candidates(node, rt, 2, precision, ""):
+            assert bench.check(bench.bind(cfg)) < precision.tolerance, (node.describe(), cfg)
+            checked += 1
+    assert checked >= 30
+
+
+def test_which_convs_and_configs(tmp_path):
+    """Candidates only for one group and at most 4 channels (filters per work-item below twice the
+    filters); a wider input, an unknown key or algorithm refused by name; GPUs only."""
+    rgb = conv_nodes(tmp_path / "a.cfg", net_header(8, 8) + conv(6))[0]
+    wide = conv_nodes(tmp_path / "b.cfg", net_header(8, 8, 8) + conv(6))[0]
+    cands = narrow.KERNEL_FAMILY.candidates(rgb, None, 1, FP32, "")
+    assert {c["FPW"] for c in cands} == {4, 8} and len(cands) == 2 * len(narrow.WGS)
+    assert narrow.KERNEL_FAMILY.candidates(wide, None, 1, FP32, "") == []
+    assert "4 input channels" in narrow.why_illegal(wide, cands[0])
+    assert "FPW" in narrow.why_illegal(rgb, {**cands[0], "FPW": 3})
+    assert "algorithm" in narrow.why_illegal(rgb, {**cands[0], "algo": "implicit"})
+
+    class Dev:
+        is_cpu = True
+    assert not narrow.KERNEL_FAMILY.offered(Dev(), "") and narrow.KERNEL_FAMILY.heuristic(rgb, 1, FP32, "") is None
+    assert family.competes(cands[0], "f16")        # tuned beside the tensor cores: its fp16 entries count
+
+
+def test_in_a_network_beside_the_tensor_cores(rt, tmp_path, monkeypatch):
+    """A tuned fp16 net whose first conv is narrow: it stores channels-last for the wgmma nhwc
+    conv that alone reads it, and a second narrow conv writes an upsample through into a concat;
+    the heads equal the NumPy forward pass."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.tuning_db import shape_key
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    net = (net_header(16, 16) + conv(16) + conv(24) + conv(3, size=1, stride=2) + conv(8) + upsample(2)
+           + route(-1, -4) + conv(18, 1, bn=0, act="linear"))
+    cfg, weights, blob, ref = net_and_reference(tmp_path, net, 16, 3, batch=2)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
+    picks = {0: {"algo": "direct", "family": "narrow", "FPW": 8, "WG": 64},
+             1: {"algo": "nhwc", "family": "wgmma", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2},
+             3: {"algo": "direct", "family": "narrow", "FPW": 4, "WG": 128}}
+    tuning_database(rt, FP16, "f16").record({shape_key(nodes[i], 2): c for i, c in picks.items()})
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    launches = det.executor(2).launches
+    mine = [l for l in launches if l.name == "conv_narrow"]
+    assert [l.node.layers[0] for l in mine] == [0, 3]
+    assert mine[0].config.get("stores") == "nhwc" and mine[1].config.get("writes") == "upsample"
+    assert not any(l.name == "nchw_to_nhwc" for l in launches)
+    assert rel_err(det.forward(blob)[0], ref) < 1e-2
