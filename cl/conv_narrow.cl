@@ -1,21 +1,35 @@
 /* The narrow family's direct conv (engine/kernels/narrow.py). Defines: CIN, KS, SX, SY, PAD, DIL
- * (the conv), FPW (filters per work-item), and the GEMM epilogue's. */
+ * (the conv), FPW (filters per work-group), WG (pixels per work-group), and the GEMM epilogue's. */
 #include "gemm_epilogue.h"
-/* A conv of a narrow input (CIN <= 4 channels: a network's RGB input) computed directly, where a
- * GEMM's k-tiles (K = 27) would be mostly padding and its gather the bottleneck: each work-item
- * one output pixel n of image b and filters m0 .. m0 + FPW - 1, its CIN x KS x KS window read once
- * into registers (zeros in the padding), A[m][k] (k = (c, ky, kx), as the weights are stored) the
- * same for the whole work-group (broadcast loads), the GEMM families' fused epilogue. The GEMM
- * families' arguments (B: the input view; ldb, b_gstride and G unused), then the input's H, W and
- * the output's OW. Grid (N rounded up to the work-group, filters / FPW rounded up, images). */
+
 #define NARROW_K (CIN * KS * KS)
-__kernel void yc_conv_narrow(YC_GEMM_PARAMS, const int H, const int W, const int OW)
+#define NARROW_KP ((NARROW_K + 3) / 4 * 4)      /* k padded to whole float4s */
+
+/* A conv of a narrow input (CIN <= 4 channels: a network's RGB input) computed directly, where a
+ * GEMM's k-tiles (K = 27) would be mostly padding and its gather the bottleneck. A work-group
+ * computes WG output pixels of image b for filters m0 .. m0 + FPW - 1: the filters' weights (k =
+ * (c, ky, kx), as stored) go to local memory once, each work-item reads its pixel's CIN x KS x KS
+ * window into registers (zeros in the padding) and sums each filter four weights a local load;
+ * the raw sums then leave through local memory in the output's order -- a pixel's filters side by
+ * side where it is stored channels-last (NHWC_OUT), a filter's pixels side by side in planes -- so
+ * neighbouring work-items store neighbouring elements, each through the GEMM families' epilogue.
+ * The GEMM families' arguments (B: the input view; ldb, b_gstride and G unused), then the input's
+ * H, W and the output's OW. Grid (N rounded up to WG, filters / FPW rounded up, images). */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void yc_conv_narrow(YC_GEMM_PARAMS, const int H, const int W, const int OW)
 {
-    const int n = get_global_id(0), m0 = get_global_id(1) * FPW, b = get_global_id(2);
-    if (n >= N) return;
-    const int oy = n / OW, ox = n - oy * OW;
+    __local float w[FPW * NARROW_KP];
+    __local float sums[FPW][WG + 1];
+    const int t = get_local_id(0), n0 = get_group_id(0) * WG, m0 = get_group_id(1) * FPW, b = get_group_id(2);
+    for (int i = t; i < FPW * NARROW_KP; i += WG) {
+        const int j = i / NARROW_KP, k = i - j * NARROW_KP;
+        w[i] = m0 + j < M && k < NARROW_K ? LD(A, (m0 + j) * NARROW_K + k) : 0.0f;
+    }
+    const int n = n0 + t, oy = n / OW, ox = n - oy * OW;
     const __global dtype* X = B + b_off + (size_t)b * b_bstride;
-    float x[NARROW_K];
+    float x[NARROW_KP];
+#pragma unroll
+    for (int k = NARROW_K; k < NARROW_KP; ++k) x[k] = 0.0f;
 #pragma unroll
     for (int c = 0; c < CIN; ++c)
 #pragma unroll
@@ -24,20 +38,33 @@ __kernel void yc_conv_narrow(YC_GEMM_PARAMS, const int H, const int W, const int
 #pragma unroll
             for (int kx = 0; kx < KS; ++kx) {
                 const int ix = ox * SX - PAD + kx * DIL;
-                x[(c * KS + ky) * KS + kx] = iy >= 0 && iy < H && ix >= 0 && ix < W
+                x[(c * KS + ky) * KS + kx] = n < N && iy >= 0 && iy < H && ix >= 0 && ix < W
                                              ? LD(X, (c * H + iy) * W + ix) : 0.0f;
             }
         }
-    YC_EPILOGUE_BASES(b)
+    barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int j = 0; j < FPW; ++j) {
-        const int m = m0 + j;
-        if (m < M) {
-            float acc = 0.0f;
+        float acc = 0.0f;
 #pragma unroll
-            for (int k = 0; k < NARROW_K; ++k)
-                acc = fma(LD(A, m * NARROW_K + k), x[k], acc);
-            yc_gemm_store(acc, m, n, 0, M, ldc, bias, C, cb, R, rbase);
+        for (int k = 0; k < NARROW_KP; k += 4) {
+            const float4 wk = vload4(0, w + j * NARROW_KP + k);
+            acc = fma(wk.x, x[k], acc);
+            acc = fma(wk.y, x[k + 1], acc);
+            acc = fma(wk.z, x[k + 2], acc);
+            acc = fma(wk.w, x[k + 3], acc);
         }
+        sums[j][t] = acc;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    YC_EPILOGUE_BASES(b)
+    for (int e = t; e < FPW * WG; e += WG) {
+#ifdef NHWC_OUT
+        const int p = e / FPW, j = e - p * FPW;
+#else
+        const int j = e / WG, p = e - j * WG;
+#endif
+        if (m0 + j < M && n0 + p < N)
+            yc_gemm_store(sums[j][p], m0 + j, n0 + p, 0, M, ldc, bias, C, cb, R, rbase);
     }
 }

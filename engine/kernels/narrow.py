@@ -3,8 +3,10 @@
 A network's first conv reads 3 channels: as a GEMM its K is 27 (a 3x3 window), so the tensor-core
 families pad it to a 32- or 64-wide k-tile, gather it element by element and are bound by that
 gather (yolov3 608 batch 8: 0.33 ms on an H100, a quarter of which would be its output's writes).
-Here each work-item reads its pixel's window once into registers and computes ``FPW`` filters by
-FMA, storing through the GEMM families' epilogue (bias, activation, shortcut, concat slice, an
+Here a work-group keeps ``FPW`` filters' weights in local memory, each work-item reads its pixel's
+window once into registers and sums it with each filter by FMA, and the sums leave through local
+memory in the output's order (coalesced whether planes or channels-last), through the GEMM
+families' epilogue (bias, activation, shortcut, concat slice, an
 upsample written through, channels-last for an ``nhwc`` reader; a max-pool is left to its own
 launch). Offered on GPUs at every precision, for convs of at most 4 input channels and one group;
 tuned in only (``heuristic`` None), measured against the others in BENCHMARKS.md.
@@ -21,8 +23,15 @@ FAMILY = "narrow"
 ALGOS = ("direct",)
 MAX_CHANNELS = 4
 MAX_K = 64                         # the window a work-item keeps in registers
-FPWS = (4, 8, 16, 32)              # filters per work-item
+FPWS = (4, 8, 16, 32)              # filters per work-group (each work-item sums them all)
 WGS = (64, 128, 256)               # work-group sizes (pixels)
+LOCAL_LIMIT = 40 * 1024            # the weights and the sums a work-group stages
+
+
+def local_bytes(cfg: dict, K: int) -> int:
+    """Local memory of a work-group: FPW filters' weights (k padded to 4) and FPW x (WG + 1) sums."""
+    f, wg = int(cfg["FPW"]), int(cfg["WG"])
+    return 4 * f * (-(-K // 4) * 4 + wg + 1)
 
 
 def runs(node: Node) -> bool:
@@ -40,6 +49,8 @@ def why_illegal(node: Node, cfg: dict) -> Optional[str]:
         return f"algorithm '{cfg.get('algo')}' is not the narrow family's (direct)"
     if cfg.get("FPW") not in FPWS or cfg.get("WG") not in WGS:
         return f"FPW is one of {FPWS} and WG one of {WGS}"
+    if local_bytes(cfg, conv_gemm_shape(node)[2]) > LOCAL_LIMIT:
+        return f"{local_bytes(cfg, conv_gemm_shape(node)[2])} bytes of local memory (at most {LOCAL_LIMIT})"
     return None
 
 
@@ -52,7 +63,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                         lambda: a["weights"].reshape(M, K).astype(ctx.dtype))
     store = write_target(ctx, node)
     d = {**epilogue_defines(ctx, node), **store.defines, "CIN": a["in_c"], "KS": a["size"], "SX": a["stride_x"],
-         "SY": a["stride_y"], "PAD": a["pad"], "DIL": a["dilation"], "FPW": int(cfg["FPW"])}
+         "SY": a["stride_y"], "PAD": a["pad"], "DIL": a["dilation"], "FPW": int(cfg["FPW"]), "WG": int(cfg["WG"])}
     xb, xoff, xbs = ctx.view(x)
     args = [wts["A"], wts["bias"], xb, xoff, xbs] + i32(0, 0) + store.c_args + residual_args(ctx, node) + \
         i32(M, N, K, 1, x.h, x.w, node.output.w)
@@ -79,7 +90,8 @@ class Narrow:
         if not runs(node):
             return []
         M = conv_gemm_shape(node)[0]
-        return [{"algo": "direct", "family": FAMILY, "FPW": f, "WG": w} for f in FPWS if f < 2 * M for w in WGS]
+        cands = [{"algo": "direct", "family": FAMILY, "FPW": f, "WG": w} for f in FPWS if f < 2 * M for w in WGS]
+        return [c for c in cands if why_illegal(node, c) is None]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
         return None
