@@ -24,7 +24,7 @@ import numpy as np
 from . import measure, search
 from .errors import YoloClError, reason
 from .graph import Node, Tensor, View
-from .kernels import BindContext, family, writes_through
+from .kernels import TRANSPOSE, BindContext, family, layout, writes_through
 from .kernels import gemm_mma
 from .kernels.nodes import bind_node
 from .precision import FP32, Precision
@@ -129,13 +129,17 @@ class ConvBench:
     random ones. A conv that writes through a layer (graph.mark_write_fusions: a max-pool or
     upsample that reads it) keeps doing so here, as in the network: a config that stores that
     layer is checked on it (and on its own output where it keeps that too), and a config that
-    cannot is charged the layer's own launch, which the network then runs (``time``).
+    cannot is charged the layer's own launch, which the network then runs (``time``). Likewise a
+    config that transposes the input to the layout it reads (``kernels.TRANSPOSE``) is not charged
+    that launch where ``input_channels_last`` says the network stores the input so already (a conv
+    writing it for this one alone: ``layout.sole_conv_edges``).
     """
 
     def __init__(self, rt, node: Node, batch: int, precision: Precision, queue, seed: int = 0,
-                 reference: bool = True, mma: str = "") -> None:
+                 reference: bool = True, mma: str = "", input_channels_last: bool = False) -> None:
         """``precision``: storage and rounding of the run; ``mma``: the tensor-core mode in use ("" = none)."""
         self.rt, self.batch, self.precision, self.queue = rt, batch, precision, queue
+        self.input_channels_last = input_channels_last
         rng = np.random.default_rng(seed)
         a = dict(node.attrs)
         a.pop("read_through", None)        # a folded producer's input is not part of this bench
@@ -246,7 +250,10 @@ class ConvBench:
 
     def time(self, launches: list, reps: int, clock: str = "events") -> float:
         """Fastest of ``reps`` runs in milliseconds (``measure.time_launches``), plus the launch of
-        the layer the conv writes through where these launches do not store it."""
+        the layer the conv writes through where these launches do not store it; without an input
+        transpose the network will not run (``input_channels_last``)."""
+        if self.input_channels_last:
+            launches = [l for l in launches if l.name != TRANSPOSE]
         ms = measure.time_launches(self.rt, self.queue, launches, reps, clock)
         return ms if self.through is None or writes_through(launches) else ms + self.through_ms(reps, clock)
 
@@ -423,11 +430,13 @@ class Tuner:
             self.progress(1)
         return ms
 
-    def search(self, node: Node) -> TuneResult:
-        """Guided search: time at most ``fraction`` of the legal candidates (``search.guided``)."""
+    def search(self, node: Node, input_channels_last: bool = False) -> TuneResult:
+        """Guided search: time at most ``fraction`` of the legal candidates (``search.guided``);
+        ``input_channels_last``: see :class:`ConvBench`."""
         t0 = time.perf_counter()
         cands = self.candidates(node)
-        bench = ConvBench(self.rt, node, self.batch, self.precision, self.queue, self.seed, mma=self.mma)
+        bench = ConvBench(self.rt, node, self.batch, self.precision, self.queue, self.seed, mma=self.mma,
+                          input_channels_last=input_channels_last)
         state = new_state()
         n = len(cands)
         budget = max(1, int(self.fraction * n)) if n > 1 else 1
@@ -437,11 +446,12 @@ class Tuner:
                               self.jobs, self.expired, self.keys)
         return self._finish(node, bench, timed, state, n, t0)
 
-    def traverse(self, node: Node) -> TuneResult:
+    def traverse(self, node: Node, input_channels_last: bool = False) -> TuneResult:
         """Full traversal: check and time every legal candidate (the baseline the search is judged by)."""
         t0 = time.perf_counter()
         cands = self.candidates(node)
-        bench = ConvBench(self.rt, node, self.batch, self.precision, self.queue, self.seed, mma=self.mma)
+        bench = ConvBench(self.rt, node, self.batch, self.precision, self.queue, self.seed, mma=self.mma,
+                          input_channels_last=input_channels_last)
         state = new_state()
         timed = {}
         for i in range(0, len(cands), TRAVERSE_CHUNK):
@@ -479,8 +489,10 @@ class Tuner:
         return out
 
     def tune_graph(self, graph, budget_s: Optional[float] = None, exhaustive: bool = False) -> list:
-        """Tune every unique conv shape (largest FLOPs first, so a time budget goes where it pays)."""
+        """Tune every unique conv shape (largest FLOPs first, so a time budget goes where it pays),
+        each timed as most convs of its shape sit in the network (:func:`inputs_channels_last`)."""
         nodes = sorted(self.unique_convs(graph), key=lambda n: -n.flops)
+        last = inputs_channels_last(graph, self.batch)
         results = []
         t0 = time.perf_counter()
         for node in nodes:
@@ -488,8 +500,23 @@ class Tuner:
                 log.warning("tuning budget of %.0f s spent: %d of %d shapes left on the heuristic",
                             budget_s, len(nodes) - len(results), len(nodes))
                 break
-            results.append(self.traverse(node) if exhaustive else self.search(node))
+            flag = last[shape_key(node, self.batch)]
+            results.append(self.traverse(node, flag) if exhaustive else self.search(node, flag))
         return results
+
+
+def inputs_channels_last(graph, batch: int) -> dict:
+    """{shape key: whether most convs of that shape read an input that a conv writes for them
+    alone (``layout.sole_conv_edges``, no layer written through): one the network stores
+    channels-last where the conv reads it so}."""
+    edges = layout.sole_conv_edges(graph)
+    votes: dict = {}
+    for node in graph.nodes:
+        if node.op == "conv":
+            e = edges.get(node.inputs[0].tensor.id)
+            yes = e is not None and e[1] is node and e[0].attrs.get("write_through") is None
+            votes.setdefault(shape_key(node, batch), []).append(yes)
+    return {k: 2 * sum(v) > len(v) for k, v in votes.items()}
 
 
 _WORKER: dict = {}      # in a compile worker: its runtime, and the bench of the shape it last bound

@@ -137,3 +137,28 @@ def test_a_plan_no_family_reads_channels_last_for_asks_nothing(rt, tmp_path, mon
     ex = yolo_cl.Detector(str(cfg), weights).executor(1)
     assert ex.ctx.nhwc == frozenset()
     assert rel_err(ex.run(blob)[0], ref) < 1e-4
+
+
+def test_the_tuner_charges_no_transpose_the_network_skips(rt, tmp_path, monkeypatch):
+    """A conv whose input one conv writes for it alone is timed without its transpose launch (the
+    network stores that input channels-last), one reading the network's input or a tensor a
+    shortcut reads too with it; the check runs the transpose either way."""
+    from tiny_graphs import graph_of
+    from yolo_cl import tuner as tmod
+    from yolo_cl.kernels import TRANSPOSE
+    from yolo_cl.tuning_db import shape_key
+    path = tmp_path / "net.cfg"
+    path.write_text(NET)
+    graph = graph_of(str(path))
+    convs = [n for n in graph.nodes if n.op == "conv"]
+    last = tmod.inputs_channels_last(graph, 2)
+    assert [last[shape_key(n, 2)] for n in convs] == [False, True, True, False, True, True, True, True, True]
+    timed = []
+    monkeypatch.setattr(tmod.measure, "time_launches", lambda rt_, q, ls, reps, clock: timed.append(
+        [l.name for l in ls]) or 1.0)
+    for flag in (True, False):
+        bench = tmod.ConvBench(rt, convs[2], 2, FP16, rt.queue, mma="f16", input_channels_last=flag)
+        launches = bench.bind(NHWC)
+        assert launches[0].name == TRANSPOSE and bench.check(launches) < FP16.tolerance
+        bench.time(launches, 1)
+    assert timed == [["gemm_wgmma"], [TRANSPOSE, "gemm_wgmma"]]

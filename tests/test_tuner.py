@@ -286,6 +286,7 @@ def test_event_timing_discards_the_warm_up_and_waits_once():
     bench.rt = types.SimpleNamespace(cl=cl, device=types.SimpleNamespace(max_compute_units=1))
     bench.queue = types.SimpleNamespace(finish=lambda: finishes.append(1))
     bench.through = None                # a conv that writes through no layer
+    bench.input_channels_last = False   # nor transposes an input the network stores channels-last
     launch = types.SimpleNamespace(kernel=None, gsize=(1,), lsize=None)
     # two launches a run: warm-up 1000 + 9000, then runs of 15000, 15500, 17000 ns
     assert bench.time([launch, launch], reps=3) == pytest.approx(0.015)

@@ -52,7 +52,7 @@ from yolo_cl.kernels.gemm_mma import mode_for
 from yolo_cl.model import load_model
 from yolo_cl.precision import FMA_COMPETES, FP32, precision_named
 from yolo_cl.runtime import Runtime
-from yolo_cl.tuner import ConvBench
+from yolo_cl.tuner import ConvBench, inputs_channels_last
 from yolo_cl.tuning_db import shape_key
 
 
@@ -121,6 +121,7 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
     entries, seen, t0 = {}, set(), time.monotonic()
     for model in models:
         graph = load_model(model, None, size, params="optional", make_params=random_params).graph
+        last = inputs_channels_last(graph, batch)       # no transpose charged where the network skips it
         for node in graph.nodes:
             if node.op != "conv" or (layers and node.layers[0] not in layers):
                 continue
@@ -137,9 +138,10 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
             alts = {v: c for v, c in alts.items() if c is not None}
             if not alts:
                 continue
-            gate = ConvBench(rt, node, min(batch, 2), precision, rt.queue, seed=1, mma=mma)
+            gate = ConvBench(rt, node, min(batch, 2), precision, rt.queue, seed=1, mma=mma,
+                             input_channels_last=last[key])
             bench = gate if batch <= 2 else ConvBench(rt, node, batch, precision, rt.queue, seed=1,
-                                                      reference=False, mma=mma)
+                                                      reference=False, mma=mma, input_channels_last=last[key])
             bound = {}
             for name, c in [("stored", cfg)] + list(alts.items()):
                 try:

@@ -32,6 +32,11 @@ def row_kernels(rt) -> bool:
     return ROW_KERNELS.get(rt.device_type, False)
 
 
+# The name of a launch that only stores a conv's input in the layout its GEMM reads (channels-last):
+# what the tuner does not charge where the network stores that input so in the first place.
+TRANSPOSE = "nchw_to_nhwc"
+
+
 @dataclass
 class Launch:
     """One pre-bound kernel enqueue."""

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from . import BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
+from . import TRANSPOSE, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
     is_pointwise, marked, packed_upload, residual_args, write_target
 from .gemm_local import b_operand, conv_cost, k_chunk, partial_bytes, scratch_bytes, split_k, split_sum_spec
 from .gemm_mma import KPAD, compute_capability, pack_weights
@@ -264,7 +264,7 @@ def nhwc_operand(ctx: BindContext, node: Node, at: int = 0) -> tuple:
     k = ctx.kernel("conv.cl", "yc_nchw_to_nhwc", ctx.defines(),
                    [xb, xoff, xbs] + i32(c, x.h * x.w) + [ws] + i32(y_off, cp))
     gs = (-(-x.h * x.w // 32) * 32, -(-cp // 32) * 8, ctx.batch)
-    return [Launch(k, gs, (32, 8, 1), node, "nchw_to_nhwc")], [ws] + i32(y_off, cp * x.h * x.w, 0, cp)
+    return [Launch(k, gs, (32, 8, 1), node, TRANSPOSE)], [ws] + i32(y_off, cp * x.h * x.w, 0, cp)
 
 
 def nhwc_bytes(node: Node, batch: int, itemsize: int) -> int:

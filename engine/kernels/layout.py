@@ -39,34 +39,42 @@ def stores_plainly(ctx: BindContext, node) -> bool:
     return family.stores_nhwc(_bound_config(ctx, node))
 
 
-def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
-    """Ids of the tensors to store channels-last: one writer (a conv that ``stores_plainly``),
-    one reader (a conv bound to read it channels-last, the whole tensor as its input, nothing else),
-    channels a multiple of 8 (a pixel's whole 16-byte chunks, as the reader takes them), not a
-    network output. None where no family the device offers reads channels-last (the
-    question costs a look-up per conv: a plan on a CPU, or at fp32, does not ask it)."""
-    if not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
-        return frozenset()
+def sole_conv_edges(graph: Graph, fold: bool = True) -> dict:
+    """{tensor id: (writer, reader)} of the tensors a plan could store channels-last, whatever the
+    configs: one writer (a conv, its whole output), one reader (a conv, the whole tensor as its
+    input, nothing else), channels a multiple of 8 (a pixel's whole 16-byte chunks, as the reader
+    takes them), not a network output. The tuner charges an nhwc config no transpose for such an
+    input (``tuner.ConvBench``)."""
     readers: dict = {}
     writers: dict = {}
     for node in graph.nodes:
         writers.setdefault(node.output.tensor.id, []).append(node)
-        for v in reads(node, ctx.fold):
+        for v in reads(node, fold):
             readers.setdefault(v.tensor.id, []).append(node)
     returned = {v.tensor.id for v in graph.outputs}
-    out = set()
+    out = {}
     for tid, ws in writers.items():
         rs = readers.get(tid, [])
-        if tid in returned or len(ws) != 1 or len(rs) != 1:
+        if tid in returned or len(ws) != 1 or len(rs) != 1 or ws[0].op != "conv" or not _whole(ws[0].output):
             continue
         r = rs[0]
         if r.op != "conv" or r.inputs[0].tensor.id != tid or not _whole(r.inputs[0]):
             continue
         if r.inputs[0].c % 8:       # read as pixels padded to 16 bytes: transposed (and padded) first
             continue
-        if family.reads_nhwc(_bound_config(ctx, r)) and stores_plainly(ctx, ws[0]):
-            out.add(tid)
-    return frozenset(out)
+        out[tid] = (ws[0], r)
+    return out
+
+
+def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
+    """Ids of the tensors to store channels-last: of :func:`sole_conv_edges`, those whose reader
+    is bound to read channels-last and whose writer ``stores_plainly``. None where no family the
+    device offers reads channels-last (the question costs a look-up per conv: a plan on a CPU, or
+    at fp32, does not ask it)."""
+    if not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
+        return frozenset()
+    return frozenset(tid for tid, (w, r) in sole_conv_edges(graph, ctx.fold).items()
+                     if family.reads_nhwc(_bound_config(ctx, r)) and stores_plainly(ctx, w))
 
 
 def disagreeing(nhwc: frozenset, bound: list) -> frozenset:
