@@ -178,22 +178,33 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
 
 
 def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
-    """nhwc on 64 x 128 tiles for a 3x3 conv whose 128 x 128 tiles (over the batch) number one per
-    Hopper SM or more, gemm1x1 on 128 x 64 tiles for such a 1x1 conv; None (the mma family's) for
-    fewer, for channels that need padding, and at tf32."""
+    """A 3x3 conv whose 128 x 128 tiles (over the batch) number one per Hopper SM or more: nhwc
+    on 64 x 128 tiles; fewer: 64 x 64 tiles, K split in four from K = 2304 on where the stride is
+    1, mma's where it is 2. A 1x1 conv of that many tiles: gemm1x1 on 128 x 64 tiles, fewer: mma's.
+    Never channels that need padding, a conv writing a max-pool through, or tf32."""
     from tiny_graphs import conv_nodes
     wide = conv_nodes(tmp_path / "w.cfg", net_header(208, 208, 32) + conv(64))[0]          # 1 x 338 tiles
-    deep = conv_nodes(tmp_path / "d.cfg", net_header(26, 26, 256) + conv(512))[0]         # 4 x 6 tiles
+    mid = conv_nodes(tmp_path / "m.cfg", net_header(52, 52, 128) + conv(256))[0]           # 2 x 22, K 1152
+    deep = conv_nodes(tmp_path / "d.cfg", net_header(26, 26, 256) + conv(512))[0]         # 4 x 6, K 2304
+    deep2 = conv_nodes(tmp_path / "d2.cfg", net_header(26, 26, 256) + conv(512, stride=2))[0]
     point = conv_nodes(tmp_path / "p.cfg", net_header(208, 208, 32) + conv(64, 1))[0]
     rgb = conv_nodes(tmp_path / "r.cfg", net_header(208, 208) + conv(64))[0]
     pick = gw.KERNEL_FAMILY.heuristic
     assert pick(wide, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED}
-    assert pick(deep, 1, FP16, "f16") is None and pick(deep, 8, FP16, "f16")["algo"] == "nhwc"   # 192 tiles
+    assert pick(mid, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_FEW}
+    assert pick(deep, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_DEEP}
+    assert pick(deep, 8, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED}      # 192 tiles
+    assert pick(deep2, 1, FP16, "f16") is None
     assert pick(point, 1, FP16, "f16") == {"algo": "gemm1x1", "family": "wgmma", **gw.UNTUNED_1X1}
+    small = conv_nodes(tmp_path / "s.cfg", net_header(26, 26, 256) + conv(128, 1))[0]
+    assert pick(small, 1, FP16, "f16") is None
     assert pick(rgb, 8, FP16, "f16") is None
-    pooled = conv_nodes(tmp_path / "m.cfg", net_header(208, 208, 32) + conv(64) + maxpool(2, 2))[0]
+    pooled = conv_nodes(tmp_path / "mp.cfg", net_header(208, 208, 32) + conv(64) + maxpool(2, 2))[0]
     assert pooled.attrs["write_through"].op == "maxpool" and pick(pooled, 8, FP16, "f16") is None
     assert pick(wide, 1, FP16, "tf32") is None
+    for n in (wide, mid, deep):             # legal picks: tiles, and a split of whole non-empty k-tiles
+        c = pick(n, 1, FP16, "f16")
+        assert gw.why_illegal(c) is None and gw.why_not_split(c, gw.gemm_k(n, "nhwc"), "nhwc") is None
 
 
 def test_untuned_convs_bind_the_pick_and_fall_back_where_the_probe_fails(rt, tmp_path, monkeypatch):
@@ -297,7 +308,7 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
     cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 20, 4, batch=2)
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
-    nodes = [l.node for l in det.executor(2).launches if l.node.op == "conv"]
+    nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
     pending, configs = list(gw.ALGOS), []
     for n, c in zip(nodes, gw.SPACE * 3):      # each algorithm once, then nhwc wherever it can run
         algo = next((a for a in pending if a in gw.conv_algos(n)), gw.conv_algos(n)[-1])

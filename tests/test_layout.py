@@ -78,8 +78,9 @@ def test_channels_not_filling_16_bytes_are_padded_by_the_transpose(rt, tmp_path,
 
 
 def test_a_reader_that_falls_back_gets_planes(rt, tmp_path, monkeypatch):
-    """An nhwc config that fails to bind falls back to the heuristic's, which reads planes: the
-    executor binds its producer again storing planes, and the answer stays right."""
+    """An nhwc config that fails to bind falls back to the heuristic's, here mma's, which reads
+    planes: the executor binds its producer again storing planes, and the answer stays right."""
+    monkeypatch.setattr(gw.KERNEL_FAMILY, "heuristic", lambda *a: None)
     det, blob, ref = detector(rt, tmp_path, monkeypatch)
     bind = gw.bind
     failing = {}
@@ -98,8 +99,9 @@ def test_a_reader_that_falls_back_gets_planes(rt, tmp_path, monkeypatch):
 
 
 def test_no_tensor_is_stored_channels_last_without_an_nhwc_reader(rt, tmp_path, monkeypatch):
-    """Untuned (no nhwc config), every tensor stays planes."""
+    """Untuned with no family picking nhwc (wgmma's pick off), every tensor stays planes."""
     import yolo_cl
+    monkeypatch.setattr(gw.KERNEL_FAMILY, "heuristic", lambda *a: None)
     from test_gemm_mma import net_and_reference
     monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
     monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))

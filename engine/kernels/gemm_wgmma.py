@@ -15,10 +15,9 @@ input, not im2col's KxK), with the shared epilogue
 kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
 kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
-the tuner next to the others. Untuned, it claims the convs with work for every SM (``nhwc`` or
-``gemm1x1``: :func:`heuristic_config`), where it beat ``mma.sync`` on each yolov3 608 batch 8
-shape, and leaves the rest (deep maps of one image: split-K on ``mma.sync`` wins there) to the
-``mma`` family; per-shape speeds in BENCHMARKS.md (seventeenth to nineteenth
+the tuner next to the others. Untuned, it claims the 1x1 convs with work for every SM and the
+spatial convs of 8n channels (:func:`heuristic_config`), with the tiles that won on yolov3 608
+batch 8 and 416 batch 1, and leaves the rest to the ``mma`` family; per-shape speeds in BENCHMARKS.md (seventeenth to nineteenth
 sessions).
 """
 from __future__ import annotations
@@ -46,6 +45,9 @@ LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold
 DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
 UNTUNED = {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}    # the tile most yolov3 608 batch 8 nhwc shapes kept
 UNTUNED_1X1 = {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2}    # ... and every gemm1x1 one
+UNTUNED_FEW = {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}      # yolov3 416 batch 1's 3x3 convs at 208-52
+UNTUNED_DEEP = {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "SK": 4}   # ... and at 26-13, K split in four
+DEEP_K = 2304                      # K from which a conv of few tiles splits it (3x3 of 256 channels)
 HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
@@ -224,22 +226,32 @@ def gemm_k(node: Node, algo: str) -> int:
 
 
 def heuristic_config(node: Node, batch: int) -> Optional[dict]:
-    """The untuned pick for a conv whose 128 x 128 tiles number at least one per SM: a 1x1 conv
-    straight from its input (``gemm1x1``, :data:`UNTUNED_1X1` tiles), a spatial one whose channels
-    fill 16-byte chunks ``nhwc`` (:data:`UNTUNED` tiles); else None (the ``mma`` family's, which
-    also takes the convs a max-pool is written through: yolov3-tiny's 208x208 one). On an
-    H100 every such yolov3 608 batch 8 shape ran 1.3-1.9x faster so; at 416 batch 1 the deep,
-    long-K convs (few tiles) ran 1.3-2.8x faster on mma.sync's split-K."""
+    """The untuned pick (None: the ``mma`` family's). A conv whose 128 x 128 tiles number at least
+    one per SM: a 1x1 conv straight from its input (``gemm1x1``, :data:`UNTUNED_1X1` tiles), a
+    spatial one whose channels fill 16-byte chunks ``nhwc`` (:data:`UNTUNED`); on an H100 every
+    such yolov3 608 batch 8 shape ran 1.3-1.9x faster so. A spatial conv of fewer tiles (one image):
+    ``nhwc`` on 64 x 64 tiles, four stages (:data:`UNTUNED_FEW`), or from K = 2304 on with K split in
+    four (:data:`UNTUNED_DEEP`), except strided deep ones, where mma.sync's split-K was as fast
+    (yolov3 416 batch 1, BENCHMARKS.md, nineteenth session). A conv that writes a max-pool through
+    stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one)."""
     algos = conv_algos(node)
     pool = node.attrs.get("write_through")
-    if not algos or (pool is not None and pool.op == "maxpool"):     # mma writes the pool, this family not
+    if not algos or (pool is not None and pool.op == "maxpool"):
         return None
     M, N = conv_gemm_shape(node)[:2]
-    if -(-M // 128) * -(-N // 128) * batch < HOPPER_SMS:
-        return None
+    many = -(-M // 128) * -(-N // 128) * batch >= HOPPER_SMS
     if "gemm1x1" in algos:
-        return {"algo": "gemm1x1", "family": FAMILY, **UNTUNED_1X1}
-    return {"algo": "nhwc", "family": FAMILY, **UNTUNED} if node.attrs["in_c"] % 8 == 0 else None
+        return {"algo": "gemm1x1", "family": FAMILY, **UNTUNED_1X1} if many else None
+    if node.attrs["in_c"] % 8 or node.attrs["size"] == 1:      # padded channels; a strided 1x1: mma's
+        return None
+    if many:
+        return {"algo": "nhwc", "family": FAMILY, **UNTUNED}
+    if gemm_k(node, "nhwc") < DEEP_K:
+        return {"algo": "nhwc", "family": FAMILY, **UNTUNED_FEW}
+    if node.attrs["stride_x"] == 1 and node.attrs["stride_y"] == 1 and \
+            why_not_split(UNTUNED_DEEP, gemm_k(node, "nhwc"), "nhwc") is None:
+        return {"algo": "nhwc", "family": FAMILY, **UNTUNED_DEEP}
+    return None
 
 
 def nhwc_weights(node: Node) -> np.ndarray:
