@@ -55,8 +55,8 @@ class KernelFamily(Protocol):
         """The launches that compute ``node`` under ``cfg``."""
 
 
-FAMILIES: tuple = (direct.KERNEL_FAMILY, narrow.KERNEL_FAMILY, gemm_wgmma.KERNEL_FAMILY, gemm_mma.KERNEL_FAMILY, gemm_local.KERNEL_FAMILY,
-                   gemm_cpu.KERNEL_FAMILY)
+FAMILIES: tuple = (direct.KERNEL_FAMILY, narrow.KERNEL_FAMILY, gemm_wgmma.KERNEL_FAMILY, gemm_mma.KERNEL_FAMILY,
+                   gemm_local.KERNEL_FAMILY, gemm_cpu.KERNEL_FAMILY)
 _BY_NAME = {f.name: f for f in FAMILIES}
 
 

@@ -17,8 +17,8 @@ kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_C
 used where its probe passes (run when its configs are first asked for or checked), searched by
 the tuner next to the others. Untuned, it claims the 1x1 convs with work for every SM and the
 spatial convs of 8n channels (:func:`heuristic_config`), with the tiles that won on yolov3 608
-batch 8 and 416 batch 1, and leaves the rest to the ``mma`` family; per-shape speeds in BENCHMARKS.md (seventeenth to nineteenth
-sessions).
+batch 8 and 416 batch 1, and leaves the rest to the ``mma`` family; per-shape speeds in
+BENCHMARKS.md (seventeenth to nineteenth sessions).
 """
 from __future__ import annotations
 

@@ -2,14 +2,14 @@
 
 A network's first conv reads 3 channels: as a GEMM its K is 27 (a 3x3 window), so the tensor-core
 families pad it to a 32- or 64-wide k-tile, gather it element by element and are bound by that
-gather (yolov3 608 batch 8: 0.33 ms on an H100, a quarter of which would be its output's writes).
+gather (yolov3 608 batch 8: 0.33 ms on an H100, of which its output's writes would take a fifth).
 Here a work-group keeps ``FPW`` filters' weights in local memory, each work-item reads its pixel's
 window once into registers and sums it with each filter by FMA, and the sums leave through local
 memory in the output's order (coalesced whether planes or channels-last), through the GEMM
-families' epilogue (bias, activation, shortcut, concat slice, an
-upsample written through, channels-last for an ``nhwc`` reader; a max-pool is left to its own
-launch). Offered on GPUs at every precision, for convs of at most 4 input channels and one group;
-tuned in only (``heuristic`` None), measured against the others in BENCHMARKS.md.
+families' epilogue (bias, activation, shortcut, concat slice, an upsample written through,
+channels-last for an ``nhwc`` reader; a max-pool is left to its own launch). Offered on GPUs at
+every precision, for convs of at most 4 input channels and one group; tuned in only
+(``heuristic`` None), measured against the others in BENCHMARKS.md (nineteenth session).
 """
 from __future__ import annotations
 
