@@ -113,9 +113,10 @@ def competes(cfg: dict, mma: str) -> bool:
     entries were tuned before there were tensor-core kernels). With tf32 it does
     (``precision.FMA_COMPETES``): a tf32 record holds an FMA config only where it was timed faster.
     A family made for what tensor cores do badly (``timed_beside_tensor_cores``) competes too."""
+    if not mma or mma in FMA_COMPETES or cfg.get("algo") == "depthwise":
+        return True
     f = family_of(cfg)
-    return not mma or mma in FMA_COMPETES or cfg.get("algo") == "depthwise" or f.tensor_cores or \
-        f.timed_beside_tensor_cores
+    return f.tensor_cores or f.timed_beside_tensor_cores
 
 
 def why_illegal(node: Node, cfg, rt) -> Optional[str]:
