@@ -11,8 +11,8 @@
  *       im2col matrix gathered element by element (trailing args H, W, OW; defines KS SX SY PAD DIL);
  *       with NHWC (k-contiguous B) the conv's input transposed to [H][W][C] (conv.cl's
  *       yc_nchw_to_nhwc; C padded to a multiple of 8 with zeros, k ordered (ky, kx, c) in A too, so K
- *       is KS * KS * C), , each row of B's tile
- *       an output pixel's window copied 16 bytes at a time by cp.async (same trailing args)
+ *       is KS * KS * C), each row of B's tile an output pixel's window copied 16 bytes at a time
+ *       by cp.async (same trailing args)
  *   C   as the other GPU GEMM families store it, through the shared epilogue (gemm_epilogue.h:
  *       bias, activation, shortcut, concat slice, upsample written through), any M, N, K
  *

@@ -507,15 +507,13 @@ class Tuner:
 
 def inputs_channels_last(graph, batch: int) -> dict:
     """{shape key: whether most convs of that shape read an input that a conv writes for them
-    alone (``layout.sole_conv_edges``, no layer written through): one the network stores
-    channels-last where the conv reads it so}."""
+    alone (``layout.sole_conv_edges``): one the network stores channels-last where the conv
+    reads it so}."""
     edges = layout.sole_conv_edges(graph)
     votes: dict = {}
     for node in graph.nodes:
         if node.op == "conv":
-            e = edges.get(node.inputs[0].tensor.id)
-            yes = e is not None and e[1] is node and e[0].attrs.get("write_through") is None
-            votes.setdefault(shape_key(node, batch), []).append(yes)
+            votes.setdefault(shape_key(node, batch), []).append(node.inputs[0].tensor.id in edges)
     return {k: 2 * sum(v) > len(v) for k, v in votes.items()}
 
 

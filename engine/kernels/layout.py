@@ -29,22 +29,13 @@ def _bound_config(ctx: BindContext, node) -> dict:
     return config if family.why_illegal(node, config, ctx.rt) is None else fallback
 
 
-def stores_plainly(ctx: BindContext, node) -> bool:
-    """Whether conv ``node`` stores its whole output through the shared GEMM epilogue, writing
-    through no other layer (so it can store it channels-last)."""
-    if node.op != "conv" or not _whole(node.output):
-        return False
-    if ctx.write and node.attrs.get("write_through") is not None:
-        return False
-    return family.stores_nhwc(_bound_config(ctx, node))
-
-
-def sole_conv_edges(graph: Graph, fold: bool = True) -> dict:
+def sole_conv_edges(graph: Graph, fold: bool = True, write: bool = True) -> dict:
     """{tensor id: (writer, reader)} of the tensors a plan could store channels-last, whatever the
-    configs: one writer (a conv, its whole output), one reader (a conv, the whole tensor as its
-    input, nothing else), channels a multiple of 8 (a pixel's whole 16-byte chunks, as the reader
-    takes them), not a network output. The tuner charges an nhwc config no transpose for such an
-    input (``tuner.ConvBench``)."""
+    configs: one writer (a conv, its whole output, through the shared GEMM epilogue: where the
+    plan ``write``s through, not a conv that stores a layer it writes through), one reader (a
+    conv, the whole tensor as its input, nothing else), channels a multiple of 8 (a pixel's whole
+    16-byte chunks, as the reader takes them), not a network output. The tuner charges an nhwc
+    config no transpose for such an input (``tuner.ConvBench``)."""
     readers: dict = {}
     writers: dict = {}
     for node in graph.nodes:
@@ -57,6 +48,8 @@ def sole_conv_edges(graph: Graph, fold: bool = True) -> dict:
         rs = readers.get(tid, [])
         if tid in returned or len(ws) != 1 or len(rs) != 1 or ws[0].op != "conv" or not _whole(ws[0].output):
             continue
+        if write and ws[0].attrs.get("write_through") is not None:
+            continue
         r = rs[0]
         if r.op != "conv" or r.inputs[0].tensor.id != tid or not _whole(r.inputs[0]):
             continue
@@ -68,13 +61,13 @@ def sole_conv_edges(graph: Graph, fold: bool = True) -> dict:
 
 def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
     """Ids of the tensors to store channels-last: of :func:`sole_conv_edges`, those whose reader
-    is bound to read channels-last and whose writer ``stores_plainly``. None where no family the
-    device offers reads channels-last (the question costs a look-up per conv: a plan on a CPU, or
-    at fp32, does not ask it)."""
+    is bound to read channels-last and whose writer to a config that can store so. None where no
+    family the device offers reads channels-last (the question costs a look-up per conv: a plan
+    on a CPU, or at fp32, does not ask it)."""
     if not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
         return frozenset()
-    return frozenset(tid for tid, (w, r) in sole_conv_edges(graph, ctx.fold).items()
-                     if family.reads_nhwc(_bound_config(ctx, r)) and stores_plainly(ctx, w))
+    return frozenset(tid for tid, (w, r) in sole_conv_edges(graph, ctx.fold, ctx.write).items()
+                     if family.reads_nhwc(_bound_config(ctx, r)) and family.stores_nhwc(_bound_config(ctx, w)))
 
 
 def disagreeing(nhwc: frozenset, bound: list) -> frozenset:
