@@ -1,11 +1,14 @@
 /* C[m][n] = sum_k A[m][k] * B[k][n] on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): half
- * inputs, float accumulation, half output. NVIDIA's OpenCL C compiler will not emit wgmma, so each
+ * inputs (or with TF32 float ones read as TF32: k-contiguous B only), float accumulation, the
+ * storage's output. NVIDIA's OpenCL C compiler will not emit wgmma, so each
  * sm_90a instruction is written as an inline-asm comment marker ("// YC_PTX ..."), which the
  * compiler fills with the operands' registers; engine/ptx.py turns the markers into instructions
  * in the built PTX and raises its target to sm_90a, and the runtime loads that PTX as a binary.
  *
- *   A   the packed weights [Mp][Kp] half (k contiguous, zero-padded: gemm_mma.pack_weights)
- *   B   [N][K] half (B transposed: k contiguous; ldb, K and offsets multiples of 8), or with B_KN
+ *   A   the packed weights [Mp][Kp] half (k contiguous, zero-padded: gemm_mma.pack_weights), with
+ *       TF32 float rounded to TF32
+ *   B   [N][K] half (B transposed: k contiguous; ldb, K and offsets multiples of 8), with TF32
+ *       float (the tensor cores take each float's TF32 bits: its low 13 mantissa bits dropped), or with B_KN
  *       [K][N] (n contiguous: a conv's input planes, gemm1x1 or im2col), read by wgmma in its
  *       transposed-B ("MN-major") layout; with IMPLICIT (B_KN too) the conv's input itself, the
  *       im2col matrix gathered element by element (trailing args H, W, OW; defines KS SX SY PAD DIL);
@@ -17,13 +20,14 @@
  *       bias, activation, shortcut, concat slice, upsample written through), any M, N, K
  *
  * Tiling: a work-group of MT / 64 warpgroups (128 work-items each) owns an MT x NT tile of C;
- * warpgroup w computes rows 64w .. 64w + 63 with one m64nNTk16 wgmma per 16 of k, both operands
+ * warpgroup w computes rows 64w .. 64w + 63 with one m64nNTk16 wgmma per 16 of k (m64nNTk8 per 8
+ * with TF32: 32 bytes of k either way), both operands
  * read by the tensor cores straight from local memory through 64-bit matrix descriptors.
  * Local memory holds STAGES stages of KT of k of A's and B's tiles, filled by cp.async
  * STAGES - 1 tiles ahead; one barrier per stage; wgmma.wait_group 0 before a stage is refilled.
  *
  *   MT NT   64, 128 or 256 (MT: 1, 2 or 4 warpgroups)
- *   SWZ     the operand layout, which fixes KT = SWZ / 2: tile rows of SWZ bytes (32, 64 or 128),
+ *   SWZ     the operand layout, which fixes KT = SWZ / ES (ES = 2, or 4 with TF32): tile rows of SWZ bytes (32, 64 or 128),
  *           eight rows a group, 16-byte chunk c of row r stored at chunk c ^ ((r >> s) & (SWZ/16 - 1))
  *           with s = 2, 1, 0 for SWZ 32, 64, 128 -- the hardware's 32/64/128-byte swizzles, which
  *           read without bank conflicts (the unswizzled "interleave" layout ran at half the speed:
@@ -69,8 +73,20 @@
 #if STAGES < 2
 #error "STAGES is 2 or more"
 #endif
-#define KT (SWZ / 2)                   /* k per stage: one swizzled row */
-#define KSTEPS (KT / 16)               /* wgmma per stage */
+#ifdef TF32
+#if defined(B_KN)
+#error "TF32 wgmma reads both operands k-contiguous: not B_KN"
+#endif
+#define ES 4                           /* bytes of an operand element */
+typedef uint yc_elem;
+#else
+#define ES 2
+typedef ushort yc_elem;
+#endif
+#define EPC (16 / ES)                  /* elements of a 16-byte chunk */
+#define KT (SWZ / ES)                  /* k per stage: one swizzled row */
+#define KSTEP (32 / ES)                /* k of one wgmma: 32 bytes */
+#define KSTEPS (SWZ / 32)              /* wgmma per stage */
 #define CHUNKS (SWZ / 16)              /* 16-byte chunks per row */
 #define THREADS (2 * MT)               /* MT / 64 warpgroups of 128 */
 #define STAGE ((MT + NT) * SWZ)        /* bytes of a stage: A's MT rows of KT, then B's KT x NT */
@@ -110,7 +126,7 @@ inline uint yc_swizzled(const uint at) { return at ^ (((at >> 7) & (CHUNKS - 1))
 inline uint yc_operand_at(const ulong d, const int r, const int k)
 {
     const uint start = (uint)(d & 0x3fff) << 4, sbo = (uint)((d >> 32) & 0x3fff) << 4;
-    return yc_swizzled(start + (uint)(r >> 3) * sbo + (uint)(r & 7) * SWZ + 2 * k);
+    return yc_swizzled(start + (uint)(r >> 3) * sbo + (uint)(r & 7) * SWZ + ES * k);
 }
 /* ... and of B's element (n, k) in the MN-major layout: n-atoms LBO apart, k-groups SBO apart. */
 inline uint yc_operand_mn_at(const ulong d, const int n, const int k)
@@ -124,7 +140,13 @@ inline uint yc_operand_mn_at(const ulong d, const int n, const int k)
 #else
 #define B_AT(d, c, k) yc_operand_at(d, c, k)
 #endif
-/* One m64nNTk16 wgmma of this work-item's warpgroup: its accumulator elements are those of
+#ifdef TF32
+/* an operand as the tensor cores read it: the float's TF32 bits */
+#define OPERAND(p) as_float(*(__local const uint*)(p) & 0xffffe000u)
+#else
+#define OPERAND(p) vload_half(0, (__local const half*)(p))
+#endif
+/* One m64nNTk16 (k8) wgmma of this work-item's warpgroup: its accumulator elements are those of
  * stacked m16n8 fragments (warp w: rows 16w + g and + 8; column block i: columns 8i + 2t, + 1). */
 inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const ulong db, const int wtid)
 {
@@ -133,9 +155,8 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
         for (int q = 0; q < 4; ++q) {
             const int r = 16 * w + g + 8 * (q >> 1), c = 8 * i + 2 * t + (q & 1);
             float s = acc[4 * i + q];
-            for (int k = 0; k < 16; ++k)
-                s = fma(vload_half(0, (__local const half*)(sm + yc_operand_at(da, r, k))),
-                        vload_half(0, (__local const half*)(sm + B_AT(db, c, k))), s);
+            for (int k = 0; k < KSTEP; ++k)
+                s = fma(OPERAND(sm + yc_operand_at(da, r, k)), OPERAND(sm + B_AT(db, c, k)), s);
             acc[4 * i + q] = s;
         }
 }
@@ -155,7 +176,13 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 #define PROXY_FENCE() asm volatile("fence.proxy.async.shared::cta;" ::: "memory")
 #define STR_(x) #x
 #define STR(x) STR_(x)
+#ifdef TF32
+#define WG_INSN "wgmma.mma_async.sync.aligned.m64n" STR(NT) "k8.f32.tf32.tf32 "
+#define WG_TAIL ", p, 1, 1; "              /* scale-d, scale-a, scale-b: no transposes for tf32 */
+#else
 #define WG_INSN "wgmma.mma_async.sync.aligned.m64n" STR(NT) "k16.f32.f16.f16 "
+#define WG_TAIL ", p, 1, 1, 0, " B_TRANS "; "   /* ... and A, B transposed */
+#endif
 /* The accumulators as operands 0 .. NT/2 - 1 (WG_R<c>: their numbers, 16 a macro), then da[0..3] and
  * db[0..3] (WG_AB<j>: step j's). */
 #define WG_R0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
@@ -172,24 +199,24 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 #if NT == 64
 #define WG_D "{" WG_R0 ", " WG_R1 "}"
 #define WG_ACC WG_ACC32(0)
-#define WG_AB0 ", %32, %36, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB1 ", %33, %37, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB2 ", %34, %38, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB3 ", %35, %39, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB0 ", %32, %36" WG_TAIL
+#define WG_AB1 ", %33, %37" WG_TAIL
+#define WG_AB2 ", %34, %38" WG_TAIL
+#define WG_AB3 ", %35, %39" WG_TAIL
 #elif NT == 128
 #define WG_D "{" WG_R0 ", " WG_R1 ", " WG_R2 ", " WG_R3 "}"
 #define WG_ACC WG_ACC32(0), WG_ACC32(32)
-#define WG_AB0 ", %64, %68, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB1 ", %65, %69, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB2 ", %66, %70, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB3 ", %67, %71, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB0 ", %64, %68" WG_TAIL
+#define WG_AB1 ", %65, %69" WG_TAIL
+#define WG_AB2 ", %66, %70" WG_TAIL
+#define WG_AB3 ", %67, %71" WG_TAIL
 #else
 #define WG_D "{" WG_R0 ", " WG_R1 ", " WG_R2 ", " WG_R3 ", " WG_R4 ", " WG_R5 ", " WG_R6 ", " WG_R7 "}"
 #define WG_ACC WG_ACC32(0), WG_ACC32(32), WG_ACC32(64), WG_ACC32(96)
-#define WG_AB0 ", %128, %132, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB1 ", %129, %133, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB2 ", %130, %134, p, 1, 1, 0, " B_TRANS "; "
-#define WG_AB3 ", %131, %135, p, 1, 1, 0, " B_TRANS "; "
+#define WG_AB0 ", %128, %132" WG_TAIL
+#define WG_AB1 ", %129, %133" WG_TAIL
+#define WG_AB2 ", %130, %134" WG_TAIL
+#define WG_AB3 ", %131, %135" WG_TAIL
 #endif
 #define WG_ONE(j) WG_INSN WG_D WG_AB##j
 #if KSTEPS == 1
@@ -259,7 +286,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #else
 #define LOAD_B(s, kt, q)                                                                         \
     {                                                                                            \
-        const int r = (q) / CHUNKS, c = (q) - r * CHUNKS, k = (kt) * KT + c * 8;                 \
+        const int r = (q) / CHUNKS, c = (q) - r * CHUNKS, k = (kt) * KT + c * EPC;               \
         const bool ok = n0 + r < N && k < K;                                                     \
         CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + r, c), ok ? Bg + (size_t)(n0 + r) * ldb + k : Bg, ok); \
     }
@@ -274,7 +301,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #define NHWC_NEXT_TAP()                                                                          \
     while (cc >= cin) { cc -= cin; if (++kx == KS) { kx = 0; ++ky; } }
 #define NHWC_START()                                                                             \
-    const int cin = K / (KS * KS), kfirst = kt0 * KT + (tid % CHUNKS) * 8, tap0 = kfirst / cin;  \
+    const int cin = K / (KS * KS), kfirst = kt0 * KT + (tid % CHUNKS) * EPC, tap0 = kfirst / cin; \
     int cc = kfirst - tap0 * cin, ky = tap0 / KS, kx = tap0 - ky * KS, iy0[BROWS], ix0[BROWS];   \
     for (int i = 0; i < BROWS; ++i) {                                                            \
         const int n = n0 + (tid + i * THREADS) / CHUNKS, oy = n / OW, ox = n - oy * OW;          \
@@ -284,7 +311,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #define LOAD_STAGE(s, kt)                                                                        \
     for (int q = tid; q < MT * CHUNKS; q += THREADS) {                                           \
         const int r = q / CHUNKS, c = q - r * CHUNKS;                                            \
-        CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * 8, true); \
+        CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * EPC, true); \
     }                                                                                            \
     for (int i = 0; i < BROWS; ++i) {                                                            \
         const int q = tid + i * THREADS, iy = iy0[i] + ky * DIL, ix = ix0[i] + kx * DIL;         \
@@ -302,7 +329,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     for (int q = tid; q < (MT + NT) * CHUNKS; q += THREADS) {                                    \
         if (q < MT * CHUNKS) {                                                                   \
             const int r = q / CHUNKS, c = q - r * CHUNKS;                                        \
-            CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * 8, true); \
+            CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * EPC, true); \
         } else                                                                                   \
             LOAD_B(s, kt, q - MT * CHUNKS)                                                       \
     }                                                                                            \
@@ -325,8 +352,8 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     const int per = ((K + SK - 1) / SK + KT - 1) / KT, kt0 = ks * per;
     const int tiles = min((K + KT - 1) / KT, kt0 + per) - kt0;
     const int lda = (K + KPAD - 1) / KPAD * KPAD;
-    const __global ushort* Ag = (const __global ushort*)A + (size_t)m0 * lda;
-    const __global ushort* Bg = (const __global ushort*)B + b_off + (size_t)b * b_bstride;
+    const __global yc_elem* Ag = (const __global yc_elem*)A + (size_t)m0 * lda;
+    const __global yc_elem* Bg = (const __global yc_elem*)B + b_off + (size_t)b * b_bstride;
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;

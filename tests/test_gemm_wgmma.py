@@ -13,7 +13,7 @@ from mma_env import emulate_hopper, rt  # noqa: F401 - fixtures
 from tiny_cfgs import conv, maxpool, net_header, route, shortcut, upsample
 from yolo_cl.errors import DeviceError
 from yolo_cl.kernels import gemm_wgmma as gw
-from yolo_cl.precision import FP16
+from yolo_cl.precision import FP16, TF32
 from yolo_cl.ptx import MARK, PtxError, raise_to_sm90a
 
 PTX = b"""//
@@ -91,6 +91,23 @@ def test_gemm_equals_numpy(rt, cfg, b_kn):
     assert float(err.max()) < 2e-3          # half output rounding: 2^-11 relative
 
 
+@pytest.mark.parametrize("cfg", [{"MT": 64, "NT": 64, "SWZ": 32, "ST": 2}, {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3},
+                                 {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}])
+def test_tf32_gemm_equals_numpy(rt, cfg):
+    """At tf32 (float operands read as TF32, B k-contiguous: k8 per wgmma, KT = SWZ / 4), ragged
+    sizes and the ring wrapping: within TF32's input rounding of the float64 product, the output
+    float; B given n-contiguous is refused by name."""
+    rng = np.random.default_rng(5)
+    M, N, K = 197, 141, 5 * gw.k_tile(cfg, "tf32") + 9
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    C = gw.gemm(rt, A, B.T, cfg, mma="tf32")
+    assert C.dtype == np.float32 and 1e-5 < rel_err(C, ref) < 2e-3      # TF32's input rounding shows, no more
+    with pytest.raises(ValueError, match="k-contiguous"):
+        gw.gemm(rt, A, B, cfg, b_kn=True, mma="tf32")
+
+
 @pytest.mark.parametrize("b_kn", [False, True], ids=["B k-contiguous", "B n-contiguous"])
 def test_each_swizzle_places_every_chunk_where_its_reader_looks(rt, b_kn):
     """Products with B = I (exact in half): C must be A, so any chunk stored or read at the wrong
@@ -101,6 +118,9 @@ def test_each_swizzle_places_every_chunk_where_its_reader_looks(rt, b_kn):
         A = (np.arange(64 * k) % 251).reshape(64, k).astype(np.float16)
         C = gw.gemm(rt, A, np.eye(k, dtype=np.float16), cfg, b_kn=b_kn)
         assert np.array_equal(C, A.astype(np.float32)), swz
+        if not b_kn:        # tf32: 4-byte elements, half the k of a row (exact in TF32 too)
+            C = gw.gemm(rt, A.astype(np.float32), np.eye(k, dtype=np.float32), cfg, mma="tf32")
+            assert np.array_equal(C, A.astype(np.float32)), ("tf32", swz)
 
 
 def test_illegal_configs_are_named():
@@ -162,7 +182,7 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
     """Offered where the probe passes and fp16 runs on tensor cores; its candidates: a 1x1 conv
     straight from its input, any conv gathered on the fly or after im2col, never grouped convs."""
     from test_tuner import convs
-    assert gw.KERNEL_FAMILY.offered(rt, "f16") and not gw.KERNEL_FAMILY.offered(rt, "tf32")
+    assert gw.KERNEL_FAMILY.offered(rt, "f16") and gw.KERNEL_FAMILY.offered(rt, "tf32")
     assert not gw.KERNEL_FAMILY.offered(rt, "")
     nodes = convs(tmp_path, 12, 12)
     pointwise = [n for n in nodes if n.attrs["size"] == 1 and n.attrs["groups"] == 1]
@@ -174,6 +194,8 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
     assert gw.gemm_k(spatial[0], "implicit") == 27
     cands = gw.KERNEL_FAMILY.candidates(spatial[0], rt, 1, FP16, "f16")
     assert cands and all(c["family"] == "wgmma" and gw.why_illegal(c) is None for c in cands)
+    assert gw.conv_algos(pointwise[0], "tf32") == ["nhwc"]          # tf32 reads B k-contiguous only
+    assert {c["algo"] for c in gw.KERNEL_FAMILY.candidates(pointwise[0], rt, 1, TF32, "tf32")} == {"nhwc"}
     assert gw.KERNEL_FAMILY.heuristic(spatial[0], 1, FP16, "f16") is None       # 3 channels: mma's
 
 
@@ -251,22 +273,25 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
     assert checked >= 11
 
 
-@pytest.mark.parametrize("tile", [{"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 64, "SWZ": 32, "ST": 3},
-                                  {"MT": 256, "NT": 64, "SWZ": 32, "ST": 2}])
-def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile):
-    """nhwc convs whose k-tiles hold several taps (16 channels, 64 of k a tile), a tap split across
-    tiles (40 channels), strides, padding, a 5x5 and a 1x1 conv, channels padded to 8 (3 and 12
-    of them), on tiles where some work-items copy several B rows and (256 x 64) some none: each
-    through the tuner's gate."""
+@pytest.mark.parametrize("tile,prec", [({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, FP16),
+                                       ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, FP16),
+                                       ({"MT": 256, "NT": 64, "SWZ": 32, "ST": 2}, FP16),
+                                       ({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, TF32),
+                                       ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, TF32)])
+def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):
+    """nhwc convs whose k-tiles hold several taps (16 channels, 64 of k a tile at fp16, 32 at
+    tf32), a tap split across tiles (40 channels), strides, padding, a 5x5 and a 1x1 conv, channels
+    padded to 8 (3 and 12 of them), on tiles where some work-items copy several B rows and
+    (256 x 64) some none: each through the tuner's gate, in half and in TF32."""
     from tiny_graphs import conv_nodes
     from yolo_cl import tuner as tmod
-    tuner = tmod.Tuner(rt, FP16, reps=1)
+    tuner = tmod.Tuner(rt, prec, reps=1)
     text = (net_header(13, 11, 16) + conv(40, act="leaky") + conv(24, size=3, stride=2) + conv(16, size=5)
             + conv(12, size=1, act="linear") + conv(8, size=3, stride=2))
     nodes = conv_nodes(tmp_path / "n.cfg", text) + conv_nodes(tmp_path / "rgb.cfg", net_header(13, 11) + conv(32))
     for node in nodes:
-        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
-        assert bench.check(bench.bind({"family": "wgmma", "algo": "nhwc", **tile})) < FP16.tolerance, node.describe()
+        bench = tmod.ConvBench(rt, node, 2, prec, tuner.queue, mma=prec.mma)
+        assert bench.check(bench.bind({"family": "wgmma", "algo": "nhwc", **tile})) < prec.tolerance, node.describe()
     assert [n.attrs["in_c"] for n in nodes] == [16, 40, 24, 16, 12, 3]
 
 
@@ -324,6 +349,37 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     assert any(l.config.get("writes") == "upsample" and l.config["algo"] == "nhwc" for l in convs)
     assert any(l.node.attrs.get("residual") is not None and l.config["algo"] == "nhwc" for l in convs)
     assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+def test_tf32_net_on_the_family_stores_floats_channels_last(rt, tmp_path, monkeypatch):
+    """At tf32, every conv of the net tuned to ``nhwc`` (the one algorithm tf32 runs), K split on
+    one: the producers that feed them alone store floats channels-last, the rest transpose, and
+    the net equals the NumPy forward pass within TF32's rounding. A tf32 config of another
+    algorithm (a hand-edited file, say) is refused by the binder, by name."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.tuning_db import shape_key
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 20, 4, batch=2)
+    det = yolo_cl.Detector(str(cfg), weights, precision="tf32")
+    assert det.mma == "tf32"
+    nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
+    configs = {shape_key(n, 2): {"family": "wgmma", "algo": "nhwc", **c} for n, c in zip(nodes, gw.SPACE * 3)}
+    split = next(k for n, k in ((n, shape_key(n, 2)) for n in nodes) if n.attrs["size"] == 3 and n.attrs["in_c"] >= 16)
+    configs[split] = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "SK": 2}
+    tuning_database(rt, TF32, "tf32").record(configs)
+    det = yolo_cl.Detector(str(cfg), weights, precision="tf32")
+    ex = det.executor(2)
+    convs = [l for l in ex.launches if l.name == "gemm_wgmma"]
+    assert len({l.node for l in convs}) == len(nodes) and all(l.config["algo"] == "nhwc" for l in convs)
+    assert ex.ctx.nhwc and any(l.name == "splitk_sum" for l in ex.launches)
+    assert any(l.name == "nchw_to_nhwc" for l in ex.launches)
+    out = det.forward(blob)[0]
+    assert 1e-5 < rel_err(out, ref) < 2e-2
+    with pytest.raises(yolo_cl.errors.YoloClError, match="at tf32"):
+        gw.bind(ex.ctx, nodes[1], {"family": "wgmma", "algo": "gemm1x1", **gw.DEFAULT})
 
 
 @pytest.mark.parametrize("algo", ["gemm1x1", "implicit", "nhwc"])

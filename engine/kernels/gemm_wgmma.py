@@ -15,7 +15,9 @@ input, not im2col's KxK), with the shared epilogue
 kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
 kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
-the tuner next to the others. Untuned, it claims the 1x1 convs with work for every SM and the
+the tuner next to the others. At ``tf32`` (``m64nNk8.f32.tf32.tf32``: float operands, which the tensor
+cores read as TF32, both k-contiguous as the instruction requires) it runs ``nhwc`` convs only, the
+weights rounded to TF32 when packed, the activations' low mantissa bits dropped by the hardware. Untuned, it claims the 1x1 convs with work for every SM and the
 spatial convs of 8n channels (:func:`heuristic_config`), with the tiles that won on yolov3 608
 batch 8 and 416 batch 1, and leaves the rest to the ``mma`` family; per-shape speeds in
 BENCHMARKS.md (seventeenth to nineteenth sessions).
@@ -40,6 +42,7 @@ log = logging.getLogger("yolo_cl.kernels")
 
 FAMILY = "wgmma"
 ALGOS = ("gemm1x1", "implicit", "im2col", "nhwc")
+MODES = {"f16": ALGOS, "tf32": ("nhwc",)}      # mma mode -> the algorithms it runs (tf32: k-contiguous B only)
 EMULATE_ENV = "YOLO_CL_WGMMA_EMULATE"
 LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold (static arrays)
 DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
@@ -62,9 +65,14 @@ def emulated() -> bool:
     return os.environ.get(EMULATE_ENV, "").strip() == "1"
 
 
-def k_tile(cfg: dict) -> int:
-    """k per stage: one swizzled row of ``SWZ`` bytes of halves."""
-    return int(cfg["SWZ"]) // 2
+def element_bytes(mma: str) -> int:
+    """Bytes of an operand element: a half, or a float read as TF32."""
+    return 4 if mma == "tf32" else 2
+
+
+def k_tile(cfg: dict, mma: str = "f16") -> int:
+    """k per stage: one swizzled row of ``SWZ`` bytes of operand elements."""
+    return int(cfg["SWZ"]) // element_bytes(mma)
 
 
 def local_bytes(cfg: dict) -> int:
@@ -87,7 +95,7 @@ def why_illegal(cfg: dict) -> Optional[str]:
     return None
 
 
-def why_not_split(cfg: dict, K: int, algo: str) -> Optional[str]:
+def why_not_split(cfg: dict, K: int, algo: str, mma: str = "f16") -> Optional[str]:
     """Why ``cfg``'s K split cannot run a GEMM of ``K`` under ``algo``, or None: each split a whole
     number of k-tiles, none empty; im2col's matrix fills the workspace the partial sums need."""
     sk = split_k(cfg)
@@ -95,7 +103,7 @@ def why_not_split(cfg: dict, K: int, algo: str) -> Optional[str]:
         return None
     if algo == "im2col":
         return "no K split after im2col (its matrix is the workspace)"
-    kt = k_tile(cfg)
+    kt = k_tile(cfg, mma)
     if (sk - 1) * k_chunk(K, sk, kt) < K:
         return None
     return f"K = {K} cannot give {sk} non-empty splits of {kt}-wide k-tiles"
@@ -106,10 +114,12 @@ def hopper(rt) -> bool:
     return compute_capability(rt) == 9
 
 
-def defines(cfg: dict, b_kn: bool = False) -> dict:
-    """The kernel's tunables and layout (``b_kn``: B n-contiguous), its emulation where it is on."""
+def defines(cfg: dict, b_kn: bool = False, mma: str = "f16") -> dict:
+    """The kernel's tunables, layout (``b_kn``: B n-contiguous) and input type, its emulation where
+    it is on."""
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
-    d.update(STAGES=int(cfg["ST"]), SK=split_k(cfg), KPAD=KPAD, B_KN=b_kn, WGMMA_EMULATE=emulated())
+    d.update(STAGES=int(cfg["ST"]), SK=split_k(cfg), KPAD=KPAD, B_KN=b_kn, TF32=mma == "tf32",
+             WGMMA_EMULATE=emulated())
     return d
 
 
@@ -140,47 +150,51 @@ class BoundGemm(NamedTuple):
     buffers: tuple
 
 
-def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> BoundGemm:
+def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False,
+               mma: str = "f16") -> BoundGemm:
     """C = A @ B on the device, bound: B given transposed ([N][K]) or with ``b_kn`` as is
-    ([K][N]), the operands uploaded as half (k padded to a multiple of 8 where B is transposed)."""
-    why = why_illegal(cfg) or ("a K split needs its sum launch: convs bind one" if split_k(cfg) > 1 else None)
+    ([K][N]), the operands uploaded as half, or at ``mma`` "tf32" as float (A rounded to TF32, C
+    float), k padded to a multiple of 8 where B is transposed."""
+    why = why_illegal(cfg) or ("a K split needs its sum launch: convs bind one" if split_k(cfg) > 1 else None) \
+        or ("tf32 reads B k-contiguous only" if b_kn and mma == "tf32" else None)
     if why is not None:
         raise ValueError(f"wgmma config {cfg}: {why}")
     (M, K), N = A.shape, (B.shape[1] if b_kn else B.shape[0])
     if not b_kn and K % 8:
         pad = 8 - K % 8
         A, B, K = np.pad(A, ((0, 0), (0, pad))), np.pad(B, ((0, 0), (0, pad))), K + pad
-    a = rt.upload(pack_weights(np.asarray(A, np.float32), 1, "f16"), "A")
-    b = rt.upload(np.ascontiguousarray(B, np.float16), "B")
-    c = rt.alloc(M * N * 2, "C")
+    half = mma == "f16"
+    a = rt.upload(pack_weights(np.asarray(A, np.float32), 1, mma), "A")
+    b = rt.upload(np.ascontiguousarray(B, np.float16 if half else np.float32), "B")
+    c = rt.alloc(M * N * element_bytes(mma), "C")
     bias = rt.upload(np.zeros(M, np.float32), "bias")
-    d = {**defines(cfg, b_kn), "HALF_STORAGE": True, "NO_BIAS": True, "B_SCALAR": b_kn and not aligned(N)}
+    d = {**defines(cfg, b_kn, mma), "HALF_STORAGE": half, "NO_BIAS": True, "B_SCALAR": b_kn and not aligned(N)}
     k = rt.cl.Kernel(rt.program("gemm_wgmma.cl", d, patch=patch()), "yc_gemm_wgmma")
     k.set_args(a, bias, b, *i32(0, 0, 0, N if b_kn else K), c, *i32(0, 0, N), c, *i32(0, 0), *i32(M, N, K, 1))
     return BoundGemm(k, *launch(cfg, M, N, 1), c, (a, b, bias))
 
 
-def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False) -> np.ndarray:
+def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False, mma: str = "f16") -> np.ndarray:
     """C = A @ B (float32 out) through :func:`bound_gemm`: the probe's and the tests' GEMM."""
-    g = bound_gemm(rt, A, B, cfg, b_kn)
+    g = bound_gemm(rt, A, B, cfg, b_kn, mma)
     cl = rt.cl
     cl.enqueue_nd_range_kernel(rt.queue, g.kernel, g.gsize, g.lsize)
-    out = np.empty((A.shape[0], B.shape[1] if b_kn else B.shape[0]), np.float16)
+    out = np.empty((A.shape[0], B.shape[1] if b_kn else B.shape[0]), np.float16 if mma == "f16" else np.float32)
     cl.enqueue_copy(rt.queue, out, g.c)
     rt.queue.finish()
     return out.astype(np.float32)
 
 
 def probe(rt) -> float:
-    """The larger relative error of a ragged 150x70x100 GEMM (padding in every dimension) against
-    NumPy, with B k-contiguous and n-contiguous."""
+    """The largest relative error of a ragged 150x70x100 GEMM (padding in every dimension) against
+    NumPy: in half with B k-contiguous and n-contiguous, in TF32 with B k-contiguous."""
     rng = np.random.default_rng(11)
     A = rng.standard_normal((150, 100)).astype(np.float16)
     B = rng.standard_normal((100, 70)).astype(np.float16)
     ref = A.astype(np.float64) @ B.astype(np.float64)
     cfg = {"MT": 128, "NT": 64, "SWZ": 64, "ST": 2}
-    return max(float(np.linalg.norm(gemm(rt, A, B.T, cfg) - ref) / np.linalg.norm(ref)),
-               float(np.linalg.norm(gemm(rt, A, B, cfg, b_kn=True) - ref) / np.linalg.norm(ref)))
+    return max(float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
+               for c in (gemm(rt, A, B.T, cfg), gemm(rt, A, B, cfg, b_kn=True), gemm(rt, A, B.T, cfg, mma="tf32")))
 
 
 def available(rt) -> bool:
@@ -204,14 +218,14 @@ def available(rt) -> bool:
 
 
 # -- the conv family ---------------------------------------------------------------------------
-def conv_algos(node: Node) -> list:
-    """Algorithms of this family that can run ``node`` (one group): a 1x1 conv's input as B, the
-    im2col matrix gathered on the fly, or written by an im2col pass first, and the input
-    transposed to NHWC."""
+def conv_algos(node: Node, mma: str = "f16") -> list:
+    """Algorithms of this family that can run ``node`` (one group) in ``mma`` mode: a 1x1 conv's
+    input as B, the im2col matrix gathered on the fly, or written by an im2col pass first, and the
+    input transposed to NHWC (tf32: only the last)."""
     if conv_gemm_shape(node)[3] != 1 or is_depthwise(node):
         return []
     algos = ["gemm1x1"] if is_pointwise(node) else []
-    return algos + ["implicit", "im2col", "nhwc"]
+    return [a for a in algos + ["implicit", "im2col", "nhwc"] if a in MODES.get(mma, ())]
 
 
 def nhwc_channels(node: Node) -> int:
@@ -287,14 +301,14 @@ def nhwc_bytes(node: Node, batch: int, itemsize: int) -> int:
 
 def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     """Launches for a conv under a wgmma config: [im2col,] GEMM with the fused epilogue."""
-    if ctx.mma != "f16":
-        raise YoloClError("the wgmma family computes fp16 on a Hopper GPU's tensor cores only")
+    if ctx.mma not in MODES:
+        raise YoloClError("the wgmma family computes fp16 or tf32 on a Hopper GPU's tensor cores only")
     algo = cfg.get("algo")
-    if algo not in conv_algos(node):
-        raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family")
+    if algo not in conv_algos(node, ctx.mma):
+        raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family at {ctx.mma}")
     M, N = conv_gemm_shape(node)[:2]
     K = gemm_k(node, algo)
-    why = why_illegal(cfg) or why_not_split(cfg, K, algo)
+    why = why_illegal(cfg) or why_not_split(cfg, K, algo, ctx.mma)
     if why is not None:
         raise YoloClError(f"wgmma config {cfg}: {why}")
     a = node.attrs
@@ -302,15 +316,15 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     sk = split_k(cfg)
     partials = partial_bytes(cfg, M, N, ctx.batch)      # first in the workspace, an nhwc transpose after
     if nhwc:
-        wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY, "nhwc"),
-                            lambda: pack_weights(nhwc_weights(node), 1, "f16"))
+        wts = packed_upload(ctx, node, (node.layers[0], ctx.mma, FAMILY, "nhwc"),
+                            lambda: pack_weights(nhwc_weights(node), 1, ctx.mma))
         launches, b_args = nhwc_operand(ctx, node, partials)
     else:
         wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY),
                             lambda: pack_weights(a["weights"].reshape(a["filters"], -1), 1, "f16"))
         launches, b_args = b_operand(ctx, node, algo)
     store = write_target(ctx, node)
-    d = {**epilogue_defines(ctx, node), **store.defines, **defines(cfg, b_kn=not nhwc),
+    d = {**epilogue_defines(ctx, node), **store.defines, **defines(cfg, not nhwc, ctx.mma),
          "B_SCALAR": not nhwc and not aligned(N, *b_args[1:3], b_args[4])}
     extra = []
     if algo in ("implicit", "nhwc"):
@@ -346,12 +360,12 @@ class WgmmaGemm:
     # The probe runs only where the family is asked for configs (the tuner) or a stored config
     # of it is checked: a run that binds none of its configs does not pay for it at start-up.
     def offered(self, rt, mma: str) -> bool:
-        return mma == "f16" and (hopper(rt) or emulated())
+        return mma in MODES and (hopper(rt) or emulated())
 
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
         if not available(rt):
             return []
-        return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node) for c in SPACE]
+        return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
         return heuristic_config(node, batch) if mma == "f16" else None
