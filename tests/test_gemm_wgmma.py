@@ -203,7 +203,8 @@ def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     """A 3x3 conv whose 128 x 128 tiles (over the batch) number one per Hopper SM or more: nhwc
     on 64 x 128 tiles; fewer: 64 x 64 tiles, K split in four from K = 2304 on where the stride is
     1, mma's where it is 2. A 1x1 conv of that many tiles: gemm1x1 on 128 x 64 tiles, fewer: mma's.
-    Never channels that need padding, a conv writing a max-pool through, or tf32."""
+    Never channels that need padding or a conv writing a max-pool through. At tf32 the same
+    spatial picks, strided deep ones split as well, and no 1x1 conv (gemm1x1 is f16's)."""
     from tiny_graphs import conv_nodes
     wide = conv_nodes(tmp_path / "w.cfg", net_header(208, 208, 32) + conv(64))[0]          # 1 x 338 tiles
     mid = conv_nodes(tmp_path / "m.cfg", net_header(52, 52, 128) + conv(256))[0]           # 2 x 22, K 1152
@@ -223,7 +224,9 @@ def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     assert pick(rgb, 8, FP16, "f16") is None
     pooled = conv_nodes(tmp_path / "mp.cfg", net_header(208, 208, 32) + conv(64) + maxpool(2, 2))[0]
     assert pooled.attrs["write_through"].op == "maxpool" and pick(pooled, 8, FP16, "f16") is None
-    assert pick(wide, 1, FP16, "tf32") is None
+    for n, tile in ((wide, gw.UNTUNED), (mid, gw.UNTUNED_FEW), (deep, gw.UNTUNED_DEEP), (deep2, gw.UNTUNED_DEEP)):
+        assert pick(n, 1, TF32, "tf32") == {"algo": "nhwc", "family": "wgmma", **tile}     # strided deep too
+    assert pick(point, 1, TF32, "tf32") is None and pick(rgb, 8, TF32, "tf32") is None      # no gemm1x1 at tf32
     for n in (wide, mid, deep):             # legal picks: tiles, and a split of whole non-empty k-tiles
         c = pick(n, 1, FP16, "f16")
         assert gw.why_illegal(c) is None and gw.why_not_split(c, gw.gemm_k(n, "nhwc"), "nhwc") is None

@@ -239,7 +239,7 @@ def gemm_k(node: Node, algo: str) -> int:
     return node.attrs["size"] ** 2 * nhwc_channels(node) if algo == "nhwc" else conv_gemm_shape(node)[2]
 
 
-def heuristic_config(node: Node, batch: int) -> Optional[dict]:
+def heuristic_config(node: Node, batch: int, mma: str = "f16") -> Optional[dict]:
     """The untuned pick (None: the ``mma`` family's). A conv whose 128 x 128 tiles number at least
     one per SM: a 1x1 conv straight from its input (``gemm1x1``, :data:`UNTUNED_1X1` tiles), a
     spatial one whose channels fill 16-byte chunks ``nhwc`` (:data:`UNTUNED`); on an H100 every
@@ -247,8 +247,11 @@ def heuristic_config(node: Node, batch: int) -> Optional[dict]:
     ``nhwc`` on 64 x 64 tiles, four stages (:data:`UNTUNED_FEW`), or from K = 2304 on with K split in
     four (:data:`UNTUNED_DEEP`), except strided deep ones, where mma.sync's split-K was as fast
     (yolov3 416 batch 1, BENCHMARKS.md, nineteenth session). A conv that writes a max-pool through
-    stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one)."""
-    algos = conv_algos(node)
+    stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one). At tf32 (no
+    ``gemm1x1``) the same spatial convs, the strided deep ones split too: mma.sync's tf32 runs at
+    half its f16 rate, and every such yolov3 416 shape ran 1.2-1.8x faster so on an H200
+    (BENCHMARKS.md, twentieth session)."""
+    algos = conv_algos(node, mma)
     pool = node.attrs.get("write_through")
     if not algos or (pool is not None and pool.op == "maxpool"):
         return None
@@ -262,8 +265,8 @@ def heuristic_config(node: Node, batch: int) -> Optional[dict]:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED}
     if gemm_k(node, "nhwc") < DEEP_K:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED_FEW}
-    if node.attrs["stride_x"] == 1 and node.attrs["stride_y"] == 1 and \
-            why_not_split(UNTUNED_DEEP, gemm_k(node, "nhwc"), "nhwc") is None:
+    strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
+    if (mma == "tf32" or not strided) and why_not_split(UNTUNED_DEEP, gemm_k(node, "nhwc"), "nhwc", mma) is None:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED_DEEP}
     return None
 
@@ -368,7 +371,7 @@ class WgmmaGemm:
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
-        return heuristic_config(node, batch) if mma == "f16" else None
+        return heuristic_config(node, batch, mma) if mma in MODES else None
 
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
         if not available(rt):           # a stored entry on a device (or driver) where the probe fails
