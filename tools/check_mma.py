@@ -19,6 +19,7 @@ import logging
 import re
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -101,6 +102,9 @@ def accuracy(images: str) -> None:
     import yolo_cl
     dets = {p: yolo_cl.Detector("yolov3-tiny", precision=p) for p in ("fp32", "fp16", "tf32")}
     print("precisions compute on:", {p: (d.mma or "FMA") for p, d in dets.items()})
+    for p, d in dets.items():       # which kernels the convs run (tensor-core families, FMA ones)
+        names = Counter(l.name for l in d.executor(1).launches if l.node.op == "conv")
+        print(f"  {p} conv launches:", dict(names.most_common()))
     blob = np.random.default_rng(1).random((1, 3, 416, 416), dtype=np.float32)
     ref_heads = dets["fp32"].forward(blob)
     for p in ("fp16", "tf32"):
