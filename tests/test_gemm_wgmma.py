@@ -257,6 +257,30 @@ def test_untuned_convs_bind_the_pick_and_fall_back_where_the_probe_fails(rt, tmp
     assert family.heuristic(node, rt, 2, FP16, "f16")["family"] == "mma"
 
 
+def test_untuned_pick_leaves_few_tile_convs_that_read_planes_to_mma(rt, tmp_path, monkeypatch):
+    """A conv of few tiles whose input no producer can store channels-last (a route's slice, a
+    concat two convs write) would need a transpose for nhwc: the untuned pick leaves it to mma.
+    A 3x3 conv reading a tensor one conv writes for it alone is still claimed, and its producer
+    stores channels-last; the net equals the NumPy forward pass."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    text = (net_header(20, 20) + conv(16) + conv(16, 1) + conv(32) + route(-1, -2) + conv(16) + conv(16, 1)
+            + conv(32) + conv(18, 1, bn=0, act="linear"))
+    cfg, weights, blob, ref = net_and_reference(tmp_path, text, 20, 4)
+    ex = yolo_cl.Detector(str(cfg), weights, precision="fp16").executor(1)
+    spatial = {l.node.layers[0]: l.config for l in ex.launches if l.name.startswith("gemm") and l.node.attrs["size"] == 3}
+    assert spatial[2]["family"] == "mma" and spatial[4]["family"] == "mma"        # a route's slice, a concat
+    assert spatial[6]["family"] == "wgmma" and spatial[6]["algo"] == "nhwc" and ex.ctx.nhwc
+    assert not any(l.name == "nchw_to_nhwc" for l in ex.launches)
+    assert rel_err(ex.run(blob)[0], ref) < 1e-2
+    node = next(l.node for l in ex.launches if l.node.layers[0] == 4)
+    assert gw.heuristic_config(node, 1, "f16", planes=False)["family"] == "wgmma"    # as the tuner asks
+    monkeypatch.setattr(gw, "HOPPER_SMS", 1)            # tiles for every SM: claimed, transpose and all
+    assert gw.heuristic_config(node, 1, "f16", planes=True)["algo"] == "nhwc"
+
+
 def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
     """Every conv of the tuner's test net (3x3, strided, 1x1, mish, leaky) and a dilated 3x3 under
     each algorithm of the family, bound as the tuner binds a candidate and checked against its fp32

@@ -21,9 +21,11 @@ _WARNED: set = set()   # (device, layer, config) already reported as falling bac
 __all__ = ["bind", "choose", "heuristic_config", "is_depthwise", "workspace_bytes"]
 
 
-def heuristic_config(node: Node, rt, batch: int = 1, precision: Precision = FP32, mma: str = "") -> dict:
-    """The untuned config for ``node`` on ``rt``'s device (``mma``: the tensor-core mode in use)."""
-    return family.heuristic(node, rt, batch, precision, mma)
+def heuristic_config(node: Node, rt, batch: int = 1, precision: Precision = FP32, mma: str = "",
+                     planes: bool = False) -> dict:
+    """The untuned config for ``node`` on ``rt``'s device (``mma``: the tensor-core mode in use;
+    ``planes``: its input reaches it as NCHW planes whatever the configs)."""
+    return family.heuristic(node, rt, batch, precision, mma, planes)
 
 
 def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
@@ -36,8 +38,9 @@ def bind(ctx: BindContext, node: Node, config: dict = None) -> list:
 def choose(ctx: BindContext, node: Node) -> tuple:
     """(config, fallback): the tuning table's entry for ``node`` where it has one worth using (not
     yet checked for legality: binding does that and falls back), else the heuristic's; and the
-    heuristic's."""
-    fallback = heuristic_config(node, ctx.rt, ctx.batch, ctx.precision, ctx.mma)
+    heuristic's (told whether the input can reach the conv channels-last: ``ctx.sole_edges``)."""
+    planes = ctx.sole_edges is not None and node.inputs[0].tensor.id not in ctx.sole_edges
+    fallback = heuristic_config(node, ctx.rt, ctx.batch, ctx.precision, ctx.mma, planes)
     config = None
     if ctx.tuning is not None:
         try:

@@ -38,8 +38,9 @@ class KernelFamily(Protocol):
     def candidates(self, node: Node, rt, batch: int, precision: Precision, mma: str) -> list:
         """Every legal config for ``node`` on ``rt``'s device, for the tuner ([] if it cannot run it)."""
 
-    def heuristic(self, node: Node, batch: int, precision: Precision, mma: str) -> Optional[dict]:
-        """The untuned config for ``node`` (None if it does not run it)."""
+    def heuristic(self, node: Node, batch: int, precision: Precision, mma: str, planes: bool = False) -> Optional[dict]:
+        """The untuned config for ``node`` (None if it does not run it); ``planes``: its input
+        reaches it as NCHW planes whatever the configs (no producer can store it channels-last)."""
 
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
         """Why ``cfg`` cannot run ``node`` on ``rt``'s device, or None (binding may still adapt a
@@ -97,11 +98,12 @@ def candidates(node: Node, rt, batch: int, precision: Precision, mma: str) -> li
     return [c for f in offered(rt, mma) for c in f.candidates(node, rt, batch, precision, mma)]
 
 
-def heuristic(node: Node, rt, batch: int, precision: Precision, mma: str) -> dict:
+def heuristic(node: Node, rt, batch: int, precision: Precision, mma: str, planes: bool = False) -> dict:
     """The untuned config: the first of the device's families that runs ``node`` (a family whose
-    pick cannot run here -- its probe failed -- passes the layer on to the next)."""
+    pick cannot run here -- its probe failed -- passes the layer on to the next). ``planes``: see
+    :meth:`KernelFamily.heuristic`."""
     for f in offered(rt, mma):
-        cfg = f.heuristic(node, batch, precision, mma)
+        cfg = f.heuristic(node, batch, precision, mma, planes)
         if cfg is not None and f.why_illegal(node, cfg, rt) is None:
             return cfg
     raise ValueError(f"no kernel family runs {node.describe()}")

@@ -554,7 +554,7 @@ class CpuGemm:
     def candidates(self, node: Node, rt, batch: int, precision: Precision, mma: str) -> list:
         return [] if is_depthwise(node) else candidates(node, rt, batch, precision)
 
-    def heuristic(self, node: Node, batch: int, precision: Precision, mma: str) -> Optional[dict]:
+    def heuristic(self, node: Node, batch: int, precision: Precision, mma: str, planes: bool = False) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, batch, precision)
 
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:

@@ -239,7 +239,7 @@ def gemm_k(node: Node, algo: str) -> int:
     return node.attrs["size"] ** 2 * nhwc_channels(node) if algo == "nhwc" else conv_gemm_shape(node)[2]
 
 
-def heuristic_config(node: Node, batch: int, mma: str = "f16") -> Optional[dict]:
+def heuristic_config(node: Node, batch: int, mma: str = "f16", planes: bool = False) -> Optional[dict]:
     """The untuned pick (None: the ``mma`` family's). A conv whose 128 x 128 tiles number at least
     one per SM: a 1x1 conv straight from its input (``gemm1x1``, :data:`UNTUNED_1X1` tiles), a
     spatial one whose channels fill 16-byte chunks ``nhwc`` (:data:`UNTUNED`); on an H100 every
@@ -250,7 +250,10 @@ def heuristic_config(node: Node, batch: int, mma: str = "f16") -> Optional[dict]
     stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one). At tf32 (no
     ``gemm1x1``) the same spatial convs, the strided deep ones split too: mma.sync's tf32 runs at
     half its f16 rate, and every such yolov3 416 shape ran 1.2-1.8x faster so on an H200
-    (BENCHMARKS.md, twentieth session)."""
+    (BENCHMARKS.md, twentieth session). Where the conv's input reaches it as planes (``planes``: read
+    by another layer too, or a route's slice) and its tiles are few, the transpose it would need
+    (5 us or more a launch) costs more than ``nhwc`` saves there (yolov7 416 batch 1's convs after
+    routes: 0.003-0.008 ms slower each, twentieth session): mma's too."""
     algos = conv_algos(node, mma)
     pool = node.attrs.get("write_through")
     if not algos or (pool is not None and pool.op == "maxpool"):
@@ -263,6 +266,8 @@ def heuristic_config(node: Node, batch: int, mma: str = "f16") -> Optional[dict]
         return None
     if many:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED}
+    if planes:
+        return None
     if gemm_k(node, "nhwc") < DEEP_K:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED_FEW}
     strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
@@ -370,8 +375,8 @@ class WgmmaGemm:
             return []
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE]
 
-    def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
-        return heuristic_config(node, batch, mma) if mma in MODES else None
+    def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
+        return heuristic_config(node, batch, mma, planes) if mma in MODES else None
 
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
         if not available(rt):           # a stored entry on a device (or driver) where the probe fails

@@ -93,7 +93,7 @@ class Narrow:
         cands = [{"algo": "direct", "family": FAMILY, "FPW": f, "WG": w} for f in FPWS if f < 2 * M for w in WGS]
         return [c for c in cands if why_illegal(node, c) is None]
 
-    def heuristic(self, node: Node, batch: int, precision, mma: str) -> Optional[dict]:
+    def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return None
 
     def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
