@@ -24,7 +24,9 @@
  * with TF32: 32 bytes of k either way), both operands
  * read by the tensor cores straight from local memory through 64-bit matrix descriptors.
  * Local memory holds STAGES stages of KT of k of A's and B's tiles, filled by cp.async
- * STAGES - 1 tiles ahead; one barrier per stage; wgmma.wait_group 0 before a stage is refilled.
+ * STAGES - 1 tiles ahead; one barrier per stage; wgmma.wait_group 0 before a stage is refilled,
+ * or with INFLIGHT (config key WI; one warpgroup, MT 64) wait_group 1: a stage's wgmma runs on
+ * while the next is staged, and only the previous stage's, whose slot is refilled, must be done.
  *
  *   MT NT   64, 128 or 256 (MT: 1, 2 or 4 warpgroups)
  *   SWZ     the operand layout, which fixes KT = SWZ / ES (ES = 2, or 4 with TF32): tile rows of SWZ bytes (32, 64 or 128),
@@ -63,6 +65,12 @@
 #endif
 #ifndef SK
 #define SK 1
+#endif
+#ifndef INFLIGHT
+#define INFLIGHT 0
+#endif
+#if INFLIGHT && MT != 64
+#error "INFLIGHT keeps one warpgroup's wgmma in flight: MT 64"
 #endif
 #if defined(IMPLICIT) && !defined(B_KN)
 #error "IMPLICIT gathers the n-contiguous B: B_KN"
@@ -163,7 +171,8 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 #define WGMMA_STAGE()                                                                            \
     for (int j = 0; j < KSTEPS; ++j) yc_wgmma(acc, smem_b, da[j], db[j], wtid);
 #define WG_FENCE()
-#define WG_COMMIT_WAIT()
+#define WG_COMMIT_WAIT(n)
+#define WG_WAIT_ALL()
 #else
 #define SMEM_BASE(p) ((uint)(size_t)(p))
 /* 16 bytes global -> local, zero-filled where !ok (its source then not read) */
@@ -232,8 +241,9 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
                  : WG_ACC : "l"(da[0]), "l"(da[1]), "l"(da[2]), "l"(da[3]),                      \
                    "l"(db[0]), "l"(db[1]), "l"(db[2]), "l"(db[3]) : "memory")
 #define WG_FENCE() asm volatile("// YC_PTX wgmma.fence.sync.aligned;" ::: "memory")
-#define WG_COMMIT_WAIT()                                                                         \
-    asm volatile("// YC_PTX wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;" ::: "memory")
+#define WG_WAIT_ALL() asm volatile("// YC_PTX wgmma.wait_group.sync.aligned 0;" ::: "memory")
+#define WG_COMMIT_WAIT(n)                                                                        \
+    asm volatile("// YC_PTX wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned " #n ";" ::: "memory")
 #endif
 
 /* Stage s <- k-tile kt of A's and B's tiles, each work-item copying 16-byte chunks (zeros past
@@ -378,11 +388,18 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
         }
         WG_FENCE();
         WGMMA_STAGE();
-        WG_COMMIT_WAIT();
+#if INFLIGHT
+        WG_COMMIT_WAIT(1);      /* the last stage's wgmma done: its slot is the one refilled below */
+#else
+        WG_COMMIT_WAIT(0);
+#endif
         /* every warpgroup passed this stage's barrier after finishing the stage refilled here */
         const int next = kt + STAGES - 1;
         if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
     }
+#if INFLIGHT
+    WG_WAIT_ALL();              /* the last stage's wgmma, before its sums are read */
+#endif
 #if SK > 1
     __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
 #define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))

@@ -75,6 +75,8 @@ def test_a_patch_that_fails_is_one_line_naming_the_kernel(rt):
     {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2},
     {"MT": 256, "NT": 64, "SWZ": 32, "ST": 4},
     {"MT": 128, "NT": 256, "SWZ": 32, "ST": 2},
+    {"MT": 64, "NT": 128, "SWZ": 64, "ST": 3, "WI": 1},    # a stage's wgmma kept in flight
+    {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "WI": 1},
 ])
 @pytest.mark.parametrize("b_kn", [False, True], ids=["B k-contiguous", "B n-contiguous"])
 def test_gemm_equals_numpy(rt, cfg, b_kn):
@@ -129,6 +131,9 @@ def test_illegal_configs_are_named():
     assert gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 16, "ST": 2}) is not None
     assert gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 1}) is not None
     assert gw.why_illegal(gw.DEFAULT) is None
+    assert "one warpgroup" in gw.why_illegal({**gw.DEFAULT, "WI": 1})       # MT 128: two warpgroups
+    assert gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "WI": 2}) is not None
+    assert gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "WI": 1}) is None
     with pytest.raises(ValueError, match="ST is 2"):
         gw.gemm(None, np.zeros((8, 8)), np.zeros((8, 8)), {"MT": 64, "NT": 64, "SWZ": 64, "ST": 1})
     with pytest.raises(ValueError, match="sum launch"):       # a bare GEMM would return one split's sums
@@ -303,6 +308,7 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
 @pytest.mark.parametrize("tile,prec", [({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, FP16),
                                        ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, FP16),
                                        ({"MT": 256, "NT": 64, "SWZ": 32, "ST": 2}, FP16),
+                                       ({"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}, FP16),
                                        ({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, TF32),
                                        ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, TF32)])
 def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):

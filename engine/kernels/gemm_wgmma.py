@@ -48,7 +48,7 @@ LOCAL_LIMIT = 48 * 1024            # what NVIDIA's OpenCL lets a work-group hold
 DEFAULT = {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}    # H100: 279-330 TFLOP/s at 4096^3 (BENCHMARKS.md)
 UNTUNED = {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}    # the tile most yolov3 608 batch 8 nhwc shapes kept
 UNTUNED_1X1 = {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2}    # ... and every gemm1x1 one
-UNTUNED_FEW = {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}      # yolov3 416 batch 1's 3x3 convs at 208-52
+UNTUNED_FEW = {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}   # yolov3 416 batch 1's 3x3 convs at 208-52
 UNTUNED_DEEP = {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "SK": 4}   # ... and at 26-13, K split in four
 DEEP_K = 2304                      # K from which a conv of few tiles splits it (3x3 of 256 channels)
 HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
@@ -56,7 +56,7 @@ HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for 
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
-         {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}]
+         {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}, {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}]
 _PROBED: dict = {}                 # (device, driver, emulated) -> bool
 
 
@@ -92,6 +92,8 @@ def why_illegal(cfg: dict) -> Optional[str]:
         return f"{local_bytes(cfg)} bytes of local memory (at most {LOCAL_LIMIT})"
     if not 1 <= split_k(cfg) <= 8:
         return "SK is 1 to 8"
+    if int(cfg.get("WI", 0)) not in (0, 1) or (int(cfg.get("WI", 0)) and int(cfg["MT"]) != 64):
+        return "WI (a stage's wgmma kept in flight) is 0 or 1, and 1 only with MT 64 (one warpgroup)"
     return None
 
 
@@ -119,7 +121,7 @@ def defines(cfg: dict, b_kn: bool = False, mma: str = "f16") -> dict:
     it is on."""
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
     d.update(STAGES=int(cfg["ST"]), SK=split_k(cfg), KPAD=KPAD, B_KN=b_kn, TF32=mma == "tf32",
-             WGMMA_EMULATE=emulated())
+             INFLIGHT=int(cfg.get("WI", 0)), WGMMA_EMULATE=emulated())
     return d
 
 
@@ -244,7 +246,8 @@ def heuristic_config(node: Node, batch: int, mma: str = "f16", planes: bool = Fa
     one per SM: a 1x1 conv straight from its input (``gemm1x1``, :data:`UNTUNED_1X1` tiles), a
     spatial one whose channels fill 16-byte chunks ``nhwc`` (:data:`UNTUNED`); on an H100 every
     such yolov3 608 batch 8 shape ran 1.3-1.9x faster so. A spatial conv of fewer tiles (one image):
-    ``nhwc`` on 64 x 64 tiles, four stages (:data:`UNTUNED_FEW`), or from K = 2304 on with K split in
+    ``nhwc`` on 64 x 64 tiles, four stages, each stage's wgmma kept in flight while the next is
+    staged (:data:`UNTUNED_FEW`: 2-5% faster so on an H200), or from K = 2304 on with K split in
     four (:data:`UNTUNED_DEEP`), except strided deep ones, where mma.sync's split-K was as fast
     (yolov3 416 batch 1, BENCHMARKS.md, nineteenth session). A conv that writes a max-pool through
     stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one). At tf32 (no
@@ -362,7 +365,7 @@ class WgmmaGemm:
     name = FAMILY
     tensor_cores = True
     timed_beside_tensor_cores = False
-    derived, schedule, block = (), (), ("MT", "NT")
+    derived, schedule, block = (), ("WI",), ("MT", "NT")
     stores_nhwc, reads_nhwc = ALGOS, ("nhwc",)
 
     # The probe runs only where the family is asked for configs (the tuner) or a stored config
