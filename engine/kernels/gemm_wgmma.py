@@ -15,12 +15,13 @@ input, not im2col's KxK), with the shared epilogue
 kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
 kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
-the tuner next to the others. At ``tf32`` (``m64nNk8.f32.tf32.tf32``: float operands, which the tensor
-cores read as TF32, both k-contiguous as the instruction requires) it runs ``nhwc`` convs only, the
-weights rounded to TF32 when packed, the activations' low mantissa bits dropped by the hardware. Untuned, it claims the 1x1 convs with work for every SM and the
-spatial convs of 8n channels (:func:`heuristic_config`), with the tiles that won on yolov3 608
-batch 8 and 416 batch 1, and leaves the rest to the ``mma`` family; per-shape speeds in
-BENCHMARKS.md (seventeenth to nineteenth sessions).
+the tuner next to the others. At ``tf32`` (``m64nNk8.f32.tf32.tf32``: float operands, which the
+tensor cores read as TF32, both k-contiguous as the instruction requires) it runs ``nhwc`` convs
+only, the weights rounded to TF32 when packed, the activations' low mantissa bits dropped by the
+hardware. Untuned, it claims the 1x1 convs with work for every SM and the spatial convs of 8n
+channels (:func:`heuristic_config`), with the tiles that won on yolov3 608 batch 8 and 416 batch
+1, and leaves the rest to the ``mma`` family; per-shape speeds in BENCHMARKS.md (seventeenth to
+twentieth sessions).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ"
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
          {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}, {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}]
-_PROBED: dict = {}                 # (device, driver, emulated) -> bool
+_PROBED: dict = {}                 # (device, driver, emulated) -> bool (f16 and tf32 probed together)
 
 
 def emulated() -> bool:
