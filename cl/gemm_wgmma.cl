@@ -8,8 +8,8 @@
  *   A   the packed weights [Mp][Kp] half (k contiguous, zero-padded: gemm_mma.pack_weights), with
  *       TF32 float rounded to TF32
  *   B   [N][K] half (B transposed: k contiguous; ldb, K and offsets multiples of 8), with TF32
- *       float (the tensor cores take each float's TF32 bits: its low 13 mantissa bits dropped), or with B_KN
- *       [K][N] (n contiguous: a conv's input planes, gemm1x1 or im2col), read by wgmma in its
+ *       float (the tensor cores take each float's TF32 bits: its low 13 mantissa bits dropped),
+ *       or with B_KN [K][N] (n contiguous: a conv's input planes, gemm1x1 or im2col), read by wgmma in its
  *       transposed-B ("MN-major") layout; with IMPLICIT (B_KN too) the conv's input itself, the
  *       im2col matrix gathered element by element (trailing args H, W, OW; defines KS SX SY PAD DIL);
  *       with NHWC (k-contiguous B) the conv's input transposed to [H][W][C] (conv.cl's
@@ -29,7 +29,8 @@
  * while the next is staged, and only the previous stage's, whose slot is refilled, must be done.
  *
  *   MT NT   64, 128 or 256 (MT: 1, 2 or 4 warpgroups)
- *   SWZ     the operand layout, which fixes KT = SWZ / ES (ES = 2, or 4 with TF32): tile rows of SWZ bytes (32, 64 or 128),
+ *   SWZ     the operand layout, which fixes KT = SWZ / ES (ES = 2, or 4 with TF32): tile rows
+ *           of SWZ bytes (32, 64 or 128),
  *           eight rows a group, 16-byte chunk c of row r stored at chunk c ^ ((r >> s) & (SWZ/16 - 1))
  *           with s = 2, 1, 0 for SWZ 32, 64, 128 -- the hardware's 32/64/128-byte swizzles, which
  *           read without bank conflicts (the unswizzled "interleave" layout ran at half the speed:
