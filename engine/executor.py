@@ -83,8 +83,8 @@ class Executor:
         self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold,
                                write=write)
-        self.ctx.sole_edges = frozenset(layout.sole_conv_edges(graph, fold, write))
-        self.ctx.nhwc = layout.nhwc_tensors(self.ctx, graph)    # stored channels-last for their nhwc reader
+        self.ctx.sole_edges = layout.sole_conv_edges(graph, fold, write)
+        self.ctx.nhwc = layout.nhwc_tensors(self.ctx)    # stored channels-last for their nhwc reader
         # One workspace for the main queue and one for the side branches (they run at the same
         # time), each as large as the configs about to be bound need (not the worst of any family)
         on_side = set().union(*(b.nodes for b in self.branches))

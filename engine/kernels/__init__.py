@@ -67,9 +67,10 @@ class BindContext:
     write: bool = True             # convs store the layers they write through (graph.mark_write_fusions)
     written: frozenset = frozenset()   # ids of the layers a conv wrote through: their outputs exist, no read through them
     nhwc: frozenset = frozenset()      # ids of the tensors stored channels-last (layout.nhwc_tensors)
-    # ids of the tensors a producer could store channels-last (layout.sole_conv_edges); a conv whose
-    # input is not one reads it as planes. None: not known (a conv cut out of its graph)
-    sole_edges: Optional[frozenset] = None
+    # {tensor id: (writer, reader)} of the tensors a producer could store channels-last
+    # (layout.sole_conv_edges); a conv whose input is not one reads it as planes. None: not known
+    # (a conv cut out of its graph)
+    sole_edges: Optional[dict] = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property

@@ -59,14 +59,15 @@ def sole_conv_edges(graph: Graph, fold: bool = True, write: bool = True) -> dict
     return out
 
 
-def nhwc_tensors(ctx: BindContext, graph: Graph) -> frozenset:
-    """Ids of the tensors to store channels-last: of :func:`sole_conv_edges`, those whose reader
-    is bound to read channels-last and whose writer to a config that can store so. None where no
-    family the device offers reads channels-last (the question costs a look-up per conv: a plan
-    on a CPU, or at fp32, does not ask it)."""
-    if not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
+def nhwc_tensors(ctx: BindContext) -> frozenset:
+    """Ids of the tensors to store channels-last: of the plan's :func:`sole_conv_edges`
+    (``ctx.sole_edges``, which the executor sets first), those whose reader is bound to read
+    channels-last and whose writer to a config that can store so. None where no family the
+    device offers reads channels-last (the question costs a look-up per conv: a plan on a CPU,
+    or at fp32, does not ask it)."""
+    if not ctx.sole_edges or not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
         return frozenset()
-    return frozenset(tid for tid, (w, r) in sole_conv_edges(graph, ctx.fold, ctx.write).items()
+    return frozenset(tid for tid, (w, r) in ctx.sole_edges.items()
                      if family.reads_nhwc(_bound_config(ctx, r)) and family.stores_nhwc(_bound_config(ctx, w)))
 
 
