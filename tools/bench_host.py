@@ -10,6 +10,8 @@ For each MODEL:SIZE:BATCH (``--models``):
               and ``run`` from a pinned input (``Executor.input_array``) instead of the caller's array
   forward     ``Detector.forward(blob)`` wall
   enqueue     microseconds per launch to enqueue the plan (queue not waited on)
+  resident    the plan alone, its input already on the device: enqueue + wait (what the PyTorch
+              harness's graph_ms times: a CUDA graph's replay + synchronize)
   detect      ``detect_batch`` wall on BATCH 1280x720 BGR frames, device and host pre/post-processing
               (a plain frame and a ``frame_array`` one on the device path, a plain one on the host's:
               the three take ``--reps`` turns of ``--detect-block`` calls in a row, the median call)
@@ -117,6 +119,22 @@ def enqueue_us(det: Detector, ex, reps: int) -> float:
     return float(np.median(ts))
 
 
+def resident_ms(det: Detector, ex, reps: int) -> float:
+    """Median ms of the plan alone with its input already in the arena: enqueue it, wait for the
+    queue (no upload, no head read). What a CUDA graph's ``replay()`` + ``synchronize()`` times,
+    so the like-for-like figure for the PyTorch harness's ``graph_ms``; unlike the device time (a
+    sum of profiled kernels) it counts the gaps between kernels and no profiling overhead."""
+    q = det.runtime.queue
+    ex.run(np.zeros(ex.input_array().shape, np.float32))        # something in the input region
+    ts = []
+    for _ in range(reps + 2):
+        t0 = time.perf_counter()
+        ex.enqueue()
+        q.finish()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(ts[2:]))
+
+
 def run_steps(ex, blob: np.ndarray, reps: int) -> dict:
     """Median ms of each step of ``Executor.run_steps``, their sum, and ``copy``: the time a copy
     of the returned heads takes (the per-frame cost of returning copies)."""
@@ -206,14 +224,16 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
         log(f"  Executor.run ms by flush_every: {row['run_ms_by_flush_every']}")
     row["forward_ms"] = median_ms(lambda: det.forward(blob), reps)
     row["enqueue_us_per_launch"] = enqueue_us(det, ex, reps)
+    row["resident_ms"] = resident_ms(det, ex, reps)
     row["launch_way"] = ex.launch_way
     row["launches"] = frame_launches(det, ex)
     if not shipped:        # random weights detect thousands of boxes: detect and in-flight figures need real ones
         d = row["device_ms"]
         row["ratios"] = {"run/device": row["run_ms"] / d, "forward/device": row["forward_ms"] / d,
                          "host_overhead_run_ms": row["run_ms"] - d}
-        log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | run {row['run_ms']:.2f} | "
-            f"forward {row['forward_ms']:.2f} | {row['launches']['network']} launches, "
+        log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | resident "
+            f"{row['resident_ms']:.2f} | run {row['run_ms']:.2f} | forward {row['forward_ms']:.2f} | "
+            f"{row['launches']['network']} launches, "
             f"{row['enqueue_us_per_launch']:.1f} us each ({ex.launch_way}; random weights: no detect figures)")
         return row, det
     frames = [frame_1280x720(i) for i in range(batch)]
@@ -254,8 +274,8 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
                      "detect_device/device": row["detect_device_ms"] / d,
                      "detect_pinned_frame/device": row["detect_pinned_frame_ms"] / d,
                      "host_overhead_run_ms": row["run_ms"] - d}
-    log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | run {row['run_ms']:.2f} | "
-        f"forward {row['forward_ms']:.2f} | detect 1280x720 device-path {row['detect_device_ms']:.2f} "
+    log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | resident "
+        f"{row['resident_ms']:.2f} | run {row['run_ms']:.2f} | forward {row['forward_ms']:.2f} | detect 1280x720 device-path {row['detect_device_ms']:.2f} "
         f"(from a frame_array {row['detect_pinned_frame_ms']:.2f}) / host-path "
         f"{row['detect_host_ms']:.2f} ms | in flight {row['inflight_fps']:.1f} fps "
         f"({row['inflight_pinned_frame_fps']:.1f} from frame_arrays) | "
