@@ -120,6 +120,7 @@ class Executor:
         self._spare: Optional[list] = None      # run reads here when the caller holds every set
         self._ins: Optional[HostSets] = None    # pinned inputs input_array lends
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
+        self._f32_read: list = []      # with a copy queue: the last conversion, which reads that buffer
         self._staged: Optional[list] = None    # [pinned uint8 array, the DMA events out of it]: see _send
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
@@ -263,24 +264,28 @@ class Executor:
             blob = self._host_in
         return self._send(self.arena, blob, self._in_offset)
 
-    def _send(self, dst, blob: np.ndarray, offset: int = 0):
+    def _send(self, dst, blob: np.ndarray, offset: int = 0, queue=None, after: Optional[list] = None) -> list:
         """One non-blocking copy of a pinned blob (the driver DMAs it as it is), of a small one or
         where ``staging.wanted`` says no; else chunks through pinned memory of our own, each
-        chunk's DMA overlapping the next one's copy (``staging.upload``)."""
-        cl, q = self.rt.cl, self.rt.queue
+        chunk's DMA overlapping the next one's copy (``staging.upload``). On ``queue`` (default
+        the kernels' queue), the first copy after the events ``after``; returns the copies' events."""
+        cl, q = self.rt.cl, queue if queue is not None else self.rt.queue
         if blob.nbytes < staging.MIN_BYTES or staging.is_pinned(blob) or not staging.wanted(self.rt):
-            return cl.enqueue_copy(q, dst, blob, dst_offset=offset, is_blocking=False)
+            return [cl.enqueue_copy(q, dst, blob, dst_offset=offset, is_blocking=False, wait_for=after or None)]
         if self._staged is None or self._staged[0].nbytes < blob.nbytes:
             self._staged = [pinned(self.rt, (max(blob.nbytes, self._host_in.size * 4),), np.uint8)[1], []]
         elif self._staged[1]:
             self._staged[1][-1].wait()  # the last copy out of it has left
-        self._staged[1] = staging.upload(self.rt, dst, blob, self._staged[0], offset)
+        self._staged[1] = staging.upload(self.rt, dst, blob, self._staged[0], offset, queue=queue, after=after)
         return self._staged[1]
 
-    def _upload_to_half(self, blob: np.ndarray):
+    def _upload_to_half(self, blob: np.ndarray) -> list:
         """Send a float32 blob as it is and let a kernel store it as half into the input region:
-        no host-side float16 conversion (tens of ms for a 608x608 batch of 8). Returns the copy's event."""
-        cl, q = self.rt.cl, self.rt.queue
+        no host-side float16 conversion (tens of ms for a 608x608 batch of 8). With a copy queue
+        (``Runtime.copy_queue``) the copy waits only for the previous pass's conversion, the one
+        reader of the staging buffer, and so runs while that pass's network computes (``submit``).
+        Returns the copy's events."""
+        cl, q, cq = self.rt.cl, self.rt.queue, self.rt.copy_queue
         if self._f32_input is None:
             n = self._host_in.size
             buf = self.rt.alloc(n * 4, "float32 input staging")
@@ -288,8 +293,12 @@ class Executor:
             k.set_args(buf, self.arena, np.int32(self._in_offset // 2))
             self._f32_input = (buf, k, (n,))
         buf, k, gsize = self._f32_input
-        copied = self._send(buf, blob)
-        cl.enqueue_nd_range_kernel(q, k, gsize, None)
+        copied = self._send(buf, blob, queue=cq, after=self._f32_read)
+        if cq is None:
+            cl.enqueue_nd_range_kernel(q, k, gsize, None)
+            return copied
+        cq.flush()                      # the conversion waits for the copy: it must reach the device
+        self._f32_read = [cl.enqueue_nd_range_kernel(q, k, gsize, None, wait_for=copied)]
         return copied
 
     def _output_conversions(self) -> list:

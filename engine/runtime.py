@@ -25,6 +25,7 @@ from .resources import resource_dir
 
 INSTALL_HINT = ("no OpenCL device found. Install a driver for your GPU, or the CPU device from PyPI: "
                 "pip install pocl-binary-distribution")
+COPY_QUEUE_ENV = "YOLO_CL_COPY_QUEUE"   # "0": uploads on the kernels' queue; "1": a copy queue on a CPU too
 
 
 def _cl():
@@ -175,6 +176,8 @@ class Runtime:
         self._building: dict = {}     # (source, options) -> the lock its builder holds
         self.fp16 = "cl_khr_fp16" in self.device.extensions     # half arithmetic (precision.half_math)
         self.is_cpu = bool(self.device.type & cl.device_type.CPU)
+        asked = os.environ.get(COPY_QUEUE_ENV, "").strip()
+        self._copies = asked == "1" or (asked != "0" and not self.is_cpu)    # copy_queue, made on first use
         self.builds = 0          # programs compiled from source (not from a cache) in this process
         # compiler options added to every build (e.g. NVIDIA's -cl-nv-maxrregcount=N), for experiments
         self.build_options = os.environ.get("YOLO_CL_BUILD_OPTIONS", "").strip()
@@ -206,6 +209,25 @@ class Runtime:
         root = os.environ.get("POCL_CACHE_DIR")
         return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or
                                             os.path.join(os.path.expanduser("~"), ".cache")) / "pocl" / "kcache"
+
+    @property
+    def copy_queue(self):
+        """A second in-order queue for the frames' and inputs' host-to-device copies, so the next
+        frame's DMA runs on the copy engine while ``queue`` still computes the previous frame
+        (on one queue it waits for that frame's last kernel); made on first use. None where the
+        copies stay on ``queue``: a CPU device, whose copy is a ``memcpy`` on the cores the
+        kernels run on, or ``YOLO_CL_COPY_QUEUE=0``; ``=1`` makes one on a CPU device too (tests)."""
+        with self._lock:
+            if "_copy_queue" not in self.__dict__:
+                self._copy_queue = self.cl.CommandQueue(self.context, self.device) if self._copies else None
+            return self._copy_queue
+
+    def finish(self) -> None:
+        """Wait for everything enqueued on ``queue`` and on the copy queue."""
+        copies = self.__dict__.get("_copy_queue")
+        if copies is not None:
+            copies.finish()
+        self.queue.finish()
 
     # -- memory ------------------------------------------------------------------------------
     def alloc(self, nbytes: int, what: str):

@@ -77,7 +77,8 @@ def _chunk(rt, nbytes: int) -> int:
     return CHUNK if nbytes >= MIN_BYTES and wanted(rt) else nbytes
 
 
-def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0, src_pinned: Optional[bool] = None):
+def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0, src_pinned: Optional[bool] = None,
+           queue=None, after: Optional[list] = None):
     """Enqueue ``src`` (C-contiguous) into the device buffer ``dst`` at ``dst_offset`` through the
     pinned array ``host`` (flat uint8, at least ``src.nbytes``): chunk by chunk, each chunk's
     non-blocking DMA enqueued as soon as it is in ``host``. ``host`` must not be written again
@@ -85,28 +86,31 @@ def upload(rt, dst, src: np.ndarray, host: np.ndarray, dst_offset: int = 0, src_
     waits for a transfer whose event is dropped). In one piece where :func:`wanted` says no or
     the array is under ``MIN_BYTES``; a ``src`` already in pinned memory (``is_pinned``) goes by
     DMA as it is, without ``host`` (the caller then keeps ``src`` unchanged as long); a caller that
-    asked already passes the answer as ``src_pinned``."""
-    cl, q = rt.cl, rt.queue
+    asked already passes the answer as ``src_pinned``. ``queue``: where the copies go (default
+    ``rt.queue``); ``after``: events the first copy waits for (what still reads ``dst``)."""
+    cl, q = rt.cl, queue if queue is not None else rt.queue
     if is_pinned(src) if src_pinned is None else src_pinned:
-        return [cl.enqueue_copy(q, dst, src, dst_offset=dst_offset, is_blocking=False)]
+        return [cl.enqueue_copy(q, dst, src, dst_offset=dst_offset, is_blocking=False, wait_for=after or None)]
     s = src.reshape(-1).view(np.uint8)
     n = s.nbytes
     step = max(1, _chunk(rt, n))
     events = []
     for i in range(0, n, step):
         np.copyto(host[i:i + step], s[i:i + step])
-        events.append(cl.enqueue_copy(q, dst, host[i:i + step], dst_offset=dst_offset + i, is_blocking=False))
+        events.append(cl.enqueue_copy(q, dst, host[i:i + step], dst_offset=dst_offset + i, is_blocking=False,
+                                      wait_for=None if events else after or None))
     return events
 
 
-def upload_rows(rt, dst, src: np.ndarray, rows: np.ndarray, host: np.ndarray):
+def upload_rows(rt, dst, src: np.ndarray, rows: np.ndarray, host: np.ndarray, queue=None,
+                after: Optional[list] = None):
     """Enqueue only the rows ``rows`` (indices along axis 0, ascending) of ``src``, packed one
     after another, into ``dst`` through the pinned array ``host``: chunked as :func:`upload`,
     each chunk gathered into ``host`` and its DMA enqueued at once. A frame the network input
     is resized down from reads two source rows per input row, so a tall frame sends a fraction
     of its bytes (a 1920x1080 frame resized to 234 rows: 468 of 1080). Returns the DMA events,
-    kept as :func:`upload`'s are."""
-    cl, q = rt.cl, rt.queue
+    kept as :func:`upload`'s are; ``queue`` and ``after`` as :func:`upload`'s."""
+    cl, q = rt.cl, queue if queue is not None else rt.queue
     row = src[0].nbytes
     n = len(rows) * row
     per = max(1, _chunk(rt, n) // row)
@@ -115,5 +119,6 @@ def upload_rows(rt, dst, src: np.ndarray, rows: np.ndarray, host: np.ndarray):
     for i in range(0, len(rows), per):
         j = min(len(rows), i + per)
         np.take(src, rows[i:j], axis=0, out=packed[i:j])
-        events.append(cl.enqueue_copy(q, dst, packed[i:j], dst_offset=i * row, is_blocking=False))
+        events.append(cl.enqueue_copy(q, dst, packed[i:j], dst_offset=i * row, is_blocking=False,
+                                      wait_for=None if events else after or None))
     return events

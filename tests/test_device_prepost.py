@@ -101,8 +101,8 @@ def test_tall_plain_frames_send_only_the_rows_the_resize_reads(tiny, monkeypatch
     from yolo_cl import staging
     sent = []
     real = staging.upload_rows
-    monkeypatch.setattr(staging, "upload_rows", lambda rt, dst, src, rows, host: sent.append(len(rows))
-                        or real(rt, dst, src, rows, host))
+    monkeypatch.setattr(staging, "upload_rows", lambda rt, dst, src, rows, host, **queue: sent.append(len(rows))
+                        or real(rt, dst, src, rows, host, **queue))
     rng = np.random.default_rng(5)
     tall = rng.integers(0, 256, (720, 1280, 3), dtype=np.uint8)
     short = rng.integers(0, 256, (101, 37, 3), dtype=np.uint8)

@@ -172,3 +172,30 @@ def test_an_executor_dropped_from_the_cache_takes_its_device_state_along(det, fr
     gc.collect()
     assert gone() is None              # neither its decoder nor its preprocessing state kept it alive
     assert same_as_alone(det.detect_batch(frames[:1] * 4, thresh=0.1)[3:], alone_dets[:1])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_uploads_on_the_copy_queue_equal_uploads_in_line(monkeypatch, frames, precision):
+    """With a copy queue (``Runtime.copy_queue``, forced here on a CPU device) a frame's DMA is
+    enqueued there, waiting only for the kernel that last read its staging buffer, so it can run
+    beside the previous frame's network; frames in flight and ``forward_iter``'s blobs (half
+    storage: the float32 staging buffer) give exactly what uploads on the kernels' queue give."""
+    monkeypatch.setenv("YOLO_CL_COPY_QUEUE", "0")
+    inline = Detector("yolov3-tiny", input_size=SIZE, fit="crop", precision=precision,
+                      device_preprocess=True, device_decode=True)
+    monkeypatch.setenv("YOLO_CL_COPY_QUEUE", "1")
+    beside = Detector("yolov3-tiny", input_size=SIZE, fit="crop", precision=precision,
+                      device_preprocess=True, device_decode=True)
+    assert inline.runtime.copy_queue is None and beside.runtime.copy_queue is not None
+    want = [inline.detect(im, thresh=0.1) for im in frames]
+    assert sum(map(len, want)) > 0
+    handles = [beside.submit(im, thresh=0.1) for im in frames * 2]      # more frames than slots
+    got = [beside.result(h) for h in handles]
+    assert all(key(g) == key(w) for g, w in zip(got, want * 2))
+    stages = beside.device_path.prep._stages.values()
+    assert stages and all(st.copied[0].command_queue == beside.runtime.copy_queue and st.read for st in stages)
+    rng = np.random.default_rng(7)
+    blobs = [rng.random((1, 3, SIZE, SIZE), dtype=np.float32) for _ in range(4)]
+    ref = [inline.forward(b) for b in blobs]
+    for g, r in zip(beside.forward_iter(iter(blobs)), ref):
+        assert all(np.array_equal(x, y) for x, y in zip(g, r))

@@ -151,10 +151,10 @@ def test_frames_in_pinned_memory_go_without_a_host_copy(monkeypatch):
 
     real, calls = staging.upload, []
 
-    def no_copy(rt, dst, src, host, dst_offset=0, src_pinned=None):
+    def no_copy(rt, dst, src, host, dst_offset=0, src_pinned=None, **queue):
         """The upload, failing if it copied the frame into the staging buffer."""
         host[:] = 0xAB           # the stage's previous DMA has completed: _stage waited for it
-        events = real(rt, dst, src, host, dst_offset, src_pinned)
+        events = real(rt, dst, src, host, dst_offset, src_pinned, **queue)
         assert np.all(host == 0xAB), "a pinned frame was copied on the host"
         calls.append(src.shape)
         return events

@@ -69,6 +69,7 @@ class _Stage:
         self.pinned, self.host = pinned(rt, (nbytes,), np.uint8)
         self.device = rt.alloc(nbytes, "frame staging buffer")
         self.copied: list = []       # the DMA events of the last frame staged here
+        self.read: list = []         # with a copy queue: the kernel that last read ``device``
 
 
 class DevicePreprocess:
@@ -90,7 +91,7 @@ class DevicePreprocess:
     def _stage(self, key: tuple, nbytes: int) -> _Stage:
         st = self._stages.get(key)
         if st is None or st.nbytes < nbytes:
-            self.rt.queue.finish()   # nothing may still read the buffer being replaced
+            self.rt.finish()         # nothing may still read or write the buffer being replaced
             st = self._stages[key] = _Stage(self.rt, nbytes)
         elif st.copied:
             st.copied[-1].wait()     # the previous frame of this slot has left the pinned buffer
@@ -128,16 +129,20 @@ class DevicePreprocess:
         h, w = image.shape[:2]
         pinned_frame = staging.is_pinned(image)
         packed = None if pinned_frame else self._rows(h, place.new_h)
-        cl, q = self.rt.cl, self.rt.queue
+        cl, q, cq = self.rt.cl, self.rt.queue, self.rt.copy_queue
+        # With a copy queue the DMA waits only for the kernel that last read this stage (a frame
+        # ``slots`` back) and runs beside the network still computing the previous frame.
         if packed is None:
             st = self._stage((slot, index), image.nbytes)
             st.copied = staging.upload(self.rt, st.device, image, st.host,    # a frame_array frame: no copy
-                                       src_pinned=pinned_frame)
+                                       src_pinned=pinned_frame, queue=cq, after=st.read)
             th = self._table(h, place.new_h)
         else:                        # a plain frame resized down: only the rows the resize reads
             rows, th = packed
             st = self._stage((slot, index), len(rows) * w * 3)
-            st.copied = staging.upload_rows(self.rt, st.device, image, rows, st.host)
+            st.copied = staging.upload_rows(self.rt, st.device, image, rows, st.host, queue=cq, after=st.read)
+        if cq is not None:
+            cq.flush()               # the kernel below waits for these copies: they must reach the device
         g = executor.graph.input
         per_index = self._kernels.get(executor)
         if per_index is None:
@@ -158,4 +163,6 @@ class DevicePreprocess:
                               counter if counter is not None else self._no_counter,
                               np.int32(index if counter is not None else -1))
             entry[1] = key
-        cl.enqueue_nd_range_kernel(q, entry[0], (g.w, g.h), None)
+        done = cl.enqueue_nd_range_kernel(q, entry[0], (g.w, g.h), None, wait_for=st.copied if cq is not None else None)
+        if cq is not None:
+            st.read = [done]
