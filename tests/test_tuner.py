@@ -178,10 +178,11 @@ def rt():
 
 def test_search_is_legal_correct_and_within_budget(rt, tmp_path):
     nodes = convs(tmp_path, 20, 16)
-    tuner = tmod.Tuner(rt, FP32, fraction=0.25, reps=1)
+    fraction = 0.1                   # of each space: its candidates compile one by one on PoCL
+    tuner = tmod.Tuner(rt, FP32, fraction=fraction, reps=1)
     for node in nodes[:2]:
         r = tuner.search(node)
-        assert 0 < r.timed <= max(1, int(0.25 * r.candidates)), (r.timed, r.candidates)
+        assert 0 < r.timed <= max(1, int(fraction * r.candidates)), (r.timed, r.candidates)
         assert r.config in tuner.candidates(node)
         assert gemm_cpu.KERNEL_FAMILY.why_illegal(node, r.config, rt) is None
         bench = tmod.ConvBench(rt, node, 1, FP32, tuner.queue, seed=5)
