@@ -1,7 +1,8 @@
 #!/bin/bash
 # Source on the GPU machine, from the repo root:   . tools/gpu-setup.sh
 # (adapted from shared/gpu/setup.sh, which does not travel with the device tool)
-# Needs, carried with the call: .whl/ (cp312 wheels: pyopencl, pytools, platformdirs, siphash24, typing_extensions)
+# Needs, carried with the call: .whl/ (cp312 wheels: pyopencl, pytools, platformdirs, siphash24, typing_extensions;
+# pytest-xdist and execnet, which the suite's addopts (-n 2) need)
 # and optionally .whl2/ (made by make-opencv-lite.sh: OpenCV 4.10 with the Darknet importer, slimmed to ~18 MB, and CLBlast).
 # e.g. run(command=". tools/gpu-setup.sh && python3 -m yolo_cl.cli bench ...", carry=[".whl", ".whl2"])
 # The package source lives in engine/ but is imported as yolo_cl: /tmp/src/yolo_cl -> $(pwd)/engine, /tmp/src on PYTHONPATH.
