@@ -275,7 +275,8 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
                      "detect_pinned_frame/device": row["detect_pinned_frame_ms"] / d,
                      "host_overhead_run_ms": row["run_ms"] - d}
     log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | resident "
-        f"{row['resident_ms']:.2f} | run {row['run_ms']:.2f} | forward {row['forward_ms']:.2f} | detect 1280x720 device-path {row['detect_device_ms']:.2f} "
+        f"{row['resident_ms']:.2f} | run {row['run_ms']:.2f} | forward {row['forward_ms']:.2f} | "
+        f"detect 1280x720 device-path {row['detect_device_ms']:.2f} "
         f"(from a frame_array {row['detect_pinned_frame_ms']:.2f}) / host-path "
         f"{row['detect_host_ms']:.2f} ms | in flight {row['inflight_fps']:.1f} fps "
         f"({row['inflight_pinned_frame_fps']:.1f} from frame_arrays) | "
