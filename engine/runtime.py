@@ -298,7 +298,9 @@ class Runtime:
         not emit); such programs are kept for the process only, not in the binary cache.
         Thread-safe, and threads building different programs do not wait for each other (the
         tuner compiles its candidates in parallel: compiling, not timing, dominates a search)."""
-        opts = " ".join(o for o in (_options(defines or {}), self.build_options) if o)
+        defines = defines or {}
+        unoptimised = "-cl-opt-disable" if any(defines.get(k) for k in UNOPTIMISED) else ""
+        opts = " ".join(o for o in (_options(defines), unoptimised, self.build_options) if o)
         key = (source, opts, patch)
         prg = self._programs.get(key)
         if prg is not None:
@@ -431,6 +433,14 @@ def _source_text(name: str) -> str:
 
         _SOURCES[name] = expand(name)
     return _SOURCES[name]
+
+
+# Defines that build a kernel for correctness tests only: the tensor-core families' emulations
+# (each mma / wgmma computed in plain OpenCL C, so CI on PoCL checks their tiling, indexing and
+# epilogues). Such a build skips the compiler's optimisations: PoCL spent about 5x longer
+# optimising the unrolled emulation than the tests spend running it (BENCHMARKS.md, "Emulated
+# builds without optimisation"), and nothing is timed on it.
+UNOPTIMISED = ("MMA_EMULATE", "WGMMA_EMULATE")
 
 
 def _options(defines: dict) -> str:
