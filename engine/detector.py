@@ -53,7 +53,9 @@ class Detector:
     (graph.py, Executor): fewer launches per frame, the same outputs; False (or YOLO_CL_FOLD=0)
     gives the unfolded plan, True (or YOLO_CL_FOLD=1) reads through on a CPU too. ``branches``
     runs the layers only one head needs on a second queue (branches.py; off by default, True or
-    YOLO_CL_BRANCHES=1 turns it on).
+    YOLO_CL_BRANCHES=1 turns it on). ``per_image``: batches run their first and last layers image
+    by image on a device with a copy queue, so transfers overlap compute (per_image.py; on by
+    default, False or YOLO_CL_PER_IMAGE=0 turns it off).
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
@@ -62,7 +64,8 @@ class Detector:
                  device=None, fit: Optional[str] = None, profiling: bool = False, tuning=None,
                  bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
                  device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False,
-                 fold: Optional[bool] = None, branches: Optional[bool] = None) -> None:
+                 fold: Optional[bool] = None, branches: Optional[bool] = None,
+                 per_image: Optional[bool] = None) -> None:
         precision = precision_named(precision)
         model = load_model(cfg, weights, input_size, bn_eps=bn_eps, warn=True, fold=fold)
         self.cfg_path, self.weights_path = model.cfg_path, model.weights_path
@@ -70,7 +73,7 @@ class Detector:
         self.cfg_warnings = model.cfg_warnings      # unused and repeated keys, one line each
         self._params = model.params
         self.bn_eps = bn_eps
-        self.fold, self.branches = fold, branches
+        self.fold, self.branches, self.per_image = fold, branches, per_image
         self.graph = model.graph
         self._graphs: dict = {(self.net.width, self.net.height): self.graph}
         self.heads = head_layers(self.layers)
@@ -157,7 +160,7 @@ class Detector:
                     self._executors.popitem(last=False)
                 ex = Executor(self.runtime, self.graph_for(size, keep), batch, self.precision, self.tuning,
                               self._weights, progress=self.progress, mma=self.mma, fold=self.fold,
-                              branches=self.branches)
+                              branches=self.branches, per_image=self.per_image)
                 self._executors[key] = ex
             else:
                 self._executors.move_to_end(key)

@@ -25,7 +25,8 @@ from .kernels import BindContext, layout, writes_through
 from .kernels.nodes import bind_node, workspace_bytes
 from .launch import LaunchList
 from .measure import event_ms
-from .limits import check_executor
+from .limits import LimitError, check_executor
+from .per_image import ImageSplit, ends_wanted, spans as image_spans
 from .planner import plan_memory
 from .precision import FP32, Precision
 from .staging import pinned
@@ -55,7 +56,7 @@ class Executor:
     def __init__(self, rt, graph: Graph, batch: int = 1, precision: Precision = FP32, tuning=None,
                  weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
                  progress: bool = False, mma: str = "", fold: Optional[bool] = None,
-                 branches: Optional[bool] = None) -> None:
+                 branches: Optional[bool] = None, per_image: Optional[bool] = None) -> None:
         """``precision``: storage and arithmetic (``precision.FP32``, ``FP16``, ``TF32``);
         ``tuning``: a table with ``conv_config(node, batch)`` (None: heuristics). ``command_buffer``:
         None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
@@ -69,7 +70,10 @@ class Executor:
         (it costs nothing) and reading through on a GPU only (on a CPU device the redundant reads
         cost more than a launch). ``branches``: run each side branch (branches.py: the layers only
         one head needs) on a second queue beside the rest, where no command buffer records the
-        plan; None: ``YOLO_CL_BRANCHES=1`` (off by default: ``branches.wanted``)."""
+        plan; None: ``YOLO_CL_BRANCHES=1`` (off by default: ``branches.wanted``). ``per_image``: at
+        batch > 1 on a device with a copy queue (and no command buffer or side branch), run the
+        first and last layers image by image so that each image's upload and head read overlap the
+        others' compute (per_image.py); None: ``YOLO_CL_PER_IMAGE`` (on unless ``0``)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
         asked = folding_default() if fold is None else fold
         write = asked is not False              # writing through costs no extra reads anywhere
@@ -78,7 +82,10 @@ class Executor:
         recorded = self._records(command_buffer)
         self.branches = side.side_branches(graph, fold, write) \
             if side.wanted(branches) and not recorded and len(graph.outputs) > 1 else []
-        self.plan = plan_memory(graph, batch, fold, write, self.branches)
+        ends = ends_wanted(per_image) if batch > 1 and not recorded and not self.branches \
+            and getattr(rt, "copy_queue", None) is not None else (False, False)
+        node_spans = image_spans(graph, write, batch, ends) if any(ends) else []
+        self.plan = plan_memory(graph, batch, fold, write, self.branches, node_spans)
         item = precision.itemsize
         self.ctx = BindContext(rt, None, self.plan, batch, precision, tuning=tuning, mma=mma,
                                weight_cache=weight_cache if weight_cache is not None else {}, fold=fold,
@@ -91,8 +98,15 @@ class Executor:
         need = [workspace_bytes(self.ctx, n) for n in graph.nodes]
         ws = max((b for i, b in enumerate(need) if i not in on_side), default=0)
         ws_side = max((b for i, b in enumerate(need) if i in on_side), default=0)
-        check_executor(graph, self.plan.arena_elems, -(-ws // item) - (-ws_side // item), batch, item,
-                       getattr(rt, "device", None))   # refuse before allocating anything
+        limit = (-(-ws // item) - (-ws_side // item), batch, item, getattr(rt, "device", None))
+        try:
+            check_executor(graph, self.plan.arena_elems, *limit)   # refuse before allocating anything
+        except LimitError:
+            if not node_spans:
+                raise
+            node_spans = []            # the spans' longer lifetimes do not fit: batch-wide it is
+            self.plan = self.ctx.plan = plan_memory(graph, batch, fold, write, self.branches)
+            check_executor(graph, self.plan.arena_elems, *limit)
         self.arena = self.ctx.arena = rt.alloc(self.plan.arena_elems * item,
                                                f"activation pool ({len(graph.tensors)} tensors)")
         self.ctx.workspace = rt.alloc(ws, "workspace (im2col, Winograd, split-K)") if ws else None
@@ -124,12 +138,17 @@ class Executor:
         self._staged: Optional[list] = None    # [pinned uint8 array, the DMA events out of it]: see _send
         # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
         # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
-        self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu else None
+        # (per-image head reads need them too)
+        self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu or node_spans else None
         self.command_buffer = self._record(command_buffer) if recorded else None
         # how _launch enqueues the plan (launch.py): side branches' launches on a queue of their own
         flags = [id(l.node) in self._on_side for l in self.launches]
         self._side_queue = rt.cl.CommandQueue(rt.context, rt.device) if any(flags) else None
         self._launch_list = LaunchList(rt.queue, self.launches, flags, self._side_queue)
+        # the first span's launches per image, run where the input arrives image by image
+        # (_upload_images), and the last span's per group (per_image.py); None: all batch-wide
+        self.split = self._image_split(node_spans) if node_spans else None
+        self._arrivals: Optional[list] = None    # per image, the event of its upload (_upload_images)
         # Launch index -> the heads complete after it: run and submit convert each head there and
         # read it on a second queue, so the first heads travel while the rest of the network runs
         # (yolov3 608 batch 8: a quarter of 62 MB of heads). Off: every head converted and read
@@ -183,6 +202,7 @@ class Executor:
                 self._side_ctx.nhwc = self.ctx.nhwc
             bound = [one(n, replace(self.ctx_for(n), written=written), None) if n.output.tensor.id in bad or
                      (n.op == "conv" and n.inputs[0].tensor.id in bad) else (n, ls) for n, ls in bound]
+        self._written = written
         folded = written | {id(p) for n, ls in bound if reads_through(ls) for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]
 
@@ -197,6 +217,22 @@ class Executor:
             return False
         return bool(wanted) or (os.environ.get("YOLO_CL_COMMAND_BUFFER", "1").strip() != "0"
                                 and cmdbuf.supported(device))
+
+    def _image_split(self, node_spans: list) -> Optional[ImageSplit]:
+        """The spans' per-image launches; None (all batch-wide) where a node binds another layout
+        per image than batch-wide, which the plan cannot mix."""
+        try:
+            return ImageSplit(self.ctx, self.graph, self.launches, node_spans, self._written, self.rt.queue)
+        except (ValueError, YoloClError):
+            return None
+
+    @property
+    def launches_per_frame(self) -> int:
+        """Kernel launches one ``run`` from a pinned input enqueues (the plan's, with the spans'
+        per-image and per-group launches)."""
+        if self.split is None:
+            return len(self.launches)
+        return len(self.split.launches) + self.split.last_start - self.split.first_end
 
     def _record(self, wanted: Optional[bool]) -> Optional[cmdbuf.CommandBuffer]:
         """The plan recorded into a command buffer (where ``_records`` said so); None where the
@@ -239,8 +275,9 @@ class Executor:
         expect = self._host_in.shape
         if blob.shape != expect:
             raise YoloClError(f"input blob has shape {tuple(blob.shape)}, expected {expect}")
-        uploaded = self._upload(blob)    # kept until the queue is done: dropping it would wait for the copy now
-        outs = self.run_staged(profile, eager)
+        # kept until the queue is done: dropping it would wait for the copy now
+        uploaded = self._upload(blob, split=not (profile or eager))
+        outs = self._run_pass(profile, eager)
         del uploaded
         return outs
 
@@ -253,10 +290,15 @@ class Executor:
             self._ins = HostSets(lambda: [pinned(self.rt, self._host_in.shape, np.float32)[1]], cap=2)
         return self._ins.lend(lambda: np.empty(self._host_in.shape, np.float32))
 
-    def _upload(self, blob: np.ndarray):
+    def _upload(self, blob: np.ndarray, split: bool = True):
         """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller
         keeps ``blob`` unchanged until the queue has passed it); returns the copy's event(s),
-        to keep until then."""
+        to keep until then. Image by image where ``split`` and the plan's first span runs per image
+        (``_upload_images``): the next pass enqueued must then be the default one (no profiling)."""
+        self._arrivals = None
+        if split and self.split is not None and self.split.first_groups and staging.is_pinned(blob) \
+                and blob.flags.c_contiguous and blob.dtype == (np.float32 if self.half else self._host_in.dtype):
+            return self._upload_images(blob)
         if self.half and blob.dtype == np.float32 and blob.flags.c_contiguous:
             return self._upload_to_half(blob)
         if blob.dtype != self._host_in.dtype or not blob.flags.c_contiguous:
@@ -279,6 +321,50 @@ class Executor:
         self._staged[1] = staging.upload(self.rt, dst, blob, self._staged[0], offset, queue=queue, after=after)
         return self._staged[1]
 
+    def _upload_images(self, blob: np.ndarray) -> list:
+        """One DMA per image of a pinned ``blob`` on the copy queue, into the float32 staging buffer
+        (half storage: the pass converts each image as it lands) or the arena's input region
+        (which earlier passes may use for other tensors: the copies wait for them). The pass
+        (``_enqueue_first``) starts each image's first span once its copy is done."""
+        cl, q, cq = self.rt.cl, self.rt.queue, self.rt.copy_queue
+        if self.half:
+            dst, base, after = self._f32_staging()[0], 0, self._f32_read
+        else:
+            dst, base, after = self.arena, self._in_offset, [cl.enqueue_marker(q)]
+        n = blob[0].nbytes
+        copies = [cl.enqueue_copy(cq, dst, blob[b], dst_offset=base + b * n, is_blocking=False,
+                                  wait_for=(after or None) if b == 0 else None) for b in range(self.batch)]
+        cq.flush()
+        self._arrivals = copies
+        return copies
+
+    def _enqueue_first(self) -> None:
+        """The first span, group by group of images (``ImageSplit.first_groups``), each after its
+        images' uploads by ``_upload_images`` (and their half conversion)."""
+        cl, q = self.rt.cl, self.rt.queue
+        arrivals, self._arrivals = self._arrivals, None
+        for g, (image, count) in enumerate(self.split.first_groups):
+            # the copy queue is in order: the group's last copy means all of them
+            cl.enqueue_barrier(q, wait_for=[arrivals[image + count - 1]])
+            if self.half:
+                _, k, (n,) = self._f32_staging()
+                per = n // self.batch
+                self._f32_read = [cl.enqueue_nd_range_kernel(q, k, (per * count,), None,
+                                                             global_work_offset=(per * image,))]
+            self.split.enqueue_first(g)
+            q.flush()                  # this group computes while the next is enqueued
+
+    def _f32_staging(self) -> tuple:
+        """(float32 staging buffer, the kernel that stores it as half into the input region, its
+        global size): a half executor's input path, made on first use."""
+        if self._f32_input is None:
+            cl, n = self.rt.cl, self._host_in.size
+            buf = self.rt.alloc(n * 4, "float32 input staging")
+            k = cl.Kernel(self.rt.program("preprocess.cl", {"HALF_STORAGE": True}), "yc_store_input")
+            k.set_args(buf, self.arena, np.int32(self._in_offset // 2))
+            self._f32_input = (buf, k, (n,))
+        return self._f32_input
+
     def _upload_to_half(self, blob: np.ndarray) -> list:
         """Send a float32 blob as it is and let a kernel store it as half into the input region:
         no host-side float16 conversion (tens of ms for a 608x608 batch of 8). With a copy queue
@@ -286,13 +372,7 @@ class Executor:
         reader of the staging buffer, and so runs while that pass's network computes (``submit``).
         Returns the copy's events."""
         cl, q, cq = self.rt.cl, self.rt.queue, self.rt.copy_queue
-        if self._f32_input is None:
-            n = self._host_in.size
-            buf = self.rt.alloc(n * 4, "float32 input staging")
-            k = cl.Kernel(self.rt.program("preprocess.cl", {"HALF_STORAGE": True}), "yc_store_input")
-            k.set_args(buf, self.arena, np.int32(self._in_offset // 2))
-            self._f32_input = (buf, k, (n,))
-        buf, k, gsize = self._f32_input
+        buf, k, gsize = self._f32_staging()
         copied = self._send(buf, blob, queue=cq, after=self._f32_read)
         if cq is None:
             cl.enqueue_nd_range_kernel(q, k, gsize, None)
@@ -337,24 +417,54 @@ class Executor:
         cl, q = self.rt.cl, self.rt.queue
         if self._read_queue is None:
             self._read_queue = cl.CommandQueue(self.rt.context, self.rt.device)
-        rq, reads, start = self._read_queue, [], 0
+        rq, reads, start, end, split = self._read_queue, [], 0, len(self.launches), self.split
+        if split is not None:
+            if self._arrivals:         # else the input is all there: the first span batch-wide
+                self._enqueue_first()
+                start = split.first_end
+            end = split.last_start
+        last = [o for i in sorted(self._read_marks) if i >= end for o in self._read_marks[i]]
         for i in sorted(self._read_marks):
+            if i >= end:
+                break
             self._launch(start, i + 1)
             start = i + 1
             for o in self._read_marks[i]:
-                k, gsize, buf = self._f32_outputs[o]
-                # buf is read by the previous pass's read (submit keeps passes in flight): after it
-                prior = self._last_reads.get(o)
-                converted = cl.enqueue_nd_range_kernel(q, k, gsize, None, wait_for=[prior] if prior else None)
-                q.flush()                          # the read queue waits on it: it must reach the device
-                reads.append(cl.enqueue_copy(rq, hosts[o], buf, is_blocking=False, wait_for=[converted]))
-                # a marker, not the read itself: a read's event keeps its host array referenced,
-                # which would keep the set from going back to the pool
-                self._last_reads[o] = cl.enqueue_marker(rq)
-        self._launch(start, len(self.launches))
+                self._read_head(o, hosts[o], reads)
+        self._launch(start, end)
+        groups = split.last_groups if last else []
+        for g, images in enumerate(groups):          # the last span group by group, each read once done
+            split.enqueue_last(g)
+            for o in last:
+                self._read_head(o, hosts[o], reads, images, g == len(groups) - 1)
         q.flush()
         rq.flush()
         return reads
+
+    def _read_head(self, o: int, host: np.ndarray, reads: list, images: Optional[tuple] = None,
+                   final: bool = True) -> None:
+        """Convert head ``o`` (of ``images``, (first, count); default all) into its float32 staging
+        buffer and read it into ``host`` on the read queue, appending the read's event to ``reads``;
+        ``final``: the pass's last read of that buffer, which the next pass's conversion waits for."""
+        cl, q, rq = self.rt.cl, self.rt.queue, self._read_queue
+        k, gsize, buf = self._f32_outputs[o]
+        # buf is read by the previous pass's read (submit keeps passes in flight): after it
+        prior = self._last_reads.get(o)
+        wait = [prior] if prior else None
+        offset = 0
+        if images is None:
+            converted = cl.enqueue_nd_range_kernel(q, k, gsize, None, wait_for=wait)
+        else:
+            image, count = images
+            converted = cl.enqueue_nd_range_kernel(q, k, (gsize[0], count), None, global_work_offset=(0, image),
+                                                   wait_for=wait)
+            offset, host = image * host[0].nbytes, host[image:image + count]
+        q.flush()                          # the read queue waits on it: it must reach the device
+        reads.append(cl.enqueue_copy(rq, host, buf, src_offset=offset, is_blocking=False, wait_for=[converted]))
+        if final:
+            # a marker, not the read itself: a read's event keeps its host array referenced,
+            # which would keep the set from going back to the pool
+            self._last_reads[o] = cl.enqueue_marker(rq)
 
     def _output_set(self) -> list:
         """One set of float32 host arrays for the heads, (batch,) + shape each: pinned where the
@@ -432,6 +542,11 @@ class Executor:
 
     def run_staged(self, profile: bool = False, eager: bool = False) -> list:
         """``run`` for an input already written into the arena (by the preprocessing kernel)."""
+        self._arrivals = None          # no upload of this pass to wait for
+        return self._run_pass(profile, eager)
+
+    def _run_pass(self, profile: bool, eager: bool) -> list:
+        """Enqueue a pass over the input uploaded or written, wait for it and hand its heads out."""
         hosts, lent = self._run_set()
         try:
             events, reads = self._enqueue_pass(hosts, profile, eager)
@@ -476,7 +591,7 @@ class Executor:
             t1 = time.perf_counter()
             ms[step], t0 = (t1 - t0) * 1e3, t1
 
-        uploaded = self._upload(blob)
+        uploaded = self._upload(blob, split=False)
         q.finish()
         del uploaded
         lap("upload")

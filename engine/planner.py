@@ -31,13 +31,16 @@ class Plan:
         return self.offsets[tensor.id]
 
 
-def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None, branches: Sequence = ()) -> dict:
+def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None, branches: Sequence = (),
+              spans: Sequence = ()) -> dict:
     """(first write, last read) step of each tensor; -1 is before the first node. ``fold``: a conv
     may read through the producers the graph marked on it (graph.mark_read_fusions), so their
     inputs live until that conv has run; ``write`` (default ``fold``): it may write the output of
     the layer it writes through (graph.mark_write_fusions), which then lives from that conv on.
     ``branches``: ``branches.Branch``es run beside the rest; what each touches lives from its
-    fork (or its first write, if earlier) to the end."""
+    fork (or its first write, if earlier) to the end. ``spans``: (first, last) node index ranges
+    that run image by image (per_image.py): image 0's nodes of the span, then image 1's, so what
+    any node of a span touches lives over the whole span."""
     write = fold if write is None else write
     end = len(graph.nodes)
     life: dict = {graph.input.id: [-1, -1]}
@@ -55,15 +58,20 @@ def lifetimes(graph: Graph, fold: bool = True, write: Optional[bool] = None, bra
         for t in read | written:
             span = life[t]
             span[0], span[1] = min(span[0], b.fork), end
+    for lo, hi in spans:
+        touched = {v.tensor.id for n in graph.nodes[lo:hi + 1] for v in (*reads(n, fold), *writes(n, write))}
+        for t in touched:
+            span = life[t]
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
     return {k: tuple(v) for k, v in life.items()}
 
 
 def plan_memory(graph: Graph, batch: int = 1, fold: bool = True, write: Optional[bool] = None,
-                branches: Sequence = ()) -> Plan:
+                branches: Sequence = (), spans: Sequence = ()) -> Plan:
     """Place tensors in an arena by liveness (greedy, largest first, lowest fitting offset);
-    ``fold``, ``write`` and ``branches``: as in ``lifetimes`` (False, False, () for an executor
-    that reads or writes through nothing and runs every launch on one queue)."""
-    life = lifetimes(graph, fold, write, branches)
+    ``fold``, ``write``, ``branches`` and ``spans``: as in ``lifetimes`` (False, False, (), () for
+    an executor that reads or writes through nothing and runs every launch on one queue, batch-wide)."""
+    life = lifetimes(graph, fold, write, branches, spans)
     sizes = {t.id: _align(t.size * batch) for t in graph.tensors if t.id in life}
     placed: list = []       # (offset, size, first, last)
     offsets: dict = {}

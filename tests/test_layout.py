@@ -134,7 +134,7 @@ def test_a_plan_no_family_reads_channels_last_for_asks_nothing(rt, tmp_path, mon
 
     def boom(*a, **k):
         raise AssertionError("looked up a config")
-    monkeypatch.setattr(layout, "choose", boom)
+    monkeypatch.setattr(layout, "bound_config", boom)
     cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 16, 5)
     ex = yolo_cl.Detector(str(cfg), weights).executor(1)
     assert ex.ctx.nhwc == frozenset()

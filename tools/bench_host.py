@@ -25,6 +25,8 @@ For ``--video`` (default: ../shared/videos/library1.mp4 when present), with the 
 (the path before lending) side by side (see ``lend_compare``).
 ``--branches-compare`` times one queue against side branches on a second one (``run`` from a pinned
 input, and ``detect`` of a 1280x720 ``frame_array`` frame at batch 1), see ``branches_compare``.
+``--per-image-compare`` times ``Executor.run`` from a pinned input with the batch's first and last
+layers batch-wide, per image at one end, and at both (``per_image.py``), see ``per_image_compare``.
 ``--profile-detect`` adds where ``detect_batch`` spends its wall (cProfile's top functions by own
 time) and the floor of a synchronous call (the frames' copy into pinned memory, their DMA).
 ``--zoo`` counts launches per frame for the zoo networks at their cfg size, by kernel; ``--no-fold``
@@ -406,6 +408,52 @@ def branches_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     return row
 
 
+def per_image_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
+    """The batch-wide plan against its first span, its last span and both run image by image
+    (``YOLO_CL_PER_IMAGE=0|first|last|1`` when each executor is made, one process): whether the
+    outputs are equal, the arena, launches per frame, then ``Executor.run`` from each one's
+    ``input_array()``, taking turns of 20 calls ``reps`` times (``interleaved_ms``), against the
+    device time of the batch-wide plan (profiled, median of ``reps``)."""
+    name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
+    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
+    prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True, per_image=False)
+    pex = prof.executor(batch)
+    dev = []
+    for i in range(reps + 2):
+        pex.run(blob, profile=True)
+        dev.append(sum(t.ms for t in pex.layer_times()))
+    row["device_ms"] = d = float(np.median(dev[2:]))
+    del prof, pex
+    exs, keep, ins = {}, [], {}
+    asked = os.environ.get("YOLO_CL_PER_IMAGE")
+    try:
+        for key in ("0", "first", "last", "1"):
+            os.environ["YOLO_CL_PER_IMAGE"] = key
+            det = Detector(cfg, wts, input_size=size, precision=precision)
+            exs[key] = det.executor(batch)
+            keep.append(det)
+            ins[key] = exs[key].input_array()
+            ins[key][...] = blob
+            row["device"] = det.runtime.device_name
+    finally:
+        if asked is None:
+            os.environ.pop("YOLO_CL_PER_IMAGE", None)
+        else:
+            os.environ["YOLO_CL_PER_IMAGE"] = asked
+    outs = {k: [o.copy() for o in ex.run(ins[k])] for k, ex in exs.items()}
+    row["equal"] = all(np.array_equal(a, b) for k in outs for a, b in zip(outs[k], outs["0"]))
+    row["split"] = {k: ex.split is not None for k, ex in exs.items()}
+    row["arena_mb"] = {k: ex.arena_bytes / 2**20 for k, ex in exs.items()}
+    row["launches"] = {k: ex.launches_per_frame for k, ex in exs.items()}
+    runs = interleaved_ms([lambda k=k: exs[k].run(ins[k]) for k in exs], reps, 20)
+    row["run_ms"] = dict(zip(exs, runs))
+    log(f"{name} {size} b{batch} {precision}, device {d:.3f} ms (batch-wide plan); run from input_array() "
+        + ", ".join(f"{k}: {r:.3f} ms ({r / d:.3f}x, {row['launches'][k]} launches, arena {row['arena_mb'][k]:.0f} MiB"
+                    f"{'' if row['split'][k] or k == '0' else ', no split'})" for k, r in zip(exs, runs))
+        + f"; outputs equal: {row['equal']}")
+    return row
+
+
 def lend_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     """``Executor.run`` returning the arrays it read the heads into (``lend``) against one whose
     pool holds no set (``hostsets.CAP = 0`` when its pool is made), so it reads into a spare set
@@ -536,6 +584,8 @@ def main() -> None:
                     "against returning copies, side by side (wall, process CPU, steps), then exit")
     ap.add_argument("--branches-compare", default="", help="MODEL:SIZE:BATCH,...: time one queue against side "
                     "branches on a second one (run from a pinned input, detect of a frame_array frame), then exit")
+    ap.add_argument("--per-image-compare", default="", help="MODEL:SIZE:BATCH,...: time run from a pinned input "
+                    "with the first/last layers batch-wide, per image at one end, and at both, then exit")
     ap.add_argument("--no-fold", action="store_true", help="plans without folded maxpool/upsample reads "
                     "(sets YOLO_CL_FOLD=0: the launch counts and host times before the folding)")
     ap.add_argument("--profile-detect", action="store_true", help="also profile detect_batch (cProfile) and time "
@@ -556,7 +606,9 @@ def main() -> None:
         compares = [(key, fn, specs) for key, fn, specs in (("fold_compare", fold_compare, args.fold_compare),
                                                             ("lend_compare", lend_compare, args.lend_compare),
                                                             ("branches_compare", branches_compare,
-                                                             args.branches_compare)) if specs]
+                                                             args.branches_compare),
+                                                            ("per_image_compare", per_image_compare,
+                                                             args.per_image_compare)) if specs]
         for key, fn, specs in compares:
             data[key] = []
             for prec in args.precision.split(","):

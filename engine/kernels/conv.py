@@ -18,7 +18,7 @@ from ..precision import FP32, Precision
 log = logging.getLogger("yolo_cl.kernels")
 _WARNED: set = set()   # (device, layer, config) already reported as falling back
 
-__all__ = ["bind", "choose", "heuristic_config", "is_depthwise", "workspace_bytes"]
+__all__ = ["bind", "bound_config", "choose", "heuristic_config", "is_depthwise", "workspace_bytes"]
 
 
 def heuristic_config(node: Node, rt, batch: int = 1, precision: Precision = FP32, mma: str = "",
@@ -50,6 +50,12 @@ def choose(ctx: BindContext, node: Node) -> tuple:
     if config is None or not family.competes(config, ctx.mma):
         return fallback, fallback   # no entry; or an FMA config, which does not compete with tensor cores
     return config, fallback
+
+
+def bound_config(ctx: BindContext, node: Node) -> dict:
+    """The config ``node`` will bind (its tuned one where legal, else the heuristic's)."""
+    config, fallback = choose(ctx, node)
+    return config if family.why_illegal(node, config, ctx.rt) is None else fallback
 
 
 def workspace_bytes(ctx: BindContext, node: Node) -> int:

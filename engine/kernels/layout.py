@@ -15,18 +15,12 @@ tensor stored as planes.
 from __future__ import annotations
 
 from . import BindContext, family
-from .conv import choose
+from .conv import bound_config
 from ..graph import Graph, View, reads
 
 
 def _whole(v: View) -> bool:
     return v.c0 == 0 and v.c == v.tensor.c
-
-
-def _bound_config(ctx: BindContext, node) -> dict:
-    """The config ``node`` will bind (its tuned one where legal, else the heuristic's)."""
-    config, fallback = choose(ctx, node)
-    return config if family.why_illegal(node, config, ctx.rt) is None else fallback
 
 
 def sole_conv_edges(graph: Graph, fold: bool = True, write: bool = True) -> dict:
@@ -68,7 +62,7 @@ def nhwc_tensors(ctx: BindContext) -> frozenset:
     if not ctx.sole_edges or not any(f.reads_nhwc for f in family.offered(ctx.rt, ctx.mma)):
         return frozenset()
     return frozenset(tid for tid, (w, r) in ctx.sole_edges.items()
-                     if family.reads_nhwc(_bound_config(ctx, r)) and family.stores_nhwc(_bound_config(ctx, w)))
+                     if family.reads_nhwc(bound_config(ctx, r)) and family.stores_nhwc(bound_config(ctx, w)))
 
 
 def disagreeing(nhwc: frozenset, bound: list) -> frozenset:
