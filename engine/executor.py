@@ -331,6 +331,7 @@ class Executor:
             dst, base, after = self._f32_staging()[0], 0, self._f32_read
         else:
             dst, base, after = self.arena, self._in_offset, [cl.enqueue_marker(q)]
+            q.flush()                  # the copies wait for it: it must reach the device
         n = blob[0].nbytes
         copies = [cl.enqueue_copy(cq, dst, blob[b], dst_offset=base + b * n, is_blocking=False,
                                   wait_for=(after or None) if b == 0 else None) for b in range(self.batch)]

@@ -3,17 +3,17 @@
 A batch's plan waits for its whole input before its first kernel and reads its last head only
 after its last kernel: at yolov3 608 batch 8 on an H200, 0.7 ms of upload and 0.9 ms of head read
 beside 6 ms of kernels. Nothing in a network mixes images, so any prefix or suffix of the launch
-list may run one image at a time: image 0's first layers as soon as image 0 has landed, beside
-image 1's copy; image 0's last layers and then its share of the last head's read, beside image
-1's last layers. The middle of the plan runs batch-wide as before.
+list may run a few images at a time: image 0's first layers as soon as image 0 has landed, beside
+image 1's copy; images 0-1's last layers and then their share of the last head's read, beside
+images 2-3's last layers. The middle of the plan runs batch-wide as before.
 
-A node bound at batch 1 against the arena's offsets moved to image ``b`` (:class:`ImagePlan`)
-computes image ``b`` of the batch's tensors; it binds the config the batch binds
-(:class:`SameConfigs`), and a node whose per-image launches would store or read another layout
-(or read or write through other layers) than the batch's cancels the split. Since image 0 runs
-the whole first span before image 1 starts it, what a span's nodes touch lives over the whole
-span (``planner.lifetimes``'s ``spans``): a tensor dead after the first node in the batch's order
-is still needed by the next image.
+A node bound for ``count`` images against the arena's offsets moved to image ``b``
+(:class:`ImagePlan`) computes images ``b`` to ``b + count - 1`` of the batch's tensors; it binds
+the config the batch binds (:class:`SameConfigs`), and a node whose launches for a group would
+store or read another layout (or read or write through other layers) than the batch's cancels the
+split. Since the first group runs the whole span before the next starts it, what a span's nodes
+touch lives over the whole span (``planner.lifetimes``'s ``spans``): a tensor dead after the first
+node in the batch's order is still needed by the next group.
 
 ``YOLO_CL_PER_IMAGE``: ``0`` off, ``first`` or ``last`` only one end, anything else both (the
 default, on devices with a copy queue: see ``Executor``).
