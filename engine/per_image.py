@@ -87,12 +87,13 @@ def last_span(graph: Graph, write: bool, first: int, batch: int = 1) -> int:
 
 
 def spans(graph: Graph, write: bool, batch: int, ends: tuple = (True, True)) -> list:
-    """The (first, last) node index ranges to run per image (or group), for ``planner.plan_memory``."""
+    """The (first, last) node index ranges to run per image (or group), for ``planner.plan_memory``;
+    no last span for a batch of one group, which would only repeat the batch-wide launches."""
     out = []
     first = first_span(graph) if ends[0] else 0
     if first:
         out.append((0, first - 1))
-    last = last_span(graph, write, first, batch) if ends[1] else len(graph.nodes)
+    last = last_span(graph, write, first, batch) if ends[1] and batch > LAST_GROUP else len(graph.nodes)
     if last < len(graph.nodes):
         out.append((last, len(graph.nodes) - 1))
     return out

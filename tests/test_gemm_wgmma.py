@@ -440,3 +440,24 @@ def test_k_split_sums_equal_the_whole(rt, tmp_path, algo):
     wide = {**cfg, "SK": 8, "SWZ": 32, "ST": 4}
     assert gw.KERNEL_FAMILY.workspace_bytes(node, wide, 2, FP16) > bench.ctx.workspace.size
     assert bench.check(bench.bind(wide)) < FP16.tolerance
+
+
+def test_per_image_first_layers_on_the_family(rt, tmp_path, monkeypatch):
+    """A batch's first layers bound per image (per_image.py, with a copy queue as on a GPU) on the
+    tensor-core families: the batch's configs and layouts for one image, the same outputs bit for
+    bit as the batch-wide plan, from a pinned input (one DMA per image) and from a plain one."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    monkeypatch.setenv("YOLO_CL_COPY_QUEUE", "1")
+    cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 20, 7, batch=3)
+    split = yolo_cl.Detector(str(cfg), weights, precision="fp16").executor(3)
+    plain = yolo_cl.Detector(str(cfg), weights, precision="fp16", per_image=False).executor(3)
+    s = split.split
+    assert s is not None and len(s.first_groups) == 3 and plain.split is None
+    assert {l.name for l in s.launches} & {"gemm_wgmma", "gemm_mma"}
+    want = [w.copy() for w in plain.run(blob)]
+    assert rel_err(want[0], ref) < 1e-2
+    pin = split.input_array()
+    pin[...] = blob
+    assert all(np.array_equal(g, w) for g, w in zip(split.run(pin), want))
+    assert all(np.array_equal(g, w) for g, w in zip(split.run(blob), want))

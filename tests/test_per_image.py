@@ -136,6 +136,9 @@ def test_the_last_span_needs_heads_worth_hiding(monkeypatch):
     small = load_model("yolov3-tiny", None, 416, params="none").graph
     assert len(per_image.spans(big, True, 8)) == 2 and len(per_image.spans(big, True, 1)) == 1
     assert len(per_image.spans(small, True, 4)) == 1
+    monkeypatch.setattr(per_image, "TAIL_MIN_BYTES", 0)
+    assert len(per_image.spans(small, True, 3)) == 2
+    assert len(per_image.spans(small, True, per_image.LAST_GROUP)) == 1    # one group: nothing to overlap
 
 
 def test_a_single_head_network_has_no_last_span():
