@@ -350,8 +350,15 @@ def net_and_reference(tmp_path, text: str, size, seed: int, batch: int = 1) -> t
     return cfg, weights, blob, ref[max(ref)]
 
 
+@pytest.fixture
+def mma_alone(monkeypatch):
+    """On a Hopper GPU the wgmma family takes some convs from mma.sync's; the tests of the mma
+    family through the Detector keep it to themselves (elsewhere this changes nothing)."""
+    monkeypatch.setattr(gw, "hopper", lambda rt: False)
+
+
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
-def test_conv_net_end_to_end(rt, tmp_path, precision):
+def test_conv_net_end_to_end(rt, tmp_path, precision, mma_alone):
     """A small conv net (3x3, strided, 1x1, fused shortcut, concat) through the Detector on the
     mma family, against the NumPy Darknet forward pass and the FMA fp32 path."""
     import yolo_cl
@@ -422,7 +429,7 @@ def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
     assert tuner.mma == precision.mma and tuner.tol == precision.tolerance
     cands = tuner.candidates(node)
     fma = {"local"} if precision is TF32 and not rt.is_cpu else set()
-    wgmma = {"wgmma"} if precision is FP16 and gw.available(rt) else set()     # a Hopper GPU
+    wgmma = {"wgmma"} if gw.available(rt) else set()     # a Hopper GPU: f16 and tf32 alike
     assert cands and {c["family"] for c in cands} == {gm.FAMILY} | fma | wgmma
     assert {c["algo"] for c in cands if c["family"] == gm.FAMILY} == {"implicit", "im2col"}
     bench = tmod.ConvBench(rt, node, 1, precision, tuner.queue, mma=tuner.mma)
@@ -433,7 +440,7 @@ def test_tuner_searches_the_mma_family_with_its_gate(rt, tmp_path, precision):
 SPLIT_NET = net_header(16, 16) + conv(64, stride=2, bn=0) + conv(32, bn=0)
 
 
-def test_in_kernel_split_sum_through_the_detector(rt, tmp_path, monkeypatch):
+def test_in_kernel_split_sum_through_the_detector(rt, tmp_path, monkeypatch, mma_alone):
     """A layer the heuristic splits (K = 576, two tiles) with YOLO_CL_MMA_SPLIT_SUM=kernel: one
     launch per conv, no split-sum launch, the per-tile counts kept alive past binding (a kernel
     does not hold its buffer arguments; NVIDIA's driver fails the enqueue of a freed one), and
