@@ -55,7 +55,7 @@ class Detector:
     runs the layers only one head needs on a second queue (branches.py; off by default, True or
     YOLO_CL_BRANCHES=1 turns it on). ``per_image``: batches run their first and last layers image
     by image on a device with a copy queue, so transfers overlap compute (per_image.py; on by
-    default, False or YOLO_CL_PER_IMAGE=0 turns it off).
+    default, False or YOLO_CL_PER_IMAGE=0 turns it off, ``"first"`` / ``"last"`` keeps one end).
     """
 
     def __init__(self, cfg: Union[str, Path], weights: Optional[Union[str, Path]] = None, *,
@@ -65,7 +65,7 @@ class Detector:
                  bn_eps: float = BN_EPS, device_preprocess: Optional[bool] = None,
                  device_decode: Optional[bool] = None, progress: bool = False, warmup: bool = False,
                  fold: Optional[bool] = None, branches: Optional[bool] = None,
-                 per_image: Optional[bool] = None) -> None:
+                 per_image=None) -> None:
         precision = precision_named(precision)
         model = load_model(cfg, weights, input_size, bn_eps=bn_eps, warn=True, fold=fold)
         self.cfg_path, self.weights_path = model.cfg_path, model.weights_path

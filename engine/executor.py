@@ -21,7 +21,7 @@ from . import branches as side, cmdbuf, staging
 from .errors import DeviceError, YoloClError
 from .graph import Graph, folding_default
 from .hostsets import HostSets
-from .kernels import BindContext, layout, writes_through
+from .kernels import BindContext, layout, written_layers
 from .kernels.nodes import bind_node, workspace_bytes
 from .launch import LaunchList
 from .measure import event_ms
@@ -56,7 +56,7 @@ class Executor:
     def __init__(self, rt, graph: Graph, batch: int = 1, precision: Precision = FP32, tuning=None,
                  weight_cache: Optional[dict] = None, command_buffer: Optional[bool] = None,
                  progress: bool = False, mma: str = "", fold: Optional[bool] = None,
-                 branches: Optional[bool] = None, per_image: Optional[bool] = None) -> None:
+                 branches: Optional[bool] = None, per_image=None) -> None:
         """``precision``: storage and arithmetic (``precision.FP32``, ``FP16``, ``TF32``);
         ``tuning``: a table with ``conv_config(node, batch)`` (None: heuristics). ``command_buffer``:
         None uses one where the device offers it (and YOLO_CL_COMMAND_BUFFER
@@ -73,7 +73,8 @@ class Executor:
         plan; None: ``YOLO_CL_BRANCHES=1`` (off by default: ``branches.wanted``). ``per_image``: at
         batch > 1 on a device with a copy queue (and no command buffer or side branch), run the
         first and last layers image by image so that each image's upload and head read overlap the
-        others' compute (per_image.py); None: ``YOLO_CL_PER_IMAGE`` (on unless ``0``)."""
+        others' compute (per_image.py); ``"first"`` or ``"last"``: that end only; None:
+        ``YOLO_CL_PER_IMAGE`` (the same words; on unless ``0``)."""
         self.rt, self.graph, self.batch, self.precision = rt, graph, batch, precision
         asked = folding_default() if fold is None else fold
         write = asked is not False              # writing through costs no extra reads anywhere
@@ -188,7 +189,7 @@ class Executor:
             bound = [one(n) for n in nodes]
         def reads_through(launches: list) -> bool:
             return any(l.config.get("through") for l in launches)
-        written = frozenset(id(n.attrs["write_through"]) for n, ls in bound if writes_through(ls))
+        written = written_layers(l for _, ls in bound for l in ls)
 
         def reread(node, launches: list) -> tuple:
             """``node`` bound again where it read through a layer its producer wrote."""
@@ -202,7 +203,6 @@ class Executor:
                 self._side_ctx.nhwc = self.ctx.nhwc
             bound = [one(n, replace(self.ctx_for(n), written=written), None) if n.output.tensor.id in bad or
                      (n.op == "conv" and n.inputs[0].tensor.id in bad) else (n, ls) for n, ls in bound]
-        self._written = written
         folded = written | {id(p) for n, ls in bound if reads_through(ls) for p in n.attrs.get("read_through") or ()}
         return [l for n, ls in bound if id(n) not in folded for l in ls]
 
@@ -222,7 +222,7 @@ class Executor:
         """The spans' per-image launches; None (all batch-wide) where a node binds another layout
         per image than batch-wide, which the plan cannot mix."""
         try:
-            return ImageSplit(self.ctx, self.graph, self.launches, node_spans, self._written, self.rt.queue)
+            return ImageSplit(self.ctx, self.graph, self.launches, node_spans, self.rt.queue)
         except (ValueError, YoloClError):
             return None
 

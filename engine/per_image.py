@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Union
 
 from .graph import Graph, writes
-from .kernels import BindContext
+from .kernels import BindContext, written_layers
 from .kernels.conv import bound_config
 from .kernels.nodes import bind_node
 from .launch import LaunchList
@@ -42,11 +42,12 @@ FIRST_GROUP = 1
 LAST_GROUP = 2
 
 
-def ends_wanted(asked: Optional[bool] = None) -> tuple:
-    """(first, last): which ends run per image; ``asked`` False or True overrides the variable."""
-    if asked is not None:
-        return (bool(asked), bool(asked))
-    v = os.environ.get(ENV, "").strip().lower()
+def ends_wanted(asked: Union[bool, str, None] = None) -> tuple:
+    """(first, last): which ends run per image; ``asked`` (False, True, or the variable's words
+    ``"0"``, ``"first"``, ``"last"``) overrides the variable."""
+    if isinstance(asked, bool):
+        return (asked, asked)
+    v = (os.environ.get(ENV, "") if asked is None else asked).strip().lower()
     return (v not in ("0", "last"), v not in ("0", "first"))
 
 
@@ -138,11 +139,9 @@ class ImageSplit:
     leaves off and takes over (``last_start`` is its length where there is no last span);
     ``first_groups`` and ``last_groups`` are the (first image, count) of each group, in order."""
 
-    def __init__(self, ctx: BindContext, graph: Graph, launches: list, node_spans: list, written: frozenset,
-                 queue) -> None:
-        """``launches``: the batch's plan; ``node_spans``: from :func:`spans`; ``written``: the ids
-        of the layers the batch's convs wrote through. ValueError where a node's launches for a
-        group disagree with the batch's."""
+    def __init__(self, ctx: BindContext, graph: Graph, launches: list, node_spans: list, queue) -> None:
+        """``launches``: the batch's plan; ``node_spans``: from :func:`spans`. ValueError where a
+        node's launches for a group disagree with the batch's."""
         self.batch = ctx.batch
         by_node: dict = {}
         for l in launches:
@@ -158,7 +157,7 @@ class ImageSplit:
             raise ValueError("the spans' launches are not the ends of the launch list")
         self.first_groups = groups(self.batch, FIRST_GROUP) if heads else []
         self.last_groups = groups(self.batch, LAST_GROUP) if tails else []
-        same = SameConfigs(ctx)
+        same, written = SameConfigs(ctx), written_layers(launches)     # as the batch binds them
         self.launches: list = []
         self._first = [self._bind(ctx, same, written, g, heads, by_node) for g in self.first_groups]
         self._last = [self._bind(ctx, same, written, g, tails, by_node) for g in self.last_groups]

@@ -94,6 +94,7 @@ def test_per_image_passes_in_flight_equal_one_at_a_time(det, precision):
 @pytest.mark.parametrize("ends", ["first", "last"])
 def test_one_end_per_image(det, monkeypatch, ends):
     monkeypatch.setenv(per_image.ENV, ends)
+    assert per_image.ends_wanted(None) == per_image.ends_wanted(ends) == (ends == "first", ends == "last")
     split, plain = pair(det["fp16"], None)
     s = split.split
     assert s is not None and bool(s.first_groups) == (ends == "first")

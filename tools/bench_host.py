@@ -188,21 +188,26 @@ def model_spec(spec: str, precision: str, tmp: Path) -> tuple:
     return name, size, batch, cfg, wts, {"model": name, "size": size, "batch": batch, "precision": precision}
 
 
-def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = (),
-                profile_detect: bool = False, detect_block: int = 10) -> tuple:
-    name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
-    shipped = resolve(name)[1] is not None
+def device_ms(cfg, wts, size: int, batch: int, precision: str, blob: np.ndarray, reps: int) -> float:
+    """Median device time (sum of kernel events) of ``reps`` profiled runs after two, batch-wide
+    (a separate profiling Detector)."""
     prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True,
-                    device_preprocess=False, device_decode=False)
+                    device_preprocess=False, device_decode=False, per_image=False)
     pex = prof.executor(batch)
-    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
     dev = []
     for i in range(reps + 2):
         pex.run(blob, profile=True)
         if i >= 2:
             dev.append(sum(t.ms for t in pex.layer_times()))
-    row["device_ms"] = float(np.median(dev))
-    del prof, pex
+    return float(np.median(dev))
+
+
+def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = (),
+                profile_detect: bool = False, detect_block: int = 10) -> tuple:
+    name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
+    shipped = resolve(name)[1] is not None
+    blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
+    row["device_ms"] = device_ms(cfg, wts, size, batch, precision, blob, reps)
     det = Detector(cfg, wts, input_size=size, precision=precision, device_preprocess=True, device_decode=True)
     ex = det.executor(batch)
     row["device"] = det.runtime.device_name
@@ -410,36 +415,21 @@ def branches_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
 
 def per_image_compare(spec: str, precision: str, tmp: Path, reps: int) -> dict:
     """The batch-wide plan against its first span, its last span and both run image by image
-    (``YOLO_CL_PER_IMAGE=0|first|last|1`` when each executor is made, one process): whether the
+    (``Detector(per_image="0"|"first"|"last"|"1")``, one process): whether the
     outputs are equal, the arena, launches per frame, then ``Executor.run`` from each one's
     ``input_array()``, taking turns of 20 calls ``reps`` times (``interleaved_ms``), against the
     device time of the batch-wide plan (profiled, median of ``reps``)."""
     name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
     blob = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
-    prof = Detector(cfg, wts, input_size=size, precision=precision, profiling=True, per_image=False)
-    pex = prof.executor(batch)
-    dev = []
-    for i in range(reps + 2):
-        pex.run(blob, profile=True)
-        dev.append(sum(t.ms for t in pex.layer_times()))
-    row["device_ms"] = d = float(np.median(dev[2:]))
-    del prof, pex
+    row["device_ms"] = d = device_ms(cfg, wts, size, batch, precision, blob, reps)
     exs, keep, ins = {}, [], {}
-    asked = os.environ.get("YOLO_CL_PER_IMAGE")
-    try:
-        for key in ("0", "first", "last", "1"):
-            os.environ["YOLO_CL_PER_IMAGE"] = key
-            det = Detector(cfg, wts, input_size=size, precision=precision)
-            exs[key] = det.executor(batch)
-            keep.append(det)
-            ins[key] = exs[key].input_array()
-            ins[key][...] = blob
-            row["device"] = det.runtime.device_name
-    finally:
-        if asked is None:
-            os.environ.pop("YOLO_CL_PER_IMAGE", None)
-        else:
-            os.environ["YOLO_CL_PER_IMAGE"] = asked
+    for key in ("0", "first", "last", "1"):
+        det = Detector(cfg, wts, input_size=size, precision=precision, per_image=key)
+        exs[key] = det.executor(batch)
+        keep.append(det)
+        ins[key] = exs[key].input_array()
+        ins[key][...] = blob
+        row["device"] = det.runtime.device_name
     outs = {k: [o.copy() for o in ex.run(ins[k])] for k, ex in exs.items()}
     row["equal"] = all(np.array_equal(a, b) for k in outs for a, b in zip(outs[k], outs["0"]))
     row["split"] = {k: ex.split is not None for k, ex in exs.items()}

@@ -227,6 +227,11 @@ def writes_through(launches: list) -> bool:
     return any(l.config.get("writes") for l in launches)
 
 
+def written_layers(launches) -> frozenset:
+    """Ids of the layers whose outputs convs among ``launches`` store by writing through them."""
+    return frozenset(id(l.node.attrs["write_through"]) for l in launches if l.config.get("writes"))
+
+
 def written_pool(ctx: BindContext, node: Node) -> Optional[Node]:
     """The 2x2 stride-2 max-pool that alone reads ``node``'s output (graph.mark_write_fusions),
     where the context writes through: a Winograd conv's tile-vector store computes it (its tiles
