@@ -24,9 +24,11 @@
  * with TF32: 32 bytes of k either way), both operands
  * read by the tensor cores straight from local memory through 64-bit matrix descriptors.
  * Local memory holds STAGES stages of KT of k of A's and B's tiles, filled by cp.async
- * STAGES - 1 tiles ahead; one barrier per stage; wgmma.wait_group 0 before a stage is refilled,
- * or with INFLIGHT (config key WI; one warpgroup, MT 64) wait_group 1: a stage's wgmma runs on
- * while the next is staged, and only the previous stage's, whose slot is refilled, must be done.
+ * STAGES - 1 tiles ahead; one barrier per stage, after which the stage STAGES - 1 ahead is
+ * staged into the slot the last stage's wgmma read (wgmma.wait_group 0 ended each stage), then
+ * this stage's wgmma issued; or with INFLIGHT (config key WI; one warpgroup, MT 64) wait_group 1
+ * after the wgmma: a stage's wgmma runs on while the next is staged, and only the previous
+ * stage's, whose slot is refilled after this stage's wgmma, must be done.
  *
  *   MT NT   64, 128 or 256 (MT: 1, 2 or 4 warpgroups)
  *   SWZ     the operand layout, which fixes KT = SWZ / ES (ES = 2, or 4 with TF32): tile rows
@@ -387,16 +389,21 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
             db[j] = yc_desc(sb + (uint)(MT * SWZ + 32 * j), B_LBO);
 #endif
         }
+        const int next = kt + STAGES - 1;
+#if INFLIGHT
         WG_FENCE();
         WGMMA_STAGE();
-#if INFLIGHT
         WG_COMMIT_WAIT(1);      /* the last stage's wgmma done: its slot is the one refilled below */
+        if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
 #else
+        /* the slot refilled is the last stage's, whose wgmma every warpgroup finished before this
+         * stage's barrier: staged first, its copies run beside this stage's wgmma (with two
+         * stages, staging after the wgmma left the copies and the tensor cores taking turns) */
+        if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
+        WG_FENCE();
+        WGMMA_STAGE();
         WG_COMMIT_WAIT(0);
 #endif
-        /* every warpgroup passed this stage's barrier after finishing the stage refilled here */
-        const int next = kt + STAGES - 1;
-        if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
     }
 #if INFLIGHT
     WG_WAIT_ALL();              /* the last stage's wgmma, before its sums are read */
