@@ -442,6 +442,28 @@ def test_k_split_sums_equal_the_whole(rt, tmp_path, algo):
     assert bench.check(bench.bind(wide)) < FP16.tolerance
 
 
+@pytest.mark.parametrize("sk", [2, 3])
+def test_split_nhwc_transpose_starts_on_a_whole_chunk(rt, tmp_path, sk):
+    """An nhwc conv with K split whose partial sums end mid-chunk (15 filters x 143 pixels x SK
+    floats): its input, transposed after them in the workspace, still starts on a 256-byte
+    boundary, and the conv passes the tuner's gate (it read 8 bytes off its 16-byte chunks
+    before: a fault on the GPU, a crash on PoCL)."""
+    from tiny_graphs import conv_nodes
+    from yolo_cl import tuner as tmod
+    tuner = tmod.Tuner(rt, FP16, reps=1)
+    text = net_header(13, 11, 96) + conv(15, size=1, act="linear") + conv(96, size=1) + conv(15, size=3)
+    nodes = conv_nodes(tmp_path / "sk.cfg", text)
+    cfg = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 32, "ST": 2, "SK": sk}
+    for node in (nodes[0], nodes[2]):
+        M, N = gw.conv_gemm_shape(node)[:2]
+        assert (4 * sk * M * N) % 16 and gw.transpose_at(cfg, M, N, 2) % 256 == 0
+        assert gw.transpose_at(cfg, M, N, 2) >= gw.partial_bytes(cfg, M, N, 2)
+        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
+        launches = bench.bind(cfg)
+        assert [l.name for l in launches] == ["nchw_to_nhwc", "gemm_wgmma", "splitk_sum"]
+        assert bench.check(launches) < FP16.tolerance, node.describe()
+
+
 def test_per_image_first_layers_on_the_family(rt, tmp_path, monkeypatch):
     """A batch's first layers bound per image (per_image.py, with a copy queue as on a GPU) on the
     tensor-core families: the batch's configs and layouts for one image, the same outputs bit for

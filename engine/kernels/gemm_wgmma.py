@@ -305,6 +305,14 @@ def nhwc_operand(ctx: BindContext, node: Node, at: int = 0) -> tuple:
     return [Launch(k, gs, (32, 8, 1), node, TRANSPOSE)], [ws] + i32(y_off, cp * x.h * x.w, 0, cp)
 
 
+def transpose_at(cfg: dict, M: int, N: int, batch: int) -> int:
+    """Where an nhwc conv's transposed input starts in the workspace: after the split-K partial
+    sums, rounded up to 256 bytes, since its pixels are copied 16 bytes at a time (4 * SK * M * N
+    bytes of partials end mid-chunk where SK * M * N is not a multiple of 4: a 255-filter 1x1 at
+    13x13 split in two faulted on the GPU and crashed PoCL)."""
+    return -(-partial_bytes(cfg, M, N, batch) // 256) * 256
+
+
 def nhwc_bytes(node: Node, batch: int, itemsize: int) -> int:
     """The workspace of an nhwc conv: its input, transposed (channels padded)."""
     x = node.inputs[0]
@@ -330,7 +338,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     if nhwc:
         wts = packed_upload(ctx, node, (node.layers[0], ctx.mma, FAMILY, "nhwc"),
                             lambda: pack_weights(nhwc_weights(node), 1, ctx.mma))
-        launches, b_args = nhwc_operand(ctx, node, partials)
+        launches, b_args = nhwc_operand(ctx, node, transpose_at(cfg, M, N, ctx.batch))
     else:
         wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY),
                             lambda: pack_weights(a["weights"].reshape(a["filters"], -1), 1, "f16"))
@@ -398,7 +406,7 @@ class WgmmaGemm:
     def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision) -> int:
         if cfg.get("algo") == "nhwc":       # the partial sums, then the transposed input
             M, N = conv_gemm_shape(node)[:2]
-            return partial_bytes(cfg, M, N, batch) + nhwc_bytes(node, batch, precision.itemsize)
+            return transpose_at(cfg, M, N, batch) + nhwc_bytes(node, batch, precision.itemsize)
         return scratch_bytes(node, cfg, batch, precision)
 
     def bind(self, ctx: BindContext, node: Node, cfg: dict) -> list:
