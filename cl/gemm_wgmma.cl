@@ -42,11 +42,7 @@
  *   STAGES  local-memory stages (config key ST), 2 or more (STAGES x (MT + NT) x KT halves <= 48 KB)
  *   SK      K split over SK work-groups (a whole number of k-tiles each, none empty: the host
  *           checks): with SK > 1 each stores its raw float sums to P = (float*)C as [SK][images][M][N]
- *           and gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue; or with SK_FIX
- *           (config key SS; trailing args P, the workspace, and counters, an int per tile left 0)
- *           each stores them to P and the work-group that finishes a tile last adds the SK planes
- *           in split order (as yc_gemm_splitk does: the same bits) and runs the epilogue itself,
- *           one launch instead of two. Grid z: images x SK
+ *           and gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. Grid z: images x SK
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
  */
@@ -132,7 +128,6 @@ inline ulong yc_desc(const uint addr, const uint lbo)
 #define SMEM_BASE(p) 0u
 #define CP_ASYNC16(dst, src, ok)                                                                 \
     (*(__local uint4*)(smem_b + (dst)) = (ok) ? *(const __global uint4*)(src) : (uint4)(0u))
-#define LOAD_L2(p) (*(const volatile __global float*)(p))
 #define CP_COMMIT()
 #define CP_WAIT()
 #define PROXY_FENCE()
@@ -188,14 +183,6 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                \
                  :: "r"(base + (dst)), "l"((ulong)(size_t)(src)), "r"((ok) ? 16 : 0) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
-/* a float another work-group stored in this launch: from the L2, past this SM's L1 */
-inline float yc_load_l2(const __global float* p)
-{
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"((ulong)(size_t)p) : "memory");
-    return v;
-}
-#define LOAD_L2(p) yc_load_l2(p)
 #define CP_WAIT() asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory")
 /* cp.async writes through the generic proxy, wgmma reads through the async one */
 #define PROXY_FENCE() asm volatile("fence.proxy.async.shared::cta;" ::: "memory")
@@ -365,15 +352,8 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 /* The GEMM families' arguments (cl/common.h): A the packed weights [Mp][Kp] (engine/kernels/
  * gemm_mma.pack_weights: rows padded to MPAD, k to KPAD with zeros), B at b_off + b * b_bstride,
  * C and R as gemm_epilogue.h stores them; G is 1. Grid: (N tiles x THREADS, M tiles, images). */
-#if defined(SK_FIX) && SK == 1
-#error "SK_FIX sums a K split"
-#endif
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
-void yc_gemm_wgmma(YC_GEMM_PARAMS
-#ifdef SK_FIX
-                   , __global float* restrict P, volatile __global int* restrict counters
-#endif
-                   )
+void yc_gemm_wgmma(YC_GEMM_PARAMS)
 {
     __local uint4 smem[STAGES * STAGE / 16] __attribute__((aligned(1024)));   /* the swizzle's period */
     __local uchar* smem_b = (__local uchar*)smem;
@@ -428,59 +408,20 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS
 #if INFLIGHT
     WG_WAIT_ALL();              /* the last stage's wgmma, before its sums are read */
 #endif
-    const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    /* BODY once per accumulator e of this work-item inside C, at row m, column n (the wgmma
-     * accumulator layout: stacked m16n8 fragments) */
-#define YC_EACH_ACC(BODY)                                                                        \
-    _Pragma("unroll") for (int i = 0; i < NT / 8; ++i)                                           \
-    _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                              \
-        const int e = 4 * i + q, m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t + (q & 1); \
-        if (m < M && n < N) { BODY }                                                             \
-    }
 #if SK > 1
-    const size_t plane = (size_t)M * N, images = get_num_groups(2) / SK;
-#ifdef SK_FIX
-    __global float* Pk = P + ((size_t)ks * images + b) * plane;
+    __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
+#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
 #else
-    __global float* Pk = (__global float*)C + ((size_t)ks * images + b) * plane;
+    YC_EPILOGUE_BASES(b)
+#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
 #endif
-    YC_EACH_ACC(Pk[(size_t)m * N + n] = acc[e];)
-#ifdef SK_FIX
-    /* The work-group that finishes a tile last (a count per tile, reset to 0 by that group for
-     * the next launch) adds the planes in split order and runs the epilogue; every work-item
-     * fences its partial stores device-wide before the count. */
-    __local int sk_last[1];
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    if (tid == 0) {
-        const int tile = (b * (int)get_num_groups(1) + (int)get_group_id(1)) * (int)get_num_groups(0)
-                         + (int)get_group_id(0);
-        sk_last[0] = atomic_inc(counters + tile) == SK - 1;
-        if (sk_last[0])
-            counters[tile] = 0;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (!sk_last[0])
-        return;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    float tot[NT / 2];
+    const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int e = 0; e < NT / 2; ++e) tot[e] = 0.0f;
-    for (int s = 0; s < SK; ++s) {
-        if (s == ks) {
+    for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
-            for (int e = 0; e < NT / 2; ++e) tot[e] += acc[e];
-        } else {
-            const __global float* Ps = P + ((size_t)s * images + b) * plane;
-            YC_EACH_ACC(tot[e] += LOAD_L2(Ps + (size_t)m * N + n);)
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t + (q & 1);
+            if (m < M && n < N)
+                STORE_C(acc[4 * i + q], m, n);
         }
-    }
-    YC_EPILOGUE_BASES(b)
-    YC_EACH_ACC(yc_gemm_store(tot[e], m, n, 0, M, ldc, bias, C, cb, R, rbase);)
-#endif
-#else
-    YC_EPILOGUE_BASES(b)
-    YC_EACH_ACC(yc_gemm_store(acc[e], m, n, 0, M, ldc, bias, C, cb, R, rbase);)
-#endif
-#undef YC_EACH_ACC
 }

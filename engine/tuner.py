@@ -248,13 +248,6 @@ class ConvBench:
                         self.ref_through)
         return max(err, rel_error(out[:, 1:-1], self.ref)) if self.keeps else err
 
-    def output(self, launches: list) -> np.ndarray:
-        """The conv's output tensor after one run of ``launches`` (as :meth:`check` runs them, its
-        unwritten neighbours NaN), as float32: to compare two configs bit for bit."""
-        self.check(launches)
-        t = self.tensors[1]
-        return self._out.astype(np.float32).reshape(self.batch, t.c, t.h, t.w)
-
     def time(self, launches: list, reps: int, clock: str = "events") -> float:
         """Fastest of ``reps`` runs in milliseconds (``measure.time_launches``), plus the launch of
         the layer the conv writes through where these launches do not store it; without an input

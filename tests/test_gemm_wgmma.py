@@ -442,30 +442,6 @@ def test_k_split_sums_equal_the_whole(rt, tmp_path, algo):
     assert bench.check(bench.bind(wide)) < FP16.tolerance
 
 
-@pytest.mark.parametrize("algo", ["gemm1x1", "nhwc"])
-def test_split_sum_in_the_gemm_launch_equals_the_second_launch(rt, tmp_path, algo):
-    """``SS`` 1: each tile's last work-group adds the splits in the GEMM launch, one launch instead
-    of two, with the same bits as the split-sum kernel (same order); run twice, since its counts
-    must be left at 0 for the next launch; SS without a split is refused."""
-    from tiny_graphs import conv_nodes
-    from yolo_cl import tuner as tmod
-    tuner = tmod.Tuner(rt, FP16, reps=1)
-    size, ch = (1, 576) if algo == "gemm1x1" else (3, 64)
-    text = net_header(9, 7, ch) + conv(ch, size=size) + conv(ch, size=size) + shortcut(-2)
-    node = [n for n in conv_nodes(tmp_path / "ss.cfg", text) if n.attrs.get("residual") is not None][0]
-    cfg = {"family": "wgmma", "algo": algo, "MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "SK": 3}
-    bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
-    two = bench.bind(cfg)
-    assert [l.name for l in two][-2:] == ["gemm_wgmma", "splitk_sum"]
-    ref = bench.output(two)
-    one = bench.bind({**cfg, "SS": 1})
-    assert [l.name for l in one if l.name != "nchw_to_nhwc"] == ["gemm_wgmma"]
-    assert np.array_equal(bench.output(one), ref, equal_nan=True)
-    assert np.array_equal(bench.output(one), ref, equal_nan=True)
-    assert bench.check(one) < FP16.tolerance
-    assert "only with SK > 1" in gw.why_illegal({**cfg, "SK": 1, "SS": 1})
-
-
 @pytest.mark.parametrize("sk", [2, 3])
 def test_split_nhwc_transpose_starts_on_a_whole_chunk(rt, tmp_path, sk):
     """An nhwc conv with K split whose partial sums end mid-chunk (15 filters x 143 pixels x SK

@@ -13,8 +13,7 @@ input transposed to pixels of channels first (padded with zeros to a multiple of
 input, not im2col's KxK), with the shared epilogue
 (bias, activation, fused shortcut, concat slice, an upsample written through, channels-last where
 kernels/layout.py says); split-K (``SK``, not with im2col) through the local family's split-sum
-kernel, or with ``SS`` 1 summed by each tile's last work-group in the same launch (the mma
-family's switch, ``YOLO_CL_MMA_SPLIT_SUM=kernel`` for every split, too); no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
+kernel; no pool written through. It is offered on a Hopper GPU (or with ``YOLO_CL_WGMMA_EMULATE=1``) and
 used where its probe passes (run when its configs are first asked for or checked), searched by
 the tuner next to the others. At ``tf32`` (``m64nNk8.f32.tf32.tf32``: float operands, which the
 tensor cores read as TF32, both k-contiguous as the instruction requires) it runs ``nhwc`` convs
@@ -35,7 +34,7 @@ import numpy as np
 from . import TRANSPOSE, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
     is_pointwise, marked, packed_upload, residual_args, write_target
 from .gemm_local import b_operand, conv_cost, k_chunk, partial_bytes, scratch_bytes, split_k, split_sum_spec
-from .gemm_mma import KPAD, compute_capability, pack_weights, split_in_kernel
+from .gemm_mma import KPAD, compute_capability, pack_weights
 from ..errors import YoloClError
 from ..graph import Node
 from ..ptx import raise_to_sm90a
@@ -94,8 +93,6 @@ def why_illegal(cfg: dict) -> Optional[str]:
         return f"{local_bytes(cfg)} bytes of local memory (at most {LOCAL_LIMIT})"
     if not 1 <= split_k(cfg) <= 8:
         return "SK is 1 to 8"
-    if int(cfg.get("SS", 0)) not in (0, 1) or (int(cfg.get("SS", 0)) and split_k(cfg) == 1):
-        return "SS (split sum in the GEMM launch) is 0 or 1, and 1 only with SK > 1"
     if int(cfg.get("WI", 0)) not in (0, 1) or (int(cfg.get("WI", 0)) and int(cfg["MT"]) != 64):
         return "WI (a stage's wgmma kept in flight) is 0 or 1, and 1 only with MT 64 (one warpgroup)"
     return None
@@ -308,14 +305,6 @@ def nhwc_operand(ctx: BindContext, node: Node, at: int = 0) -> tuple:
     return [Launch(k, gs, (32, 8, 1), node, TRANSPOSE)], [ws] + i32(y_off, cp * x.h * x.w, 0, cp)
 
 
-def split_counts(ctx: BindContext, node: Node, cfg: dict, M: int, N: int):
-    """The zeroed int32 per C tile an in-kernel split sum (``SS``) counts its splits in, kept by
-    the context (a kernel does not keep its buffer arguments alive)."""
-    n = -(-M // int(cfg["MT"])) * -(-N // int(cfg["NT"])) * ctx.batch
-    return ctx.cached((node.layers[0], FAMILY, "split-K counts", n), lambda: {
-        "counts": ctx.rt.upload(np.zeros(n, np.int32), f"split-K counts of layer {node.label}")})["counts"]
-
-
 def transpose_at(cfg: dict, M: int, N: int, batch: int) -> int:
     """Where an nhwc conv's transposed input starts in the workspace: after the split-K partial
     sums, rounded up to 256 bytes, since its pixels are copied 16 bytes at a time (4 * SK * M * N
@@ -363,20 +352,16 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         d.update({"NHWC" if nhwc else "IMPLICIT": True}, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"],
                  PAD=a["pad"], DIL=a["dilation"])
         extra = i32(x.h, x.w, node.output.w)
-    fixed = split_in_kernel(cfg)
-    c_args = store.c_args if sk == 1 or fixed else [ctx.scratch(partials)] + i32(0, 0, N)
+    c_args = store.c_args if sk == 1 else [ctx.scratch(partials)] + i32(0, 0, N)
     r_args = residual_args(ctx, node)
     args = [wts["A"], wts["bias"]] + b_args + c_args + r_args + i32(M, N, K, 1) + extra
-    if fixed:       # the partial sums, then a count per tile that its last work-group leaves 0
-        d["SK_FIX"] = True
-        args += [ctx.scratch(partials), split_counts(ctx, node, cfg, M, N)]
     gs, ls = launch(cfg, M, N, ctx.batch)
     k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
     info = marked(cfg, store.writes, store.layout)
     if nhwc and not launches:
         info["reads"] = "nhwc"
     launches.append(Launch(k, gs, ls, node, "gemm_wgmma", info, node.flops * ctx.batch))
-    if sk > 1 and not fixed:    # the partial sums added and the epilogue run by the local family's split-sum kernel
+    if sk > 1:      # the partial sums added and the epilogue run by the local family's split-sum kernel
         src, name, sum_d, sum_args, gs, ls = split_sum_spec(d, sk, c_args[0], wts["bias"], store.c_args, r_args,
                                                             M, N, 1, ctx.batch, store.n_out)
         launches.append(Launch(ctx.kernel(src, name, sum_d, sum_args), gs, ls, node, "splitk_sum", info))
@@ -389,7 +374,7 @@ class WgmmaGemm:
     name = FAMILY
     tensor_cores = True
     timed_beside_tensor_cores = False
-    derived, schedule, block = (), ("WI", "SS"), ("MT", "NT")
+    derived, schedule, block = (), ("WI",), ("MT", "NT")
     stores_nhwc, reads_nhwc = ALGOS, ("nhwc",)
 
     # The probe runs only where the family is asked for configs (the tuner) or a stored config
