@@ -141,6 +141,8 @@ def _filler(n: int) -> np.ndarray:
 
 
 # -- the report -----------------------------------------------------------------------------
+TENSOR_CORE_KERNELS = ("gemm_mma", "gemm_wgmma")      # launch names of the tensor-core families' GEMMs
+
 @dataclass
 class LaunchStat:
     """Median device time of one launch over the profiled runs."""
@@ -241,6 +243,10 @@ class BenchReport:
             kinds[l.name] = kinds.get(l.name, 0) + 1
         lines.append(f"launches per frame: {len(self.launches)} (" +
                      ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])) + ")")
+        cores = sorted({l.name for l in self.launches if l.name in TENSOR_CORE_KERNELS})
+        if cores:
+            lines.append(f"(the peak is the FMA units'; {', '.join(cores)} run on the tensor cores, whose rate is "
+                         "several times higher, so their %peak may exceed 100)")
         if any(l.name.startswith("wino") for l in self.launches):
             lines.append("(GFLOP/s count a conv's direct-convolution FLOPs: Winograd does fewer multiplies, so its "
                          "rates are effective ones and may exceed the peak)")

@@ -389,6 +389,20 @@ def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
     assert "total" in table[-1]
 
 
+def test_bench_report_says_the_peak_is_the_fma_units_where_tensor_cores_ran():
+    """A plan with tensor-core GEMMs reports %peak against the FMA peak, which those exceed: the
+    report says so, and only then."""
+    from yolo_cl.bench import BenchReport, LaunchStat
+
+    def report(name: str) -> str:
+        launch = LaunchStat("0", "conv 3x3/1 leaky", name, 0.01, 10 ** 9, {})
+        return BenchReport("net", (416, 416), 1, "fp16", "GPU", "P", "1", "GPU", 100.0, "given", "random",
+                           [launch], [0.02], [0.01]).render()
+    tensor, fma = report("gemm_wgmma"), report("gemm_local")
+    assert "100000.0" in tensor and "gemm_wgmma run on the tensor cores" in tensor
+    assert "tensor cores" not in fma
+
+
 def test_no_shipped_tuning_switch(monkeypatch):
     """YOLO_CL_NO_SHIPPED_TUNING=1 hides the shipped files (the heuristic-alone measurement)."""
     monkeypatch.delenv("YOLO_CL_NO_SHIPPED_TUNING", raising=False)
