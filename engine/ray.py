@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -204,15 +205,29 @@ def _refusal(path: str, method: str, in_flight: int, max_in_flight: int):
     return None
 
 
+DOWN_S = 1.0        # how long the ingress sends nothing new to a device whose call just failed
+
+
+def _route(in_flight: list, down_until: list, now: float) -> list:
+    """The devices in the order a request tries them: those not resting after a failure first,
+    then the fewest requests in flight. A dead replica fails its calls at once, so by requests in
+    flight alone it would look the least busy and draw every request until Ray restarts it."""
+    return sorted(range(len(in_flight)), key=lambda i: (down_until[i] > now, in_flight[i], i))
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
 class Ingress:
     """HTTP over several devices: read and check a request as the embedded server does, then
-    send the encoded image to the device with the fewest requests in flight."""
+    send the encoded image to the device with the fewest requests in flight. A device whose call
+    fails (its replica died, say) is passed over for :data:`DOWN_S` seconds, and the request is
+    tried once more on the next device before it is answered 503."""
 
     def __init__(self, devices: list, limits, max_in_flight: int) -> None:
         self.devices = devices
         self.limits, self.max_in_flight = limits, max_in_flight
         self.in_flight = [0] * len(devices)
+        self.reading = 0                       # requests whose bodies are still arriving
+        self.down_until = [0.0] * len(devices)
         self.answered = 0
         self.fit: Optional[str] = None         # the Detectors' resize mode, asked once
 
@@ -223,29 +238,37 @@ class Ingress:
         if path == "/healthz" and request.method == "GET":
             infos = await asyncio.gather(*(d.info.remote() for d in self.devices))
             return JSONResponse({"status": "ok", "devices": [i["device"] for i in infos], "ray": True})
-        refused = _refusal(path, request.method, sum(self.in_flight), self.max_in_flight)
+        refused = _refusal(path, request.method, sum(self.in_flight) + self.reading, self.max_in_flight)
         if refused is not None:
             return refused
-        k = min(range(len(self.devices)), key=lambda i: (self.in_flight[i], i))
-        self.in_flight[k] += 1
+        self.reading += 1
         try:
             data, thresh, nms, filename = await read_image_body(request, self.limits)
-            dets, size = await asyncio.wait_for(self.devices[k].detect_encoded.remote(data, thresh, nms),
-                                                self.limits.timeout)
-            if self.fit is None:
-                self.fit = (await self.devices[k].info.remote())["fit"]
         except HTTPException as e:
             return error_response(e.status_code, e.detail)
-        except asyncio.TimeoutError:
-            return error_response(504, f"no answer within {self.limits.timeout:g} s")
-        except Exception as e:          # noqa: BLE001 - a replica died or failed: an answer, not a traceback
-            return error_response(503, f"device {k} failed ({type(e).__name__}); try again")
         finally:
-            self.in_flight[k] -= 1
-        if isinstance(dets, int):                  # the device could not decode it: (status, message)
-            return error_response(dets, size)
-        self.answered += 1
-        return _answer(self.answered, filename, dets, size, self.fit)
+            self.reading -= 1
+        failed = ""
+        for k in _route(self.in_flight, self.down_until, time.monotonic())[:2]:
+            self.in_flight[k] += 1
+            try:
+                dets, size = await asyncio.wait_for(self.devices[k].detect_encoded.remote(data, thresh, nms),
+                                                    self.limits.timeout)
+                if self.fit is None:
+                    self.fit = (await self.devices[k].info.remote())["fit"]
+            except asyncio.TimeoutError:
+                return error_response(504, f"no answer within {self.limits.timeout:g} s")
+            except Exception as e:      # noqa: BLE001 - a replica died or failed: the next device, then an answer
+                self.down_until[k] = time.monotonic() + DOWN_S
+                failed = f"device {k} failed ({type(e).__name__}); try again"
+                continue
+            finally:
+                self.in_flight[k] -= 1
+            if isinstance(dets, int):              # the device could not decode it: (status, message)
+                return error_response(dets, size)
+            self.answered += 1
+            return _answer(self.answered, filename, dets, size, self.fit)
+        return error_response(503, failed)
 
 
 def serve_app(model="yolov3-tiny", weights=None, *, devices: Sequence = (None,), replicas: int = 1,
@@ -267,7 +290,9 @@ def serve_app(model="yolov3-tiny", weights=None, *, devices: Sequence = (None,),
     if len(devices) == 1:
         return deps[0].bind(model, weights, devices[0], detector_opts, max_batch, max_wait_ms, limits,
                             max_in_flight // replicas)
-    handles = [dep.bind(model, weights, spec, detector_opts, max_batch, max_wait_ms, limits)
+    # Each device may queue all the ingress lets in: when one dies, the others take its share
+    # instead of refusing past their own small queues.
+    handles = [dep.bind(model, weights, spec, detector_opts, max_batch, max_wait_ms, limits, max_in_flight)
                for dep, spec in zip(deps, devices)]
     return Ingress.options(name="yolo-cl-ingress").bind(handles, limits, max_in_flight)
 

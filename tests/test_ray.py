@@ -198,6 +198,15 @@ async def _burst(url: str, data: bytes, n: int, on_started) -> list:
         return await asyncio.gather(*tasks)
 
 
+def test_ingress_passes_over_a_device_that_just_failed():
+    """The ingress's order: a device resting after a failed call comes last however few requests
+    it holds, then the fewest in flight; once its rest is over it is tried again."""
+    from yolo_cl.ray import _route
+    assert _route([3, 0, 5], [0.0, 0.0, 0.0], 10.0) == [1, 0, 2]
+    assert _route([3, 0, 5], [0.0, 11.0, 0.0], 10.0) == [0, 2, 1]      # device 1 failed a moment ago
+    assert _route([3, 0, 5], [0.0, 11.0, 0.0], 12.0) == [1, 0, 2]      # ... and has rested
+
+
 def test_serve_app_survives_a_killed_replica(cluster, serve_url, cli_json):
     serve.run(cluster.serve_app(devices=["0", "0"], input_size=SIZE, max_batch=2), name="yolo-cl", route_prefix="/")
     url = serve_url
@@ -215,9 +224,10 @@ def test_serve_app_survives_a_killed_replica(cluster, serve_url, cli_json):
             assert same_objects(body["objects"], want)          # every acknowledged answer is right
         else:
             assert set(body) == {"error"}
-    # the survivor carries the load: most answers are detections (not all: the requests the
-    # killed replica held come back 503, and one loaded CI run answered 28 of 60 with 200)
-    assert codes.count(200) >= 20, codes
+    # the survivor carries the load: the requests the killed replica held are tried again on it,
+    # and the dead device is passed over (before, it failed its calls at once, so it looked the
+    # least busy and drew most of the burst: 18-28 of 60 answered 200 on loaded CI runs)
+    assert codes.count(200) >= 50, codes
     # Ray restarts the replica: device 0 answers again, from a new process
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
