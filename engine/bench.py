@@ -141,7 +141,14 @@ def _filler(n: int) -> np.ndarray:
 
 
 # -- the report -----------------------------------------------------------------------------
-TENSOR_CORE_KERNELS = ("gemm_mma", "gemm_wgmma")      # launch names of the tensor-core families' GEMMs
+def _on_tensor_cores(cfg: dict) -> bool:
+    """Whether a launch's config belongs to a family that computes on tensor cores."""
+    from .kernels.family import family_of
+    try:
+        return family_of(cfg).tensor_cores
+    except ValueError:              # a launch of no family (a max-pool, a transpose)
+        return False
+
 
 @dataclass
 class LaunchStat:
@@ -243,7 +250,7 @@ class BenchReport:
             kinds[l.name] = kinds.get(l.name, 0) + 1
         lines.append(f"launches per frame: {len(self.launches)} (" +
                      ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])) + ")")
-        cores = sorted({l.name for l in self.launches if l.name in TENSOR_CORE_KERNELS})
+        cores = sorted({l.name for l in self.launches if l.flops and _on_tensor_cores(l.config)})
         if cores:
             lines.append(f"(the peak is the FMA units'; {', '.join(cores)} run on the tensor cores, whose rate is "
                          "several times higher, so their %peak may exceed 100)")

@@ -394,11 +394,11 @@ def test_bench_report_says_the_peak_is_the_fma_units_where_tensor_cores_ran():
     report says so, and only then."""
     from yolo_cl.bench import BenchReport, LaunchStat
 
-    def report(name: str) -> str:
-        launch = LaunchStat("0", "conv 3x3/1 leaky", name, 0.01, 10 ** 9, {})
+    def report(name: str, family: str) -> str:
+        launch = LaunchStat("0", "conv 3x3/1 leaky", name, 0.01, 10 ** 9, {"family": family, "algo": "nhwc"})
         return BenchReport("net", (416, 416), 1, "fp16", "GPU", "P", "1", "GPU", 100.0, "given", "random",
                            [launch], [0.02], [0.01]).render()
-    tensor, fma = report("gemm_wgmma"), report("gemm_local")
+    tensor, fma = report("gemm_wgmma", "wgmma"), report("gemm_local", "local")
     assert "100000.0" in tensor and "gemm_wgmma run on the tensor cores" in tensor
     assert "tensor cores" not in fma
 
