@@ -13,12 +13,17 @@ Prints, for the first GPU (or ``YOLO_CL_DEVICE``):
   * the floor of a kernel: the event time of a trivial kernel (a work-group of 256 per compute
     unit) with no, 16 KB or 47 KB of static local memory, 60 in a row, and alternating between
     none and 47 KB (a network alternates GEMMs that stage tiles with pools and sums that do not:
-    a cost of switching the local-memory carve-out would show there). Medians.
+    a cost of switching the local-memory carve-out would show there). Medians;
+  * whether thread-block clusters reach a kernel (what TMA multicast and distributed local memory
+    need): its PTX patched to sm_90a with ``.reqnctapercluster 2, 1, 1`` in the entry, each
+    work-group reads ``%cluster_nctarank``; then with ``.explicitcluster`` as well (last: its
+    launch may fail and take the context with it).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from yolo_cl.ptx import raise_to_sm90a
 from yolo_cl.runtime import Runtime
 
 KERNELS = {
@@ -55,6 +60,12 @@ L2 = """__kernel void k(__global const uint4* x, int n, int rounds, __global uin
                                              loop (a rotation by r * 4099): nothing to reuse or fold */
         for (int i = get_global_id(0); i < n; i += get_global_size(0)) acc += x[(i + r * 4099) & (n - 1)] * (uint)(r + 1);
     out[get_global_id(0)] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+}"""
+
+CLUSTER = """__kernel __attribute__((reqd_work_group_size(32, 1, 1))) void k(__global uint* out) {
+    uint n;
+    asm volatile("// YC_PTX mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    if (get_local_id(0) == 0) out[get_group_id(0)] = n;
 }"""
 
 
@@ -111,7 +122,29 @@ def main() -> int:
     best = min(_time(rt, k2) for _ in range(6))
     print(f"L2 read bandwidth: {16 * n * rounds / best / 1e6:.0f} GB/s (16 MB read {rounds} times in {best:.3f} ms)")
     floors(rt, x)
+    clusters(rt)
     return 0
+
+
+def clusters(rt) -> None:
+    """Print the cluster size work-groups see when the entry asks for clusters of two."""
+    cl = rt.cl
+    built = cl.Program(rt.context, CLUSTER).build().get_info(cl.program_info.BINARIES)[0]
+    for directives in (".reqnctapercluster 2, 1, 1", ".explicitcluster\n.reqnctapercluster 2, 1, 1"):
+        what = directives.replace("\n", " ")
+        try:
+            ptx = raise_to_sm90a(built).replace(b".reqntid", directives.encode() + b"\n.reqntid", 1)
+            k = cl.Kernel(cl.Program(rt.context, [rt.device], [ptx]).build(), "k")
+            out = cl.Buffer(rt.context, cl.mem_flags.WRITE_ONLY, 4 * 8)
+            k.set_args(out)
+            cl.enqueue_nd_range_kernel(rt.queue, k, (32 * 8,), (32,))
+            seen = np.empty(8, np.uint32)
+            cl.enqueue_copy(rt.queue, seen, out)
+            rt.queue.finish()
+            print(f"entry with {what}: work-groups see clusters of {sorted(set(seen.tolist()))}")
+        except cl.Error as e:
+            print(f"entry with {what}: fails ({str(e).splitlines()[0][:120]})")
+            return
 
 
 def floors(rt, x) -> None:
