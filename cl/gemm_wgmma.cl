@@ -6,7 +6,11 @@
  * in the built PTX and raises its target to sm_90a, and the runtime loads that PTX as a binary.
  *
  *   A   the packed weights [Mp][Kp] half (k contiguous, zero-padded: gemm_mma.pack_weights), with
- *       TF32 float rounded to TF32
+ *       TF32 float rounded to TF32; or with A_REG (config key AR, half only) each work-item's wgmma
+ *       A fragments, [Mp/MT][Kp/16][THREADS] uint4 (gemm_wgmma.pack_fragments), loaded straight
+ *       into registers one k-tile ahead and read from there by the wgmma: the stages then hold B
+ *       alone, and local memory carries only B's copies and reads (4096^3 on an H200: 412 TFLOP/s
+ *       against 281 with A staged, BENCHMARKS.md twenty-fifth session)
  *   B   [N][K] half (B transposed: k contiguous; ldb, K and offsets multiples of 8), with TF32
  *       float (the tensor cores take each float's TF32 bits: its low 13 mantissa bits dropped),
  *       or with B_KN [K][N] (n contiguous: a conv's input planes, gemm1x1 or im2col), read by wgmma in its
@@ -100,7 +104,17 @@ typedef ushort yc_elem;
 #define KSTEPS (SWZ / 32)              /* wgmma per stage */
 #define CHUNKS (SWZ / 16)              /* 16-byte chunks per row */
 #define THREADS (2 * MT)               /* MT / 64 warpgroups of 128 */
-#define STAGE ((MT + NT) * SWZ)        /* bytes of a stage: A's MT rows of KT, then B's KT x NT */
+#ifdef A_REG
+#define ACOPY 0                        /* A's rows copied into a stage: none, A goes to registers */
+#else
+#define ACOPY MT
+#endif
+#if defined(A_REG) && !defined(WGMMA_EMULATE)
+#define AROWS 0                        /* A's rows held in a stage (the emulation reads A from one) */
+#else
+#define AROWS MT
+#endif
+#define STAGE ((AROWS + NT) * SWZ)     /* bytes of a stage: A's MT rows of KT (unless A_REG), then B's KT x NT */
 #define NA (SWZ / 2)                   /* B_KN: n of a swizzle atom's row */
 #ifdef B_KN
 #define B_TRANS "1"
@@ -243,10 +257,63 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
     asm volatile("// YC_PTX { .reg .pred p; setp.ne.b32 p, 1, 0; " WG_ALL "}"                    \
                  : WG_ACC : "l"(da[0]), "l"(da[1]), "l"(da[2]), "l"(da[3]),                      \
                    "l"(db[0]), "l"(db[1]), "l"(db[2]), "l"(db[3]) : "memory")
+#ifdef A_REG
+/* A from registers: one m64nNTk16 per k-step j, its A fragment ar[j] (four registers of two halves:
+ * rows g and g + 8 of the warp's 16, k 2t, 2t + 1 and 2t + 8, 2t + 9), B by descriptor db[j]. */
+#if defined(TF32) || NT > 128 || INFLIGHT
+#error "A_REG: half inputs, NT 64 or 128, each stage's wgmma waited for (its A registers are refilled)"
+#endif
+#define WGR_TAIL ", p, 1, 1, " B_TRANS "; "
+#if NT == 64
+#define WGR_AB0 ", {%32, %33, %34, %35}, %48" WGR_TAIL
+#define WGR_AB1 ", {%36, %37, %38, %39}, %49" WGR_TAIL
+#define WGR_AB2 ", {%40, %41, %42, %43}, %50" WGR_TAIL
+#define WGR_AB3 ", {%44, %45, %46, %47}, %51" WGR_TAIL
+#else
+#define WGR_AB0 ", {%64, %65, %66, %67}, %80" WGR_TAIL
+#define WGR_AB1 ", {%68, %69, %70, %71}, %81" WGR_TAIL
+#define WGR_AB2 ", {%72, %73, %74, %75}, %82" WGR_TAIL
+#define WGR_AB3 ", {%76, %77, %78, %79}, %83" WGR_TAIL
+#endif
+#define WGR_ONE(j) WG_INSN WG_D WGR_AB##j
+#if KSTEPS == 1
+#define WGR_ALL WGR_ONE(0)
+#elif KSTEPS == 2
+#define WGR_ALL WGR_ONE(0) WGR_ONE(1)
+#else
+#define WGR_ALL WGR_ONE(0) WGR_ONE(1) WGR_ONE(2) WGR_ONE(3)
+#endif
+#define AR4(j) "r"(ar[j].x), "r"(ar[j].y), "r"(ar[j].z), "r"(ar[j].w)
+#undef WGMMA_STAGE
+#define WGMMA_STAGE()                                                                            \
+    asm volatile("// YC_PTX { .reg .pred p; setp.ne.b32 p, 1, 0; " WGR_ALL "}"                   \
+                 : WG_ACC : AR4(0), AR4(1), AR4(2), AR4(3),                                      \
+                   "l"(db[0]), "l"(db[1]), "l"(db[2]), "l"(db[3]) : "memory")
+#endif
 #define WG_FENCE() asm volatile("// YC_PTX wgmma.fence.sync.aligned;" ::: "memory")
 #define WG_WAIT_ALL() asm volatile("// YC_PTX wgmma.wait_group.sync.aligned 0;" ::: "memory")
 #define WG_COMMIT_WAIT(n)                                                                        \
     asm volatile("// YC_PTX wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned " #n ";" ::: "memory")
+#endif
+
+#if defined(A_REG) && defined(WGMMA_EMULATE)
+/* The emulated wgmma reads A from the stage's A tile: each work-item writes its fragments there
+ * (ar[j].x: rows g, k 2t and 2t + 1; .y rows g + 8; .z and .w the same at k + 8), then a barrier. */
+#define A_FRAGMENTS_TO_LOCAL()                                                                   \
+    {                                                                                            \
+        const int w = wtid >> 5, g = (tid & 31) >> 2, t = tid & 3;                               \
+        for (int j = 0; j < KSTEPS; ++j) {                                                       \
+            const uint v[4] = {ar[j].x, ar[j].y, ar[j].z, ar[j].w};                              \
+            for (int q = 0; q < 4; ++q)                                                          \
+                for (int h = 0; h < 2; ++h)                                                      \
+                    *(__local ushort*)(smem_b + yc_operand_at(da[j], 16 * w + g + 8 * (q & 1),   \
+                                                              2 * t + h + 8 * (q >> 1)))         \
+                        = (ushort)(v[q] >> (16 * h));                                            \
+        }                                                                                        \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
+    }
+#else
+#define A_FRAGMENTS_TO_LOCAL()
 #endif
 
 /* Stage s <- k-tile kt of A's and B's tiles, each work-item copying 16-byte chunks (zeros past
@@ -293,7 +360,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #define LOAD_B(s, kt, q)                                                                         \
     {                                                                                            \
         const int k = (q) / (NT / 8), c8 = (q) - k * (NT / 8), na = c8 / (NA / 8);               \
-        B_CHUNK((s) * STAGE + MT * SWZ + (na * (KT / 8) + (k >> 3)) * 8 * SWZ                    \
+        B_CHUNK((s) * STAGE + AROWS * SWZ + (na * (KT / 8) + (k >> 3)) * 8 * SWZ                    \
                 + CHUNK_AT(k & 7, c8 - na * (NA / 8)), (kt) * KT + k, n0 + 8 * c8)               \
     }
 #else
@@ -301,7 +368,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     {                                                                                            \
         const int r = (q) / CHUNKS, c = (q) - r * CHUNKS, k = (kt) * KT + c * EPC;               \
         const bool ok = n0 + r < N && k < K;                                                     \
-        CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + r, c), ok ? Bg + (size_t)(n0 + r) * ldb + k : Bg, ok); \
+        CP_ASYNC16((s) * STAGE + CHUNK_AT(AROWS + r, c), ok ? Bg + (size_t)(n0 + r) * ldb + k : Bg, ok); \
     }
 #endif
 #ifdef NHWC
@@ -322,7 +389,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
         ix0[i] = ox * SX - PAD;                                                                  \
     }
 #define LOAD_STAGE(s, kt)                                                                        \
-    for (int q = tid; q < MT * CHUNKS; q += THREADS) {                                           \
+    for (int q = tid; q < ACOPY * CHUNKS; q += THREADS) {                                        \
         const int r = q / CHUNKS, c = q - r * CHUNKS;                                            \
         CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * EPC, true); \
     }                                                                                            \
@@ -330,7 +397,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
         const int q = tid + i * THREADS, iy = iy0[i] + ky * DIL, ix = ix0[i] + kx * DIL;         \
         const bool ok = ky < KS && iy >= 0 && iy < H && ix >= 0 && ix < W;                       \
         if (q < NT * CHUNKS)                                                                     \
-            CP_ASYNC16((s) * STAGE + CHUNK_AT(MT + q / CHUNKS, q % CHUNKS),                      \
+            CP_ASYNC16((s) * STAGE + CHUNK_AT(AROWS + q / CHUNKS, q % CHUNKS),                      \
                        ok ? Bg + ((size_t)iy * W + ix) * cin + cc : Bg, ok);                     \
     }                                                                                            \
     CP_COMMIT();                                                                                 \
@@ -339,12 +406,12 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #else
 #define NHWC_START()
 #define LOAD_STAGE(s, kt)                                                                        \
-    for (int q = tid; q < (MT + NT) * CHUNKS; q += THREADS) {                                    \
-        if (q < MT * CHUNKS) {                                                                   \
+    for (int q = tid; q < (ACOPY + NT) * CHUNKS; q += THREADS) {                                 \
+        if (q < ACOPY * CHUNKS) {                                                                \
             const int r = q / CHUNKS, c = q - r * CHUNKS;                                        \
             CP_ASYNC16((s) * STAGE + CHUNK_AT(r, c), Ag + (size_t)r * lda + (kt) * KT + c * EPC, true); \
         } else                                                                                   \
-            LOAD_B(s, kt, q - MT * CHUNKS)                                                       \
+            LOAD_B(s, kt, q - ACOPY * CHUNKS)                                                    \
     }                                                                                            \
     CP_COMMIT();
 #endif
@@ -370,6 +437,16 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+#ifdef A_REG
+    /* A packed as [m-tile][k-step][THREADS] fragments (gemm_wgmma.pack_fragments): a k-step's are
+     * THREADS consecutive 16-byte loads; each tile's are loaded one tile ahead */
+    const __global uint4* Af = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / 16) * THREADS + tid;
+    uint4 ar[4], an[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ar[j] = an[j] = (uint4)(0u);
+#pragma unroll
+    for (int j = 0; j < KSTEPS; ++j) ar[j] = Af[(size_t)(kt0 * KSTEPS + j) * THREADS];
+#endif
     NHWC_START()
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < tiles) { LOAD_STAGE(s, kt0 + s) } else { CP_COMMIT(); }
@@ -384,12 +461,18 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
         for (int j = 0; j < KSTEPS; ++j) {
             da[j] = yc_desc(sb + (uint)(wg * 64 * SWZ + 32 * j), 16);
 #ifdef B_KN
-            db[j] = yc_desc(sb + (uint)(MT * SWZ + 2 * j * 8 * SWZ), B_LBO);   /* k-groups 2j, 2j + 1 */
+            db[j] = yc_desc(sb + (uint)(AROWS * SWZ + 2 * j * 8 * SWZ), B_LBO);   /* k-groups 2j, 2j + 1 */
 #else
-            db[j] = yc_desc(sb + (uint)(MT * SWZ + 32 * j), B_LBO);
+            db[j] = yc_desc(sb + (uint)(AROWS * SWZ + 32 * j), B_LBO);
 #endif
         }
         const int next = kt + STAGES - 1;
+#ifdef A_REG
+        if (kt + 1 < tiles) {
+#pragma unroll
+            for (int j = 0; j < KSTEPS; ++j) an[j] = Af[(size_t)((kt0 + kt + 1) * KSTEPS + j) * THREADS];
+        }
+#endif
 #if INFLIGHT
         WG_FENCE();
         WGMMA_STAGE();
@@ -400,9 +483,14 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
          * stage's barrier: staged first, its copies run beside this stage's wgmma (with two
          * stages, staging after the wgmma left the copies and the tensor cores taking turns) */
         if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
+        A_FRAGMENTS_TO_LOCAL();
         WG_FENCE();
         WGMMA_STAGE();
         WG_COMMIT_WAIT(0);
+#endif
+#ifdef A_REG
+#pragma unroll
+        for (int j = 0; j < KSTEPS; ++j) ar[j] = an[j];
 #endif
     }
 #if INFLIGHT

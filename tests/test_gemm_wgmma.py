@@ -77,6 +77,9 @@ def test_a_patch_that_fails_is_one_line_naming_the_kernel(rt):
     {"MT": 128, "NT": 256, "SWZ": 32, "ST": 2},
     {"MT": 64, "NT": 128, "SWZ": 64, "ST": 3, "WI": 1},    # a stage's wgmma kept in flight
     {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "WI": 1},
+    {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1},   # A in registers: B alone in the stages
+    {"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "AR": 1},
+    {"MT": 256, "NT": 128, "SWZ": 32, "ST": 2, "AR": 1},
 ])
 @pytest.mark.parametrize("b_kn", [False, True], ids=["B k-contiguous", "B n-contiguous"])
 def test_gemm_equals_numpy(rt, cfg, b_kn):
@@ -123,6 +126,38 @@ def test_each_swizzle_places_every_chunk_where_its_reader_looks(rt, b_kn):
         if not b_kn:        # tf32: 4-byte elements, half the k of a row (exact in TF32 too)
             C = gw.gemm(rt, A.astype(np.float32), np.eye(k, dtype=np.float32), cfg, mma="tf32")
             assert np.array_equal(C, A.astype(np.float32)), ("tf32", swz)
+
+
+def test_fragments_hold_each_weight_once_where_its_lane_reads_it():
+    """pack_fragments: work-item (warpgroup wg, warp w, lane 4g + t) of m-tile i holds, per k-step,
+    rows 64 wg + 16 w + g (+ 8) at k 2t, 2t + 1 (+ 8): every weight exactly once, zeros in the
+    padding (M to MT, K to 64)."""
+    rng = np.random.default_rng(9)
+    A = rng.standard_normal((200, 100)).astype(np.float16)
+    f = gw.pack_fragments(A, 128)
+    assert f.shape == (2, 8, 256, 8) and f.dtype == np.float16
+    rebuilt = np.full((256, 128), np.nan, np.float32)
+    for tid in range(256):
+        wg, w, lane = tid // 128, tid % 128 // 32, tid % 32
+        r, k = 64 * wg + 16 * w + lane // 4, 2 * (lane % 4)
+        for i, (dr, dk) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1), (0, 8), (0, 9), (8, 8), (8, 9)]):
+            for m in range(2):
+                for s in range(8):
+                    assert np.isnan(rebuilt[128 * m + r + dr, 16 * s + k + dk])     # once only
+                    rebuilt[128 * m + r + dr, 16 * s + k + dk] = f[m, s, tid, i]
+    assert np.array_equal(rebuilt[:200, :100], A.astype(np.float32))
+    assert not rebuilt[200:].any() and not rebuilt[:, 100:].any()
+
+
+def test_a_in_registers_is_half_only_and_frees_the_stages():
+    ar = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}
+    assert gw.local_bytes(ar) == 48 * 1024 and gw.why_illegal(ar) is None     # B alone: 3 x 16 KB
+    assert gw.why_illegal({**ar, "AR": 0}).endswith("(at most 49152)")
+    assert gw.why_illegal({**ar, "NT": 256, "ST": 1}) is not None
+    assert "no WI" in gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "AR": 1, "WI": 1})
+    assert "AR" in gw.why_illegal({**ar, "AR": 2})
+    with pytest.raises(ValueError, match="half only"):
+        gw.gemm(None, np.zeros((8, 8), np.float32), np.zeros((8, 8), np.float32), ar, mma="tf32")
 
 
 def test_illegal_configs_are_named():
@@ -309,6 +344,8 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
                                        ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, FP16),
                                        ({"MT": 256, "NT": 64, "SWZ": 32, "ST": 2}, FP16),
                                        ({"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}, FP16),
+                                       ({"MT": 128, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1}, FP16),
+                                       ({"MT": 64, "NT": 128, "SWZ": 64, "ST": 3, "AR": 1}, FP16),
                                        ({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, TF32),
                                        ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, TF32)])
 def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):
@@ -368,7 +405,8 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
     nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
     pending, configs = list(gw.ALGOS), []
-    for n, c in zip(nodes, gw.SPACE * 3):      # each algorithm once, then nhwc wherever it can run
+    ar = [c for c in gw.SPACE if gw.a_in_registers(c)]      # A in registers first, then the rest
+    for n, c in zip(nodes, ar + [c for c in gw.SPACE if c not in ar]):   # each algorithm once, then nhwc
         algo = next((a for a in pending if a in gw.conv_algos(n)), gw.conv_algos(n)[-1])
         pending = [a for a in pending if a != algo]
         configs.append({"family": "wgmma", "algo": algo, **c})
@@ -380,6 +418,7 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     assert {l.name for l in launches if l.node.op == "conv"} == {"gemm_wgmma", "im2col", "nchw_to_nhwc"}
     assert {l.config["algo"] for l in convs} == set(gw.ALGOS)
     assert any(l.config.get("writes") == "upsample" and l.config["algo"] == "nhwc" for l in convs)
+    assert any(gw.a_in_registers(l.config) for l in convs) and not all(gw.a_in_registers(l.config) for l in convs)
     assert any(l.node.attrs.get("residual") is not None and l.config["algo"] == "nhwc" for l in convs)
     assert rel_err(det.forward(blob)[0], ref) < 1e-2
 
@@ -399,7 +438,8 @@ def test_tf32_net_on_the_family_stores_floats_channels_last(rt, tmp_path, monkey
     det = yolo_cl.Detector(str(cfg), weights, precision="tf32")
     assert det.mma == "tf32"
     nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
-    configs = {shape_key(n, 2): {"family": "wgmma", "algo": "nhwc", **c} for n, c in zip(nodes, gw.SPACE * 3)}
+    space = [c for c in gw.SPACE if gw.why_not_mode(c, "tf32") is None]
+    configs = {shape_key(n, 2): {"family": "wgmma", "algo": "nhwc", **c} for n, c in zip(nodes, space * 3)}
     split = next(k for n, k in ((n, shape_key(n, 2)) for n in nodes) if n.attrs["size"] == 3 and n.attrs["in_c"] >= 16)
     configs[split] = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "SK": 2}
     tuning_database(rt, TF32, "tf32").record(configs)

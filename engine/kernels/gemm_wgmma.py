@@ -54,10 +54,14 @@ UNTUNED_DEEP = {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "SK": 4}   # ... and at
 DEEP_K = 2304                      # K from which a conv of few tiles splits it (3x3 of 256 channels)
 HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
+# "AR": A in registers (half only), B alone in the stages (H200, 4096^3: 412 against 281 TFLOP/s).
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
-         {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}, {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}]
+         {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}, {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1},
+         {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1},
+         {"MT": 256, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1},
+         {"MT": 64, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1}]
 _PROBED: dict = {}                 # (device, driver, emulated) -> bool (f16 and tf32 probed together)
 
 
@@ -76,9 +80,16 @@ def k_tile(cfg: dict, mma: str = "f16") -> int:
     return int(cfg["SWZ"]) // element_bytes(mma)
 
 
+def a_in_registers(cfg: dict) -> bool:
+    """Whether A reaches the warpgroups' registers (config key ``AR``) instead of the stages."""
+    return int(cfg.get("AR", 0)) == 1
+
+
 def local_bytes(cfg: dict) -> int:
-    """Local memory of a work-group: ``ST`` stages of (MT + NT) rows of ``SWZ`` bytes."""
-    return int(cfg["ST"]) * (int(cfg["MT"]) + int(cfg["NT"])) * int(cfg["SWZ"])
+    """Local memory of a work-group: ``ST`` stages of (MT + NT) rows of ``SWZ`` bytes, NT with A
+    in registers."""
+    rows = (0 if a_in_registers(cfg) else int(cfg["MT"])) + int(cfg["NT"])
+    return int(cfg["ST"]) * rows * int(cfg["SWZ"])
 
 
 def why_illegal(cfg: dict) -> Optional[str]:
@@ -89,13 +100,22 @@ def why_illegal(cfg: dict) -> Optional[str]:
         return "SWZ is 32, 64 or 128"
     if int(cfg["ST"]) < 2:
         return "ST is 2 or more"
+    if int(cfg.get("AR", 0)) not in (0, 1):
+        return "AR (A in registers) is 0 or 1"
     if local_bytes(cfg) > LOCAL_LIMIT:
         return f"{local_bytes(cfg)} bytes of local memory (at most {LOCAL_LIMIT})"
     if not 1 <= split_k(cfg) <= 8:
         return "SK is 1 to 8"
     if int(cfg.get("WI", 0)) not in (0, 1) or (int(cfg.get("WI", 0)) and int(cfg["MT"]) != 64):
         return "WI (a stage's wgmma kept in flight) is 0 or 1, and 1 only with MT 64 (one warpgroup)"
+    if a_in_registers(cfg) and (int(cfg["NT"]) > 128 or int(cfg.get("WI", 0))):
+        return "AR (A in registers) runs NT 64 or 128 and waits for each stage's wgmma (no WI)"
     return None
+
+
+def why_not_mode(cfg: dict, mma: str) -> Optional[str]:
+    """Why ``cfg`` cannot compute in ``mma`` mode, or None: A in registers is half only."""
+    return "AR (A in registers) is half only, not tf32" if a_in_registers(cfg) and mma == "tf32" else None
 
 
 def why_not_split(cfg: dict, K: int, algo: str, mma: str = "f16") -> Optional[str]:
@@ -122,7 +142,7 @@ def defines(cfg: dict, b_kn: bool = False, mma: str = "f16") -> dict:
     it is on."""
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
     d.update(STAGES=int(cfg["ST"]), SK=split_k(cfg), KPAD=KPAD, B_KN=b_kn, TF32=mma == "tf32",
-             INFLIGHT=int(cfg.get("WI", 0)), WGMMA_EMULATE=emulated())
+             INFLIGHT=int(cfg.get("WI", 0)), A_REG=a_in_registers(cfg), WGMMA_EMULATE=emulated())
     return d
 
 
@@ -159,7 +179,7 @@ def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool
     ([K][N]), the operands uploaded as half, or at ``mma`` "tf32" as float (A rounded to TF32, C
     float), k padded to a multiple of 8 where B is transposed."""
     why = why_illegal(cfg) or ("a K split needs its sum launch: convs bind one" if split_k(cfg) > 1 else None) \
-        or ("tf32 reads B k-contiguous only" if b_kn and mma == "tf32" else None)
+        or ("tf32 reads B k-contiguous only" if b_kn and mma == "tf32" else None) or why_not_mode(cfg, mma)
     if why is not None:
         raise ValueError(f"wgmma config {cfg}: {why}")
     (M, K), N = A.shape, (B.shape[1] if b_kn else B.shape[0])
@@ -167,7 +187,7 @@ def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool
         pad = 8 - K % 8
         A, B, K = np.pad(A, ((0, 0), (0, pad))), np.pad(B, ((0, 0), (0, pad))), K + pad
     half = mma == "f16"
-    a = rt.upload(pack_weights(np.asarray(A, np.float32), 1, mma), "A")
+    a = rt.upload(pack_a(np.asarray(A, np.float32), cfg, mma), "A")
     b = rt.upload(np.ascontiguousarray(B, np.float16 if half else np.float32), "B")
     c = rt.alloc(M * N * element_bytes(mma), "C")
     bias = rt.upload(np.zeros(M, np.float32), "bias")
@@ -175,6 +195,33 @@ def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool
     k = rt.cl.Kernel(rt.program("gemm_wgmma.cl", d, patch=patch()), "yc_gemm_wgmma")
     k.set_args(a, bias, b, *i32(0, 0, 0, N if b_kn else K), c, *i32(0, 0, N), c, *i32(0, 0), *i32(M, N, K, 1))
     return BoundGemm(k, *launch(cfg, M, N, 1), c, (a, b, bias))
+
+
+def pack_fragments(w: np.ndarray, MT: int) -> np.ndarray:
+    """[M][K] weights -> each work-item's wgmma A fragments, [Mp/MT][Kp/16][2 MT][8] halves (M
+    padded to MT, K to KPAD with zeros): for m-tile i, k-step s, work-item (warpgroup wg, warp w,
+    lane 4g + t) the rows r = 64 wg + 16 w + g and r + 8, k 2t, 2t + 1 and the same at k + 8,
+    ordered (r, k), (r, k + 1), (r + 8, k), (r + 8, k + 1), then at k + 8 -- the register layout of
+    ``wgmma``'s A operand (that of ``mma.m16n8k16`` per warp), so a k-step of a tile is
+    2 MT consecutive 16-byte loads."""
+    M, K = w.shape
+    Mp, Kp = -(-M // MT) * MT, -(-K // KPAD) * KPAD
+    a = np.zeros((Mp, Kp), np.float16)
+    a[:M, :K] = w
+    tid = np.arange(2 * MT)
+    wg, warp, lane = tid // 128, tid % 128 // 32, tid % 32
+    r = 64 * wg + 16 * warp + lane // 4
+    k = 2 * (lane % 4)
+    rows = np.stack([r, r, r + 8, r + 8, r, r, r + 8, r + 8], 1)
+    cols = np.stack([k, k + 1, k, k + 1, k + 8, k + 9, k + 8, k + 9], 1)
+    tiles = a.reshape(Mp // MT, MT, Kp // 16, 16).transpose(0, 2, 1, 3)     # [m-tile][k-step][MT][16]
+    return np.ascontiguousarray(tiles[:, :, rows, cols])
+
+
+def pack_a(w: np.ndarray, cfg: dict, mma: str) -> np.ndarray:
+    """The weights [M][K] as ``cfg``'s kernel reads them: fragments with A in registers, else
+    gemm_mma's padded rows."""
+    return pack_fragments(w, int(cfg["MT"])) if a_in_registers(cfg) else pack_weights(w, 1, mma)
 
 
 def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False, mma: str = "f16") -> np.ndarray:
@@ -328,20 +375,21 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family at {ctx.mma}")
     M, N = conv_gemm_shape(node)[:2]
     K = gemm_k(node, algo)
-    why = why_illegal(cfg) or why_not_split(cfg, K, algo, ctx.mma)
+    why = why_illegal(cfg) or why_not_split(cfg, K, algo, ctx.mma) or why_not_mode(cfg, ctx.mma)
     if why is not None:
         raise YoloClError(f"wgmma config {cfg}: {why}")
     a = node.attrs
     nhwc = algo == "nhwc"
     sk = split_k(cfg)
     partials = partial_bytes(cfg, M, N, ctx.batch)      # first in the workspace, an nhwc transpose after
+    frag = ("fragments", int(cfg["MT"])) if a_in_registers(cfg) else ()
     if nhwc:
-        wts = packed_upload(ctx, node, (node.layers[0], ctx.mma, FAMILY, "nhwc"),
-                            lambda: pack_weights(nhwc_weights(node), 1, ctx.mma))
+        wts = packed_upload(ctx, node, (node.layers[0], ctx.mma, FAMILY, "nhwc") + frag,
+                            lambda: pack_a(nhwc_weights(node), cfg, ctx.mma))
         launches, b_args = nhwc_operand(ctx, node, transpose_at(cfg, M, N, ctx.batch))
     else:
-        wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY),
-                            lambda: pack_weights(a["weights"].reshape(a["filters"], -1), 1, "f16"))
+        wts = packed_upload(ctx, node, (node.layers[0], "f16", FAMILY) + frag,
+                            lambda: pack_a(a["weights"].reshape(a["filters"], -1), cfg, "f16"))
         launches, b_args = b_operand(ctx, node, algo)
     store = write_target(ctx, node)
     d = {**epilogue_defines(ctx, node), **store.defines, **defines(cfg, not nhwc, ctx.mma),
@@ -374,7 +422,7 @@ class WgmmaGemm:
     name = FAMILY
     tensor_cores = True
     timed_beside_tensor_cores = False
-    derived, schedule, block = (), ("WI",), ("MT", "NT")
+    derived, schedule, block = (), ("WI", "AR"), ("MT", "NT")
     stores_nhwc, reads_nhwc = ALGOS, ("nhwc",)
 
     # The probe runs only where the family is asked for configs (the tuner) or a stored config
@@ -385,7 +433,8 @@ class WgmmaGemm:
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
         if not available(rt):
             return []
-        return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE]
+        return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE
+                if why_not_mode(c, mma) is None]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return heuristic_config(node, batch, mma, planes) if mma in MODES else None
