@@ -28,7 +28,9 @@ CONFIGS = [dict(MT=128, NT=128, SWZ=64, ST=3), dict(MT=128, NT=128, SWZ=64, ST=2
            dict(MT=128, NT=128, SWZ=32, ST=4), dict(MT=128, NT=128, SWZ=32, ST=6),
            dict(MT=64, NT=128, SWZ=128, ST=2), dict(MT=128, NT=64, SWZ=128, ST=2),
            dict(MT=128, NT=256, SWZ=32, ST=4), dict(MT=256, NT=128, SWZ=32, ST=4),
-           dict(MT=256, NT=128, SWZ=64, ST=2), dict(MT=128, NT=256, SWZ=64, ST=2)]
+           dict(MT=256, NT=128, SWZ=64, ST=2), dict(MT=128, NT=256, SWZ=64, ST=2),
+           dict(MT=128, NT=128, SWZ=128, ST=3, AR=1), dict(MT=128, NT=128, SWZ=128, ST=2, AR=1),
+           dict(MT=256, NT=128, SWZ=128, ST=3, AR=1)]       # AR: A in registers (f16 only)
 
 
 def time_gemm(rt, cfg: dict, M: int, N: int, K: int, reps: int, b_kn: bool, mma: str = "f16") -> tuple:
@@ -77,7 +79,7 @@ def main() -> int:
         best = None
         for cfg in configs:
             name = f"{M}x{N}x{K} B {layout} " + " ".join(f"{k}{v}" for k, v in cfg.items())
-            why = gw.why_illegal(cfg)
+            why = gw.why_illegal(cfg) or gw.why_not_mode(cfg, args.mma)
             if why is not None:
                 if not args.shapes:
                     print(f"{name}: skipped ({why})")
