@@ -473,6 +473,8 @@ def test_k_split_sums_equal_the_whole(rt, tmp_path, algo):
     assert [l.name for l in launches][-2:] == ["gemm_wgmma", "splitk_sum"]
     assert bench.check(launches) < FP16.tolerance
     assert gw.KERNEL_FAMILY.why_illegal(node, cfg, rt) is None
+    # with A in registers each split starts its fragments at its own first k-tile
+    assert bench.check(bench.bind({**cfg, "AR": 1})) < FP16.tolerance
     uneven = {**cfg, "SK": 7, "SWZ": 128}       # splits of 2 k-tiles of 64: the seventh empty
     assert "non-empty" in gw.KERNEL_FAMILY.why_illegal(node, uneven, rt), K
     assert "im2col" in gw.why_not_split(cfg, K, "im2col")
