@@ -438,7 +438,7 @@ def test_tf32_net_on_the_family_stores_floats_channels_last(rt, tmp_path, monkey
     det = yolo_cl.Detector(str(cfg), weights, precision="tf32")
     assert det.mma == "tf32"
     nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
-    space = [c for c in gw.SPACE if gw.why_not_mode(c, "tf32") is None]
+    space = [c for c in gw.SPACE if gw.why_illegal(c, "tf32") is None]
     configs = {shape_key(n, 2): {"family": "wgmma", "algo": "nhwc", **c} for n, c in zip(nodes, space * 3)}
     split = next(k for n, k in ((n, shape_key(n, 2)) for n in nodes) if n.attrs["size"] == 3 and n.attrs["in_c"] >= 16)
     configs[split] = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "SK": 2}

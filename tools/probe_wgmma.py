@@ -79,7 +79,7 @@ def main() -> int:
         best = None
         for cfg in configs:
             name = f"{M}x{N}x{K} B {layout} " + " ".join(f"{k}{v}" for k, v in cfg.items())
-            why = gw.why_illegal(cfg) or gw.why_not_mode(cfg, args.mma)
+            why = gw.why_illegal(cfg, args.mma)
             if why is not None:
                 if not args.shapes:
                     print(f"{name}: skipped ({why})")

@@ -92,8 +92,8 @@ def local_bytes(cfg: dict) -> int:
     return int(cfg["ST"]) * rows * int(cfg["SWZ"])
 
 
-def why_illegal(cfg: dict) -> Optional[str]:
-    """Why ``cfg`` cannot be built, or None."""
+def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
+    """Why ``cfg`` cannot be built to compute in ``mma`` mode, or None."""
     if int(cfg["MT"]) not in (64, 128, 256) or int(cfg["NT"]) not in (64, 128, 256):
         return "MT and NT are 64, 128 or 256"
     if int(cfg["SWZ"]) not in (32, 64, 128):
@@ -110,12 +110,9 @@ def why_illegal(cfg: dict) -> Optional[str]:
         return "WI (a stage's wgmma kept in flight) is 0 or 1, and 1 only with MT 64 (one warpgroup)"
     if a_in_registers(cfg) and (int(cfg["NT"]) > 128 or int(cfg.get("WI", 0))):
         return "AR (A in registers) runs NT 64 or 128 and waits for each stage's wgmma (no WI)"
+    if a_in_registers(cfg) and mma == "tf32":
+        return "AR (A in registers) is half only, not tf32"
     return None
-
-
-def why_not_mode(cfg: dict, mma: str) -> Optional[str]:
-    """Why ``cfg`` cannot compute in ``mma`` mode, or None: A in registers is half only."""
-    return "AR (A in registers) is half only, not tf32" if a_in_registers(cfg) and mma == "tf32" else None
 
 
 def why_not_split(cfg: dict, K: int, algo: str, mma: str = "f16") -> Optional[str]:
@@ -178,8 +175,8 @@ def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool
     """C = A @ B on the device, bound: B given transposed ([N][K]) or with ``b_kn`` as is
     ([K][N]), the operands uploaded as half, or at ``mma`` "tf32" as float (A rounded to TF32, C
     float), k padded to a multiple of 8 where B is transposed."""
-    why = why_illegal(cfg) or ("a K split needs its sum launch: convs bind one" if split_k(cfg) > 1 else None) \
-        or ("tf32 reads B k-contiguous only" if b_kn and mma == "tf32" else None) or why_not_mode(cfg, mma)
+    why = why_illegal(cfg, mma) or ("a K split needs its sum launch: convs bind one" if split_k(cfg) > 1 else None) \
+        or ("tf32 reads B k-contiguous only" if b_kn and mma == "tf32" else None)
     if why is not None:
         raise ValueError(f"wgmma config {cfg}: {why}")
     (M, K), N = A.shape, (B.shape[1] if b_kn else B.shape[0])
@@ -375,7 +372,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family at {ctx.mma}")
     M, N = conv_gemm_shape(node)[:2]
     K = gemm_k(node, algo)
-    why = why_illegal(cfg) or why_not_split(cfg, K, algo, ctx.mma) or why_not_mode(cfg, ctx.mma)
+    why = why_illegal(cfg, ctx.mma) or why_not_split(cfg, K, algo, ctx.mma)
     if why is not None:
         raise YoloClError(f"wgmma config {cfg}: {why}")
     a = node.attrs
@@ -434,7 +431,7 @@ class WgmmaGemm:
         if not available(rt):
             return []
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE
-                if why_not_mode(c, mma) is None]
+                if why_illegal(c, mma) is None]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return heuristic_config(node, batch, mma, planes) if mma in MODES else None
