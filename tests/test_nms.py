@@ -79,6 +79,24 @@ def test_detections_best_first_clipped_and_unclipped():
     assert all(type(d.class_id) is int for d in dets)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_detections_follow_a_stable_sort_by_falling_confidence(seed):
+    """Many tied confidences: the order is NumPy's stable argsort of the negated confidences over
+    the (row, class) pairs above the threshold, each with its own row's box."""
+    rng = np.random.default_rng(seed)
+    boxes = np.concatenate([rng.random((30, 2)), 0.05 + 0.3 * rng.random((30, 2))], 1).astype(np.float32)
+    probs = (rng.integers(0, 5, (30, 6)) / 4).astype(np.float32)         # 0, .25, .5, .75, 1: ties everywhere
+    dets = post.to_detections(boxes, probs, 640, 480, 0.25, None)
+    rows, cls = (probs > 0.25).nonzero()
+    conf = probs[rows, cls]
+    order = np.argsort(-conf, kind="stable")
+    assert [(d.class_id, d.confidence) for d in dets] == list(zip(cls[order].tolist(), conf[order].tolist()))
+    x, y, w, h = boxes[rows[order]].astype(np.float64).T
+    want = np.stack([(x - w / 2) * 640, (y - h / 2) * 480, (x + w / 2) * 640, (y + h / 2) * 480], 1)
+    np.testing.assert_array_equal(np.array([d.unclipped for d in dets]), want)
+    assert post.to_detections(boxes, probs, 640, 480, 1.0, None) == []
+
+
 @pytest.mark.parametrize("fit", ["stretch", "letterbox", "crop"])
 @pytest.mark.parametrize("n", [0, 1, 9, 40])
 def test_placed_detections_equal_the_general_path(fit, n):
