@@ -47,6 +47,13 @@
  *   SK      K split over SK work-groups (a whole number of k-tiles each, none empty: the host
  *           checks): with SK > 1 each stores its raw float sums to P = (float*)C as [SK][images][M][N]
  *           and gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. Grid z: images x SK
+ *   PATCH   (config key PT; NHWC, KS 3, stride and dilation 1, A_REG, SWZ 128, SK 1) a stride-1 3x3
+ *           conv's B from one input patch per 64-channel slice: the tile is NT / 8 output rows of 8
+ *           pixels, a stage holds the (NT / 8 + 2) x 10 input pixels under it (23 KB at NT 128), and
+ *           each of the nine taps reads its B rows straight from that patch -- row group g (output row
+ *           g) at patch line (g + ky) * 10 + kx, the descriptor's stride byte offset one patch row --
+ *           so a slice's input is copied once instead of once per tap (16 KB per tap and 128
+ *           pixels otherwise)
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
  */
@@ -130,12 +137,18 @@ typedef ushort yc_elem;
 #define CHUNK_AT(r, c) ((r) * SWZ + (((c) ^ (((r) >> SWZ_SHIFT) & (CHUNKS - 1))) << 4))
 
 /* A matrix descriptor: start address, leading byte offset (lbo: see B_LBO), stride byte offset
- * (between 8-row groups: 8 rows of SWZ bytes), layout type. */
-inline ulong yc_desc(const uint addr, const uint lbo)
+ * (sbo: between 8-row groups), layout type. The hardware swizzles by the address's own bits, so a
+ * start anywhere in the swizzle's period reads what the stores put there (PATCH's taps start at
+ * any patch line; setting the base offset field to the start's place in the period gave wrong sums
+ * on an H200). */
+inline ulong yc_desc_sbo(const uint addr, const uint lbo, const uint sbo)
 {
     return (ulong)((addr >> 4) & 0x3fff) | ((ulong)((lbo >> 4) & 0x3fff) << 16)
-           | ((ulong)((8 * SWZ) >> 4) << 32) | ((ulong)LAYOUT_TYPE << 62);
+           | ((ulong)((sbo >> 4) & 0x3fff) << 32) | ((ulong)LAYOUT_TYPE << 62);
 }
+
+/* ... with 8-row groups of 8 rows of SWZ bytes after each other */
+inline ulong yc_desc(const uint addr, const uint lbo) { return yc_desc_sbo(addr, lbo, 8 * SWZ); }
 
 #ifdef WGMMA_EMULATE
 /* Local addresses are offsets into the kernel's stage array. */
@@ -144,6 +157,7 @@ inline ulong yc_desc(const uint addr, const uint lbo)
     (*(__local uint4*)(smem_b + (dst)) = (ok) ? *(const __global uint4*)(src) : (uint4)(0u))
 #define CP_COMMIT()
 #define CP_WAIT()
+#define PREFETCH_L2(p)
 #define PROXY_FENCE()
 /* The byte of operand element (r, k) a descriptor names: rows of SWZ bytes, 8-row groups SBO
  * apart, then the swizzle applied to the address, as the hardware does. */
@@ -197,6 +211,8 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                \
                  :: "r"(base + (dst)), "l"((ulong)(size_t)(src)), "r"((ok) ? 16 : 0) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+/* the 128-byte line at p into the L2 (no register, no wait) */
+#define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" :: "l"((ulong)(size_t)(p)))
 #define CP_WAIT() asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory")
 /* cp.async writes through the generic proxy, wgmma reads through the async one */
 #define PROXY_FENCE() asm volatile("fence.proxy.async.shared::cta;" ::: "memory")
@@ -416,6 +432,134 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     CP_COMMIT();
 #endif
 
+#ifdef PATCH
+#if !defined(NHWC) || !defined(A_REG) || SWZ != 128 || SK != 1 || INFLIGHT || KS != 3
+#error "PATCH: an nhwc 3x3 conv, A in registers, the 128-byte swizzle, no K split"
+#endif
+#define TH (NT / 8)                    /* output rows of a tile, 8 pixels each */
+#define PC (8 + KS - 1)                /* patch columns */
+#define PLINES ((TH + KS - 1) * PC)    /* patch pixels: lines of SWZ bytes (a 64-channel slice) */
+#define PSTAGE ((PLINES * SWZ + 1023) / 1024 * 1024)     /* a stage, whole swizzle periods */
+#ifdef WGMMA_EMULATE
+#define PATCH_A (STAGES * PSTAGE)      /* the emulated wgmma reads A from a tile after the stages */
+#define SMEM_BYTES (STAGES * PSTAGE + MT * SWZ)
+#undef A_FRAGMENTS_TO_LOCAL
+#define A_FRAGMENTS_TO_LOCAL()                                                                   \
+    {                                                                                            \
+        barrier(CLK_LOCAL_MEM_FENCE);  /* every work-item's previous tap read the tile */          \
+        const int w = wtid >> 5, g = (tid & 31) >> 2, t = tid & 3;                               \
+        for (int j = 0; j < KSTEPS; ++j) {                                                       \
+            const uint v[4] = {ar[j].x, ar[j].y, ar[j].z, ar[j].w};                              \
+            for (int q = 0; q < 4; ++q)                                                          \
+                for (int h = 0; h < 2; ++h)                                                      \
+                    *(__local ushort*)(smem_b + yc_operand_at(da[j], 16 * w + g + 8 * (q & 1),   \
+                                                              2 * t + h + 8 * (q >> 1)))         \
+                        = (ushort)(v[q] >> (16 * h));                                            \
+        }                                                                                        \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
+    }
+#else
+#define PATCH_A 0
+#define SMEM_BYTES (STAGES * PSTAGE)
+#endif
+
+/* Stage slot <- the input patch of 64-channel slice sl under this tile (zeros outside the input):
+ * patch pixel l = (row, column) at line l, its 16-byte chunks swizzled by the line. */
+#define PATCH_LOAD(slot, sl)                                                                     \
+    for (int q = tid; q < PLINES * CHUNKS; q += THREADS) {                                       \
+        const int l = q / CHUNKS, c = q - l * CHUNKS, pr = l / PC, pc = l - pr * PC;             \
+        const int iy = y0 - PAD + pr, ix = x0 - PAD + pc;                                        \
+        const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;                                  \
+        CP_ASYNC16((slot) * PSTAGE + CHUNK_AT(l, c),                                             \
+                   ok ? Bg + ((size_t)iy * W + ix) * cin + (sl) * KT + c * EPC : Bg, ok);        \
+    }                                                                                            \
+    CP_COMMIT();
+
+/* With APREFETCH (config key AP), slice sl's A fragments (every tap's) into the L2, one line per 8
+ * work-items, a slice ahead: a tap's wgmmas take less time than a fragment's load from memory, and
+ * a network's weights do not stay in the L2 from one frame to the next. Where a conv has few tiles
+ * that pays (yolov3 416 fp16's c256 f512 3x3 at 26x26 in the network on an H200: 0.030 -> 0.025
+ * ms); where it has many, the tiles' redundant prefetches cost more (608 batch 8's at 38x38: 0.100
+ * -> 0.115 ms). A tuner timing a conv alone, its weights warm in the L2, cannot see the gain. */
+#ifndef APREFETCH
+#define APREFETCH 0
+#endif
+#define PATCH_PREFETCH_A(sl)                                                                     \
+    if (APREFETCH && (tid & 7) == 0)                                                             \
+        for (int t = 0; t < taps; ++t)                                                           \
+            for (int j = 0; j < KSTEPS; ++j)                                                     \
+                PREFETCH_L2(Af + (size_t)((t * slices + (sl)) * KSTEPS + j) * THREADS);
+
+/* Grid: (tiles of NT / 8 rows x 8 columns of the output, row-major, x THREADS, M tiles, images);
+ * the output is H x OW (pad (KS - 1) / 2). Slices of the input's channels are staged STAGES - 1
+ * ahead, each tap's A fragments (k-tile tap * slices + slice of the (ky, kx, c) order) one tap ahead. */
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void yc_gemm_wgmma(YC_GEMM_PARAMS)
+{
+    __local uint4 smem[SMEM_BYTES / 16] __attribute__((aligned(1024)));
+    __local uchar* smem_b = (__local uchar*)smem;
+    const uint base = SMEM_BASE(smem);
+    const int tid = get_local_id(0), wg = tid >> 7, wtid = tid & 127;
+    const int tiles_x = (OW + 7) / 8, ty = get_group_id(0) / tiles_x, tx = get_group_id(0) - ty * tiles_x;
+    const int y0 = ty * TH, x0 = tx * 8, m0 = get_group_id(1) * MT, b = get_group_id(2);
+    const int cin = K / (KS * KS), slices = cin / KT, taps = KS * KS;
+    const int lda = (K + KPAD - 1) / KPAD * KPAD;
+    const __global yc_elem* Bg = (const __global yc_elem*)B + b_off + (size_t)b * b_bstride;
+    const __global uint4* Af = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / 16) * THREADS + tid;
+    float acc[NT / 2];
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+    uint4 ar[4], an[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ar[j] = an[j] = (uint4)(0u);
+#pragma unroll
+    for (int j = 0; j < KSTEPS; ++j) ar[j] = Af[(size_t)j * THREADS];       /* tap 0 of slice 0: k-tile 0 */
+    ulong da[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < KSTEPS; ++j) da[j] = yc_desc(base + (uint)(PATCH_A + wg * 64 * SWZ + 32 * j), 16);
+    PATCH_PREFETCH_A(0)
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < slices) { PATCH_LOAD(s, s) } else { CP_COMMIT(); }
+    }
+    for (int s = 0; s < slices; ++s) {
+        if (s + 1 < slices) { PATCH_PREFETCH_A(s + 1) }
+        CP_WAIT();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        PROXY_FENCE();
+        /* the slot refilled is slice s - 1's, whose taps every warpgroup finished before the barrier */
+        const int next = s + STAGES - 1;
+        if (next < slices) { PATCH_LOAD(next % STAGES, next) } else { CP_COMMIT(); }
+        const uint sb = base + (uint)((s % STAGES) * PSTAGE);
+        for (int t = 0; t < taps; ++t) {
+            const int ky = t / KS, kx = t - ky * KS;
+            const int tn = t + 1 < taps ? t + 1 : 0, sn = t + 1 < taps ? s : s + 1;
+            if (sn < slices) {
+#pragma unroll
+                for (int j = 0; j < KSTEPS; ++j) an[j] = Af[(size_t)((tn * slices + sn) * KSTEPS + j) * THREADS];
+            }
+            ulong db[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int j = 0; j < KSTEPS; ++j) db[j] = yc_desc_sbo(sb + (uint)((ky * PC + kx) * SWZ + 32 * j), 16, PC * SWZ);
+            A_FRAGMENTS_TO_LOCAL();
+            WG_FENCE();
+            WGMMA_STAGE();
+            WG_COMMIT_WAIT(0);
+#pragma unroll
+            for (int j = 0; j < KSTEPS; ++j) ar[j] = an[j];
+        }
+    }
+    YC_EPILOGUE_BASES(b)
+    const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), x = x0 + 2 * t4 + (q & 1), y = y0 + i;
+            if (m < M && y < H && x < OW)
+                yc_gemm_store(acc[4 * i + q], m, y * OW + x, 0, M, ldc, bias, C, cb, R, rbase);
+        }
+}
+#else
 /* The GEMM families' arguments (cl/common.h): A the packed weights [Mp][Kp] (engine/kernels/
  * gemm_mma.pack_weights: rows padded to MPAD, k to KPAD with zeros), B at b_off + b * b_bstride,
  * C and R as gemm_epilogue.h stores them; G is 1. Grid: (N tiles x THREADS, M tiles, images). */
@@ -513,3 +657,4 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
                 STORE_C(acc[4 * i + q], m, n);
         }
 }
+#endif

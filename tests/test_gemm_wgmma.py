@@ -234,6 +234,7 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
     assert gw.gemm_k(spatial[0], "implicit") == 27
     cands = gw.KERNEL_FAMILY.candidates(spatial[0], rt, 1, FP16, "f16")
     assert cands and all(c["family"] == "wgmma" and gw.why_illegal(c) is None for c in cands)
+    assert not any(gw.from_patch(c) for c in cands)                 # 3 channels: no patch slices
     assert gw.conv_algos(pointwise[0], "tf32") == ["nhwc"]          # tf32 reads B k-contiguous only
     assert {c["algo"] for c in gw.KERNEL_FAMILY.candidates(pointwise[0], rt, 1, TF32, "tf32")} == {"nhwc"}
     assert gw.KERNEL_FAMILY.heuristic(spatial[0], 1, FP16, "f16") is None       # 3 channels: mma's
@@ -365,6 +366,52 @@ def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):
     assert [n.attrs["in_c"] for n in nodes] == [16, 40, 24, 16, 12, 3]
 
 
+@pytest.mark.parametrize("tile", [{"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1},
+                                  {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 1}])
+def test_3x3_convs_from_an_input_patch(rt, tmp_path, tile):
+    """``PT``: a 3x3 conv's nine taps read one staged patch per 64-channel slice. Maps that the
+    tiles of NT / 8 rows of 8 cover exactly, with ragged edges, narrower than a tile, over one and
+    two slices, a residual add, 70 filters (a partial M tile): each through the tuner's gate."""
+    from tiny_graphs import conv_nodes
+    from yolo_cl import tuner as tmod
+    tuner = tmod.Tuner(rt, FP16, reps=1)
+    nodes = []
+    for i, (w, h, c) in enumerate([(16, 16, 64), (13, 11, 128), (6, 19, 64), (24, 9, 64)]):
+        text = net_header(w, h, c) + conv(70 if i == 1 else c, act="leaky")
+        if i == 3:
+            text += conv(c, act="linear") + shortcut(-2)
+        nodes += conv_nodes(tmp_path / f"p{i}.cfg", text)
+    for node in nodes:
+        cfg = {"family": "wgmma", "algo": "nhwc", **tile}
+        assert gw.why_not_patch(node, cfg) is None, node.describe()
+        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
+        assert bench.check(bench.bind(cfg)) < FP16.tolerance, node.describe()
+    assert len(nodes) >= 5
+
+
+def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
+    """``PT`` needs A in registers, the 128-byte swizzle and no split, and a stride-1 3x3 conv
+    padded by 1 over 64n channels; each refusal says so, and the tuner offers it nowhere else."""
+    from tiny_graphs import conv_nodes
+    pt = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1}
+    assert gw.why_illegal(pt) is None and gw.local_bytes(pt) == 2 * 23 * 1024
+    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "SK": 2}, {**pt, "PT": 2}, {**pt, "ST": 3},
+                {**pt, "PT": 0, "AP": 1}, {**pt, "AP": 2}):
+        assert gw.why_illegal(bad) is not None, bad
+    assert gw.why_illegal({**pt, "AP": 1}) is None
+    ok, strided, _, narrow, pointwise = conv_nodes(tmp_path / "c.cfg", net_header(16, 16, 64) + conv(64)
+                                                   + conv(64, stride=2) + conv(40) + conv(64) + conv(64, size=1))
+    assert gw.why_not_patch(ok, {"algo": "nhwc", **pt}) is None
+    assert gw.why_not_patch(ok, {"algo": "implicit", **pt}) is not None
+    for node in (strided, narrow, pointwise):
+        assert "PT" in gw.why_not_patch(node, {"algo": "nhwc", **pt}), node.describe()
+    assert gw.why_not_patch(strided, {"algo": "nhwc", **pt, "PT": 0}) is None
+    patched = [c for c in gw.KERNEL_FAMILY.candidates(ok, rt, 1, FP16, "f16") if gw.from_patch(c)]
+    assert patched and {c["algo"] for c in patched} == {"nhwc"}
+    assert not any(gw.from_patch(c) for n in (strided, narrow, pointwise)
+                   for c in gw.KERNEL_FAMILY.candidates(n, rt, 1, FP16, "f16"))
+
+
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 def test_nchw_to_nhwc_equals_numpy(rt, half):
     """The nhwc convs' transpose of an input view (an offset, a batch stride wider than the planes,
@@ -405,8 +452,9 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
     nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
     pending, configs = list(gw.ALGOS), []
-    ar = [c for c in gw.SPACE if gw.a_in_registers(c)]      # A in registers first, then the rest
-    for n, c in zip(nodes, ar + [c for c in gw.SPACE if c not in ar]):   # each algorithm once, then nhwc
+    space = [c for c in gw.SPACE if not gw.from_patch(c)]   # PT: test_3x3_convs_from_an_input_patch
+    ar = [c for c in space if gw.a_in_registers(c)]      # A in registers first, then the rest
+    for n, c in zip(nodes, ar + [c for c in space if c not in ar]):   # each algorithm once, then nhwc
         algo = next((a for a in pending if a in gw.conv_algos(n)), gw.conv_algos(n)[-1])
         pending = [a for a in pending if a != algo]
         configs.append({"family": "wgmma", "algo": algo, **c})

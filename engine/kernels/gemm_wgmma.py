@@ -55,13 +55,19 @@ DEEP_K = 2304                      # K from which a conv of few tiles splits it 
 HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
 # "AR": A in registers (half only), B alone in the stages (H200, 4096^3: 412 against 281 TFLOP/s).
+# "PT": a stride-1 3x3 conv's B from one input patch per channel slice (H200: yolov3 608 batch 8's
+# c256 f512 at 38x38 0.1089 -> 0.0939 ms, 416's at 26x26 0.0275 -> 0.0187; BENCHMARKS.md); "AP": with
+# PT, the next slice's A prefetched into the L2 (pays in a network where tiles are few).
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
          {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4}, {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1},
          {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1},
          {"MT": 256, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1},
-         {"MT": 64, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1}]
+         {"MT": 64, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1},
+         {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1},
+         {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1},
+         {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 1}]
 _PROBED: dict = {}                 # (device, driver, emulated) -> bool (f16 and tf32 probed together)
 
 
@@ -85,9 +91,21 @@ def a_in_registers(cfg: dict) -> bool:
     return int(cfg.get("AR", 0)) == 1
 
 
+def from_patch(cfg: dict) -> bool:
+    """Whether a 3x3 conv's B comes from one input patch per channel slice (config key ``PT``)."""
+    return int(cfg.get("PT", 0)) == 1
+
+
+def patch_lines(cfg: dict) -> int:
+    """Input pixels a ``PT`` stage holds: the (NT / 8 + 2) x 10 under a tile of NT / 8 rows of 8."""
+    return (int(cfg["NT"]) // 8 + 2) * 10
+
+
 def local_bytes(cfg: dict) -> int:
     """Local memory of a work-group: ``ST`` stages of (MT + NT) rows of ``SWZ`` bytes, NT with A
-    in registers."""
+    in registers; with ``PT`` ``ST`` patches, each rounded up to the swizzle's 1024-byte period."""
+    if from_patch(cfg):
+        return int(cfg["ST"]) * -(-patch_lines(cfg) * int(cfg["SWZ"]) // 1024) * 1024
     rows = (0 if a_in_registers(cfg) else int(cfg["MT"])) + int(cfg["NT"])
     return int(cfg["ST"]) * rows * int(cfg["SWZ"])
 
@@ -112,6 +130,25 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
         return "AR (A in registers) runs NT 64 or 128 and waits for each stage's wgmma (no WI)"
     if a_in_registers(cfg) and mma == "tf32":
         return "AR (A in registers) is half only, not tf32"
+    if int(cfg.get("PT", 0)) not in (0, 1):
+        return "PT (B from an input patch) is 0 or 1"
+    if from_patch(cfg) and (not a_in_registers(cfg) or int(cfg["SWZ"]) != 128 or split_k(cfg) != 1
+                            or int(cfg["NT"]) > 128):
+        return "PT (B from an input patch) needs AR 1, SWZ 128, NT 64 or 128 and no K split"
+    if int(cfg.get("AP", 0)) not in (0, 1) or (int(cfg.get("AP", 0)) and not from_patch(cfg)):
+        return "AP (the next slice's A prefetched into the L2) is 0 or 1, and 1 only with PT"
+    return None
+
+
+def why_not_patch(node: Node, cfg: dict) -> Optional[str]:
+    """Why ``node`` cannot run ``cfg``'s ``PT`` (B from an input patch), or None: a 3x3 conv of
+    stride and dilation 1 and padding 1 over 64n channels, ``nhwc``."""
+    if not from_patch(cfg):
+        return None
+    a = node.attrs
+    if cfg.get("algo") != "nhwc" or a["size"] != 3 or a["stride_x"] != 1 or a["stride_y"] != 1 \
+            or a["dilation"] != 1 or a["pad"] != 1 or a["in_c"] % 64 or conv_gemm_shape(node)[3] != 1:
+        return "PT (B from an input patch) runs nhwc 3x3 convs of stride 1, padding 1 and 64n channels"
     return None
 
 
@@ -139,7 +176,8 @@ def defines(cfg: dict, b_kn: bool = False, mma: str = "f16") -> dict:
     it is on."""
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
     d.update(STAGES=int(cfg["ST"]), SK=split_k(cfg), KPAD=KPAD, B_KN=b_kn, TF32=mma == "tf32",
-             INFLIGHT=int(cfg.get("WI", 0)), A_REG=a_in_registers(cfg), WGMMA_EMULATE=emulated())
+             INFLIGHT=int(cfg.get("WI", 0)), A_REG=a_in_registers(cfg), PATCH=from_patch(cfg),
+             APREFETCH=int(cfg.get("AP", 0)), WGMMA_EMULATE=emulated())
     return d
 
 
@@ -372,7 +410,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family at {ctx.mma}")
     M, N = conv_gemm_shape(node)[:2]
     K = gemm_k(node, algo)
-    why = why_illegal(cfg, ctx.mma) or why_not_split(cfg, K, algo, ctx.mma)
+    why = why_illegal(cfg, ctx.mma) or why_not_split(cfg, K, algo, ctx.mma) or why_not_patch(node, cfg)
     if why is not None:
         raise YoloClError(f"wgmma config {cfg}: {why}")
     a = node.attrs
@@ -401,6 +439,9 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     r_args = residual_args(ctx, node)
     args = [wts["A"], wts["bias"]] + b_args + c_args + r_args + i32(M, N, K, 1) + extra
     gs, ls = launch(cfg, M, N, ctx.batch)
+    if from_patch(cfg):         # tiles of NT / 8 output rows of 8 pixels
+        out = node.output
+        gs = (-(-out.h // (int(cfg["NT"]) // 8)) * -(-out.w // 8) * ls[0],) + gs[1:]
     k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
     info = marked(cfg, store.writes, store.layout)
     if nhwc and not launches:
@@ -419,7 +460,7 @@ class WgmmaGemm:
     name = FAMILY
     tensor_cores = True
     timed_beside_tensor_cores = False
-    derived, schedule, block = (), ("WI", "AR"), ("MT", "NT")
+    derived, schedule, block = (), ("WI", "AR", "PT", "AP"), ("MT", "NT")
     stores_nhwc, reads_nhwc = ALGOS, ("nhwc",)
 
     # The probe runs only where the family is asked for configs (the tuner) or a stored config
@@ -431,7 +472,7 @@ class WgmmaGemm:
         if not available(rt):
             return []
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE
-                if why_illegal(c, mma) is None]
+                if why_illegal(c, mma) is None and why_not_patch(node, {"algo": algo, **c}) is None]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return heuristic_config(node, batch, mma, planes) if mma in MODES else None
@@ -442,7 +483,8 @@ class WgmmaGemm:
         if cfg.get("algo") not in conv_algos(node):
             return f"algorithm '{cfg.get('algo')}' cannot run this layer in the wgmma family"
         try:
-            return why_illegal(cfg) or why_not_split(cfg, gemm_k(node, cfg["algo"]), cfg["algo"])
+            return why_illegal(cfg) or why_not_split(cfg, gemm_k(node, cfg["algo"]), cfg["algo"]) \
+                or why_not_patch(node, cfg)
         except (KeyError, TypeError, ValueError) as e:
             return f"wgmma config {cfg}: {e}"
 
