@@ -47,7 +47,7 @@
  *   SK      K split over SK work-groups (a whole number of k-tiles each, none empty: the host
  *           checks): with SK > 1 each stores its raw float sums to P = (float*)C as [SK][images][M][N]
  *           and gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. Grid z: images x SK
- *   PATCH   (config key PT; NHWC, KS 3, stride and dilation 1, A_REG, SWZ 128, SK 1) a stride-1 3x3
+ *   PATCH   (config key PT; NHWC, KS 3, stride and dilation 1, A_REG, SWZ 128) a stride-1 3x3
  *           conv's B from one input patch per 64-channel slice: the tile is NT / 8 output rows of 8
  *           pixels, a stage holds the (NT / 8 + 2) x 10 input pixels under it (23 KB at NT 128), and
  *           each of the nine taps reads its B rows straight from that patch -- row group g (output row
@@ -433,8 +433,8 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #endif
 
 #ifdef PATCH
-#if !defined(NHWC) || !defined(A_REG) || SWZ != 128 || SK != 1 || INFLIGHT || KS != 3
-#error "PATCH: an nhwc 3x3 conv, A in registers, the 128-byte swizzle, no K split"
+#if !defined(NHWC) || !defined(A_REG) || SWZ != 128 || INFLIGHT || KS != 3
+#error "PATCH: an nhwc 3x3 conv, A in registers, the 128-byte swizzle"
 #endif
 #define TH (NT / 8)                    /* output rows of a tile, 8 pixels each */
 #define PC (8 + KS - 1)                /* patch columns */
@@ -492,7 +492,9 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 
 /* Grid: (tiles of NT / 8 rows x 8 columns of the output, row-major, x THREADS, M tiles, images);
  * the output is H x OW (pad (KS - 1) / 2). Slices of the input's channels are staged STAGES - 1
- * ahead, each tap's A fragments (k-tile tap * slices + slice of the (ky, kx, c) order) one tap ahead. */
+ * ahead, each tap's A fragments (k-tile tap * slices + slice of the (ky, kx, c) order) one tap ahead.
+ * With SK > 1 (grid z: images x SK) split ks takes slices [ks * per, ks * per + per) and stores its
+ * raw sums to P as the other splits do. */
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void yc_gemm_wgmma(YC_GEMM_PARAMS)
 {
@@ -501,8 +503,10 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     const uint base = SMEM_BASE(smem);
     const int tid = get_local_id(0), wg = tid >> 7, wtid = tid & 127;
     const int tiles_x = (OW + 7) / 8, ty = get_group_id(0) / tiles_x, tx = get_group_id(0) - ty * tiles_x;
-    const int y0 = ty * TH, x0 = tx * 8, m0 = get_group_id(1) * MT, b = get_group_id(2);
+    const int y0 = ty * TH, x0 = tx * 8, m0 = get_group_id(1) * MT;
+    const int b = get_group_id(2) / SK, ks = get_group_id(2) - b * SK;
     const int cin = K / (KS * KS), slices = cin / KT, taps = KS * KS;
+    const int per = (slices + SK - 1) / SK, s0 = ks * per, s1 = min(slices, s0 + per);
     const int lda = (K + KPAD - 1) / KPAD * KPAD;
     const __global yc_elem* Bg = (const __global yc_elem*)B + b_off + (size_t)b * b_bstride;
     const __global uint4* Af = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / 16) * THREADS + tid;
@@ -513,27 +517,27 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #pragma unroll
     for (int j = 0; j < 4; ++j) ar[j] = an[j] = (uint4)(0u);
 #pragma unroll
-    for (int j = 0; j < KSTEPS; ++j) ar[j] = Af[(size_t)j * THREADS];       /* tap 0 of slice 0: k-tile 0 */
+    for (int j = 0; j < KSTEPS; ++j) ar[j] = Af[(size_t)(s0 * KSTEPS + j) * THREADS];    /* tap 0 of slice s0 */
     ulong da[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < KSTEPS; ++j) da[j] = yc_desc(base + (uint)(PATCH_A + wg * 64 * SWZ + 32 * j), 16);
-    PATCH_PREFETCH_A(0)
+    PATCH_PREFETCH_A(s0)
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < slices) { PATCH_LOAD(s, s) } else { CP_COMMIT(); }
+        if (s0 + s < s1) { PATCH_LOAD(s, s0 + s) } else { CP_COMMIT(); }
     }
-    for (int s = 0; s < slices; ++s) {
-        if (s + 1 < slices) { PATCH_PREFETCH_A(s + 1) }
+    for (int s = s0; s < s1; ++s) {
+        if (s + 1 < s1) { PATCH_PREFETCH_A(s + 1) }
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);
         PROXY_FENCE();
         /* the slot refilled is slice s - 1's, whose taps every warpgroup finished before the barrier */
         const int next = s + STAGES - 1;
-        if (next < slices) { PATCH_LOAD(next % STAGES, next) } else { CP_COMMIT(); }
-        const uint sb = base + (uint)((s % STAGES) * PSTAGE);
+        if (next < s1) { PATCH_LOAD((next - s0) % STAGES, next) } else { CP_COMMIT(); }
+        const uint sb = base + (uint)(((s - s0) % STAGES) * PSTAGE);
         for (int t = 0; t < taps; ++t) {
             const int ky = t / KS, kx = t - ky * KS;
             const int tn = t + 1 < taps ? t + 1 : 0, sn = t + 1 < taps ? s : s + 1;
-            if (sn < slices) {
+            if (sn < s1) {
 #pragma unroll
                 for (int j = 0; j < KSTEPS; ++j) an[j] = Af[(size_t)((tn * slices + sn) * KSTEPS + j) * THREADS];
             }
@@ -548,7 +552,13 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
             for (int j = 0; j < KSTEPS; ++j) ar[j] = an[j];
         }
     }
+#if SK > 1
+    __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
+#define STORE_P(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
+#else
     YC_EPILOGUE_BASES(b)
+#define STORE_P(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
+#endif
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int i = 0; i < NT / 8; ++i)
@@ -556,7 +566,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
         for (int q = 0; q < 4; ++q) {
             const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), x = x0 + 2 * t4 + (q & 1), y = y0 + i;
             if (m < M && y < H && x < OW)
-                yc_gemm_store(acc[4 * i + q], m, y * OW + x, 0, M, ldc, bias, C, cb, R, rbase);
+                STORE_P(acc[4 * i + q], m, y * OW + x);
         }
 }
 #else

@@ -389,19 +389,40 @@ def test_3x3_convs_from_an_input_patch(rt, tmp_path, tile):
     assert len(nodes) >= 5
 
 
+@pytest.mark.parametrize("sk", [2, 4])
+def test_3x3_convs_from_an_input_patch_split_by_slices(rt, tmp_path, sk):
+    """``PT`` with K split by 64-channel slices: each split's partial sums, added by the split-sum
+    kernel with the epilogue (a residual add too), equal the conv; slices that cannot give ``sk``
+    non-empty splits are refused by name."""
+    from tiny_graphs import conv_nodes
+    from yolo_cl import tuner as tmod
+    tuner = tmod.Tuner(rt, FP16, reps=1)
+    cfg = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "SK": sk}
+    text = net_header(13, 13, 256) + conv(256, act="leaky") + conv(256, act="linear") + shortcut(-2)
+    nodes = conv_nodes(tmp_path / "s.cfg", text) + conv_nodes(tmp_path / "t.cfg", net_header(10, 7, 448) + conv(64))
+    for node in nodes:
+        assert gw.why_not_patch(node, cfg) is None, node.describe()
+        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
+        assert bench.check(bench.bind(cfg)) < FP16.tolerance, node.describe()
+    assert any(l.name == "splitk_sum" for l in bench.bind(cfg))
+    three = conv_nodes(tmp_path / "u.cfg", net_header(9, 9, 128) + conv(64))[0]     # 2 slices
+    assert (gw.why_not_patch(three, cfg) is None) == (sk == 2)
+
+
 def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
     """``PT`` needs A in registers, the 128-byte swizzle and no split, and a stride-1 3x3 conv
     padded by 1 over 64n channels; each refusal says so, and the tuner offers it nowhere else."""
     from tiny_graphs import conv_nodes
     pt = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1}
     assert gw.why_illegal(pt) is None and gw.local_bytes(pt) == 2 * 23 * 1024
-    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "SK": 2}, {**pt, "PT": 2}, {**pt, "ST": 3},
+    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "PT": 2}, {**pt, "ST": 3},
                 {**pt, "PT": 0, "AP": 1}, {**pt, "AP": 2}):
         assert gw.why_illegal(bad) is not None, bad
     assert gw.why_illegal({**pt, "AP": 1}) is None
     ok, strided, _, narrow, pointwise = conv_nodes(tmp_path / "c.cfg", net_header(16, 16, 64) + conv(64)
                                                    + conv(64, stride=2) + conv(40) + conv(64) + conv(64, size=1))
     assert gw.why_not_patch(ok, {"algo": "nhwc", **pt}) is None
+    assert "split" in gw.why_not_patch(ok, {"algo": "nhwc", **pt, "SK": 2})     # one slice of 64 channels
     assert gw.why_not_patch(ok, {"algo": "implicit", **pt}) is not None
     for node in (strided, narrow, pointwise):
         assert "PT" in gw.why_not_patch(node, {"algo": "nhwc", **pt}), node.describe()

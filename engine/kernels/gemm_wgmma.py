@@ -132,9 +132,8 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
         return "AR (A in registers) is half only, not tf32"
     if int(cfg.get("PT", 0)) not in (0, 1):
         return "PT (B from an input patch) is 0 or 1"
-    if from_patch(cfg) and (not a_in_registers(cfg) or int(cfg["SWZ"]) != 128 or split_k(cfg) != 1
-                            or int(cfg["NT"]) > 128):
-        return "PT (B from an input patch) needs AR 1, SWZ 128, NT 64 or 128 and no K split"
+    if from_patch(cfg) and (not a_in_registers(cfg) or int(cfg["SWZ"]) != 128 or int(cfg["NT"]) > 128):
+        return "PT (B from an input patch) needs AR 1, SWZ 128 and NT 64 or 128"
     if int(cfg.get("AP", 0)) not in (0, 1) or (int(cfg.get("AP", 0)) and not from_patch(cfg)):
         return "AP (the next slice's A prefetched into the L2) is 0 or 1, and 1 only with PT"
     return None
@@ -142,13 +141,17 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
 
 def why_not_patch(node: Node, cfg: dict) -> Optional[str]:
     """Why ``node`` cannot run ``cfg``'s ``PT`` (B from an input patch), or None: a 3x3 conv of
-    stride and dilation 1 and padding 1 over 64n channels, ``nhwc``."""
+    stride and dilation 1 and padding 1 over 64n channels, ``nhwc``, its K split (``SK``) into
+    whole 64-channel slices, none empty."""
     if not from_patch(cfg):
         return None
     a = node.attrs
     if cfg.get("algo") != "nhwc" or a["size"] != 3 or a["stride_x"] != 1 or a["stride_y"] != 1 \
             or a["dilation"] != 1 or a["pad"] != 1 or a["in_c"] % 64 or conv_gemm_shape(node)[3] != 1:
         return "PT (B from an input patch) runs nhwc 3x3 convs of stride 1, padding 1 and 64n channels"
+    slices, sk = a["in_c"] // 64, split_k(cfg)
+    if (sk - 1) * -(-slices // sk) >= slices:
+        return f"PT splits K by 64-channel slices: {slices} cannot give {sk} non-empty splits"
     return None
 
 
