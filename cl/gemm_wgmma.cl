@@ -314,9 +314,16 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 
 #if defined(A_REG) && defined(WGMMA_EMULATE)
 /* The emulated wgmma reads A from the stage's A tile: each work-item writes its fragments there
- * (ar[j].x: rows g, k 2t and 2t + 1; .y rows g + 8; .z and .w the same at k + 8), then a barrier. */
+ * (ar[j].x: rows g, k 2t and 2t + 1; .y rows g + 8; .z and .w the same at k + 8), then a barrier.
+ * PATCH has one A tile for every tap: the previous tap's reads of it must be done first. */
+#ifdef PATCH
+#define A_TILE_FREE() barrier(CLK_LOCAL_MEM_FENCE)
+#else
+#define A_TILE_FREE()
+#endif
 #define A_FRAGMENTS_TO_LOCAL()                                                                   \
     {                                                                                            \
+        A_TILE_FREE();                                                                           \
         const int w = wtid >> 5, g = (tid & 31) >> 2, t = tid & 3;                               \
         for (int j = 0; j < KSTEPS; ++j) {                                                       \
             const uint v[4] = {ar[j].x, ar[j].y, ar[j].z, ar[j].w};                              \
@@ -432,6 +439,17 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     CP_COMMIT();
 #endif
 
+/* Where a work-item's sums go (split ks of image b): with SK > 1 its split's raw float sums to P =
+ * (float*)C as [SK][images][M][N] (gemm_local.cl's yc_gemm_splitk adds them and runs the
+ * epilogue), else through the shared epilogue. */
+#if SK > 1
+#define SUMS_SETUP() __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
+#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
+#else
+#define SUMS_SETUP() YC_EPILOGUE_BASES(b)
+#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
+#endif
+
 #ifdef PATCH
 #if !defined(NHWC) || !defined(A_REG) || SWZ != 128 || INFLIGHT || KS != 3
 #error "PATCH: an nhwc 3x3 conv, A in registers, the 128-byte swizzle"
@@ -443,21 +461,6 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #ifdef WGMMA_EMULATE
 #define PATCH_A (STAGES * PSTAGE)      /* the emulated wgmma reads A from a tile after the stages */
 #define SMEM_BYTES (STAGES * PSTAGE + MT * SWZ)
-#undef A_FRAGMENTS_TO_LOCAL
-#define A_FRAGMENTS_TO_LOCAL()                                                                   \
-    {                                                                                            \
-        barrier(CLK_LOCAL_MEM_FENCE);  /* every work-item's previous tap read the tile */          \
-        const int w = wtid >> 5, g = (tid & 31) >> 2, t = tid & 3;                               \
-        for (int j = 0; j < KSTEPS; ++j) {                                                       \
-            const uint v[4] = {ar[j].x, ar[j].y, ar[j].z, ar[j].w};                              \
-            for (int q = 0; q < 4; ++q)                                                          \
-                for (int h = 0; h < 2; ++h)                                                      \
-                    *(__local ushort*)(smem_b + yc_operand_at(da[j], 16 * w + g + 8 * (q & 1),   \
-                                                              2 * t + h + 8 * (q >> 1)))         \
-                        = (ushort)(v[q] >> (16 * h));                                            \
-        }                                                                                        \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
-    }
 #else
 #define PATCH_A 0
 #define SMEM_BYTES (STAGES * PSTAGE)
@@ -552,13 +555,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
             for (int j = 0; j < KSTEPS; ++j) ar[j] = an[j];
         }
     }
-#if SK > 1
-    __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
-#define STORE_P(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
-#else
-    YC_EPILOGUE_BASES(b)
-#define STORE_P(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
-#endif
+    SUMS_SETUP()
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int i = 0; i < NT / 8; ++i)
@@ -566,7 +563,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
         for (int q = 0; q < 4; ++q) {
             const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), x = x0 + 2 * t4 + (q & 1), y = y0 + i;
             if (m < M && y < H && x < OW)
-                STORE_P(acc[4 * i + q], m, y * OW + x);
+                STORE_C(acc[4 * i + q], m, y * OW + x);
         }
 }
 #else
@@ -650,13 +647,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #if INFLIGHT
     WG_WAIT_ALL();              /* the last stage's wgmma, before its sums are read */
 #endif
-#if SK > 1
-    __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
-#define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
-#else
-    YC_EPILOGUE_BASES(b)
-#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
-#endif
+    SUMS_SETUP()
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < NT / 8; ++i)
