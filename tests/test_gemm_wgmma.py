@@ -405,13 +405,14 @@ def test_3x3_convs_from_an_input_patch_split_by_slices(rt, tmp_path, sk):
         bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
         assert bench.check(bench.bind(cfg)) < FP16.tolerance, node.describe()
     assert any(l.name == "splitk_sum" for l in bench.bind(cfg))
-    three = conv_nodes(tmp_path / "u.cfg", net_header(9, 9, 128) + conv(64))[0]     # 2 slices
-    assert (gw.why_not_patch(three, cfg) is None) == (sk == 2)
+    two_slices = conv_nodes(tmp_path / "u.cfg", net_header(9, 9, 128) + conv(64))[0]
+    assert (gw.why_not_patch(two_slices, cfg) is None) == (sk == 2)
 
 
 def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
-    """``PT`` needs A in registers, the 128-byte swizzle and no split, and a stride-1 3x3 conv
-    padded by 1 over 64n channels; each refusal says so, and the tuner offers it nowhere else."""
+    """``PT`` needs A in registers and the 128-byte swizzle, and a stride-1 3x3 conv padded by 1
+    over 64n channels, any K split a run of whole slices; each refusal says so, and the tuner
+    offers it nowhere else."""
     from tiny_graphs import conv_nodes
     pt = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1}
     assert gw.why_illegal(pt) is None and gw.local_bytes(pt) == 2 * 23 * 1024

@@ -147,9 +147,9 @@ def why_not_patch(node: Node, cfg: dict) -> Optional[str]:
         return None
     a = node.attrs
     if cfg.get("algo") != "nhwc" or a["size"] != 3 or a["stride_x"] != 1 or a["stride_y"] != 1 \
-            or a["dilation"] != 1 or a["pad"] != 1 or a["in_c"] % 64 or conv_gemm_shape(node)[3] != 1:
+            or a["dilation"] != 1 or a["pad"] != 1 or a["in_c"] % k_tile(cfg) or conv_gemm_shape(node)[3] != 1:
         return "PT (B from an input patch) runs nhwc 3x3 convs of stride 1, padding 1 and 64n channels"
-    slices, sk = a["in_c"] // 64, split_k(cfg)
+    slices, sk = a["in_c"] // k_tile(cfg), split_k(cfg)
     if (sk - 1) * -(-slices // sk) >= slices:
         return f"PT splits K by 64-channel slices: {slices} cannot give {sk} non-empty splits"
     return None
@@ -194,10 +194,12 @@ def aligned(*ints) -> bool:
     return all(int(v) % 8 == 0 for v in ints)
 
 
-def launch(cfg: dict, M: int, N: int, Z: int) -> tuple:
-    """(global size, local size) over Z images, each split SK ways."""
+def launch(cfg: dict, M: int, N: int, Z: int, out=None) -> tuple:
+    """(global size, local size) over Z images, each split SK ways: N / NT tiles of output pixels,
+    or with ``PT`` tiles of NT / 8 rows of 8 over the output tensor ``out``."""
     threads = 2 * int(cfg["MT"])
-    return (-(-N // int(cfg["NT"])) * threads, -(-M // int(cfg["MT"])), Z * split_k(cfg)), (threads, 1, 1)
+    tiles = -(-out.h // (int(cfg["NT"]) // 8)) * -(-out.w // 8) if from_patch(cfg) else -(-N // int(cfg["NT"]))
+    return (tiles * threads, -(-M // int(cfg["MT"])), Z * split_k(cfg)), (threads, 1, 1)
 
 
 class BoundGemm(NamedTuple):
@@ -441,10 +443,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
     c_args = store.c_args if sk == 1 else [ctx.scratch(partials)] + i32(0, 0, N)
     r_args = residual_args(ctx, node)
     args = [wts["A"], wts["bias"]] + b_args + c_args + r_args + i32(M, N, K, 1) + extra
-    gs, ls = launch(cfg, M, N, ctx.batch)
-    if from_patch(cfg):         # tiles of NT / 8 output rows of 8 pixels
-        out = node.output
-        gs = (-(-out.h // (int(cfg["NT"]) // 8)) * -(-out.w // 8) * ls[0],) + gs[1:]
+    gs, ls = launch(cfg, M, N, ctx.batch, node.output)
     k = ctx.kernel("gemm_wgmma.cl", "yc_gemm_wgmma", d, args, patch=patch())
     info = marked(cfg, store.writes, store.layout)
     if nhwc and not launches:
