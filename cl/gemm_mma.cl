@@ -39,6 +39,12 @@
  *                  elements of 16 bytes: 8 halves, 4 floats) B rows copied as 16-byte chunks by
  *                  cp.async too; TF32 B then reaches local memory as plain floats, rounded to TF32
  *                  as its fragments are loaded (the same values the register path stages)
+ *   B_SHIFT        (config key "BS"; STAGES > 1, not IMPLICIT, where BVEC cannot: N or B's offsets not
+ *                  multiples of a chunk, as a 13x13 map's 169-pixel planes) each B row copied as the
+ *                  aligned 16-byte chunks that cover its NWG columns, by cp.async with A (STAGES-1
+ *                  tiles ahead, not through registers one tile ahead): a row lands shifted by its
+ *                  misalignment (its first column's element index within a chunk), its fragments
+ *                  read with scalar local loads at that shift; bytes past N, and rows past K, zeroed
  *   GATHER         (config key "GA"; STAGES > 1 and IMPLICIT) how the im2col B tile is gathered:
  *                  0  element by element, each finding its (c, ky, kx) and pixel by division;
  *                  1  the same coalesced element order, the tile's per-k offsets (c, ky, kx) computed
@@ -66,6 +72,11 @@
  *   POOL_KEEP      (POOL2) the conv's own output is read elsewhere too: also stored, through the
  *                  trailing args C2, c2_off, c2_bstride
  *   UP_S UP_OW     (gemm_epilogue.h) the conv writes through the [upsample] that alone reads it
+ *   APREFETCH      (config key "AP") at the start, the work-group's A rows over its whole K range
+ *                  into the L2 (prefetch.global.L2), the lines shared out among the work-groups of
+ *                  its M tile: a network's weights are cold (yolov3's 124 MB of fp16 weights against
+ *                  an H200's 50 MB L2), and a tile a few stages ahead of a load from memory waits
+ *                  for it at every k-step where K is long and the tiles few (13x13 1x1 convs)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
  *                  "warp" is then 32 consecutive work-items of the work-group
@@ -106,6 +117,9 @@
 #if defined(BVEC) && (STAGES == 1 || defined(IMPLICIT))
 #error "BVEC needs STAGES > 1 and an explicit B"
 #endif
+#if defined(B_SHIFT) && (STAGES == 1 || defined(IMPLICIT) || defined(BVEC))
+#error "B_SHIFT needs STAGES > 1 and an explicit B that BVEC cannot copy"
+#endif
 #ifndef GATHER
 #define GATHER 0
 #endif
@@ -118,8 +132,8 @@
 #if GATHER == 4 && !defined(MMA_TF32)
 #error "GATHER 4 copies single floats: MMA_TF32 only"
 #endif
-/* B reaches local memory by cp.async (no registers): its rows (BVEC) or its gathered floats (GATHER 4). */
-#if defined(BVEC) || GATHER == 4
+/* B reaches local memory by cp.async (no registers): its rows (BVEC, B_SHIFT) or its gathered floats (GATHER 4). */
+#if defined(BVEC) || defined(B_SHIFT) || GATHER == 4
 #define B_ASYNC 1
 #else
 #define B_ASYNC 0
@@ -169,6 +183,10 @@
 #define NBV (KWG * NWG / VE)   /* BVEC: 16-byte chunks per B tile; GATHER 2, 3 (f16): runs of 8 columns */
 #define BV_PER ((NBV + THREADS - 1) / THREADS)
 #define ROUND_UP(x, r) ((((x) + (r) - 1) / (r)) * (r))
+
+/* B_SHIFT: the element index of B's element e within its aligned 16-byte chunk (buffers are at
+ * least chunk-aligned, so this is where a row starting at e lands in its staged copy). */
+#define yc_b_shift(Bg, e) ((int)(((size_t)((Bg) + (e)) / BBYTES) & (VE - 1)))
 
 /* A float as TF32 bits: round to nearest, ties away from zero (cvt.rna.tf32.f32). */
 inline uint yc_tf32(const float x) { return (as_uint(x) + 0x1000u) & 0xffffe000u; }
@@ -277,6 +295,9 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #ifdef MMA_EMULATE
 #define CP_ASYNC16(dst, src, ok) (*(__local uint4*)(dst) = (ok) ? *(const __global uint4*)(src) : (uint4)(0u))
 #define CP_ASYNC4(dst, src, ok) (*(__local uint*)(dst) = (ok) ? *(const __global uint*)(src) : 0u)
+#define CP_ASYNC16N(dst, src, bytes)                                                             \
+    for (int i_ = 0; i_ < 16; ++i_)                                                              \
+        ((__local uchar*)(dst))[i_] = i_ < (bytes) ? ((const __global uchar*)(src))[i_] : (uchar)0;
 #define CP_COMMIT()
 #define CP_WAIT()
 #else
@@ -286,6 +307,10 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #define CP_ASYNC4(dst, src, ok)                                                                  \
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"                                 \
                  :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"((ok) ? 4 : 0) : "memory")
+/* 16 bytes of which the first `bytes` are copied, the rest zeroed */
+#define CP_ASYNC16N(dst, src, bytes)                                                             \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                \
+                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define CP_WAIT() asm volatile("cp.async.wait_group " CP_PENDING_STR(CP_PENDING) ";" ::: "memory")
 #endif
@@ -297,6 +322,16 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"                \
                  : "=r"((r)[0]), "=r"((r)[1]) : "r"((uint)(size_t)(p)))
 #endif
+#endif
+
+#ifndef APREFETCH
+#define APREFETCH 0
+#endif
+#ifdef MMA_EMULATE
+#define PREFETCH_L2(p)
+#else
+/* the 128-byte line at p into the L2 (no register, no wait) */
+#define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" :: "l"((ulong)(size_t)(p)))
 #endif
 
 /* One element of B as mma input bits (0 outside the matrix). */
@@ -411,6 +446,15 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     const int Mp = ROUND_UP(M, MPAD), KpW = ROUND_UP(K, KPAD) / KPW;    /* A row stride in words */
     const __global uint* Aw = (const __global uint*)A + ((size_t)grp * Mp + m0) * KpW;
     const __global dtype* Bg = B + b_off + (size_t)b * b_bstride + (size_t)grp * b_gstride;
+    if (APREFETCH) {
+        /* rows of lines of 128 bytes (32 words) over [kbeg, kend); line v of the tile's MWG rows is
+         * prefetched by the work-group v / THREADS of its M tile (modulo their count) */
+        const int lines = ((kend - kbeg) / KPW + 31) / 32, all = MWG * lines, nx = get_num_groups(0);
+        for (int v = (int)get_group_id(0) * THREADS + tid; v < all; v += nx * THREADS) {
+            const int r = v / lines;
+            PREFETCH_L2(Aw + (size_t)r * KpW + kbeg / KPW + (v - r * lines) * 32);
+        }
+    }
 
 #ifdef SK_FIX
     __local int sk_last[1];
@@ -552,6 +596,26 @@ void yc_gemm_mma(YC_GEMM_PARAMS
             const int kk = (k0) + r, nn = n0 + c * VE;                                           \
             const bool ok = K_OK(kk) && (nn < N);                                                \
             CP_ASYNC16(Bs0 + (s) * BTILE + r * LDB + c * VE, Bg + (ok ? (size_t)kk * ldb + nn : 0), ok); \
+        }                                                                                        \
+    }
+#elif defined(B_SHIFT)
+/* Row r: the NWG / VE + 1 aligned chunks from its first column's chunk on, so that the row lands
+ * shifted by yc_b_shift; the bytes past the row's last column (N), and rows past K, zero-filled.
+ * The chunk before a row's first column may hold another tensor's bytes (never read). */
+#define BS_CHUNKS (NWG / VE + 1)
+#define NBS (KWG * BS_CHUNKS)
+#define BS_PER ((NBS + THREADS - 1) / THREADS)
+#define ASYNC_B(s, k0)                                                                           \
+    for (int p = 0; p < BS_PER; ++p) {                                                           \
+        const int v = tid + p * THREADS;                                                         \
+        if (NBS % THREADS == 0 || v < NBS) {                                                     \
+            const int r = v / BS_CHUNKS, c = v - r * BS_CHUNKS, kk = (k0) + r;                   \
+            const long e0 = (long)kk * ldb + n0;                                                 \
+            const long first = e0 - yc_b_shift(Bg, e0) + c * VE;                                  \
+            const long left = K_OK(kk) ? e0 + (N - n0) - first : 0L;                             \
+            const int bytes = (int)clamp(left, 0L, (long)VE) * BBYTES;                           \
+            CP_ASYNC16N(Bs0 + (s) * BTILE + r * LDB + c * VE,                                   \
+                        bytes ? Bg + first : Bg - yc_b_shift(Bg, 0), bytes);                    \
         }                                                                                        \
     }
 #elif GATHER == 4
@@ -712,13 +776,20 @@ void yc_gemm_mma(YC_GEMM_PARAMS
 #endif
         const __local uint* As = As0 + (kt % STAGES) * MWG * LDS;
         const __local btype* Bs = Bs0 + (kt % STAGES) * BTILE;
+#ifdef B_SHIFT
+        /* row r of this tile lands shifted by ROW_SHIFT(r) elements (ASYNC_B) */
+        const int sh0 = yc_b_shift(Bg, (long)(kbeg + kt * KWG) * ldb + n0);
+#define ROW_SHIFT(r) ((sh0 + (r) * ldb) & (VE - 1))
+#else
+#define ROW_SHIFT(r) 0
+#endif
 
         #pragma unroll
         for (int kw = 0; kw < KU; kw += 8) {
             uint af[FM][4], bf[FN][2];
             const int kb = kw * KPW;            /* the B row (k) of this step */
             LOAD_A_FRAGS(af, As, kw)
-#if LDSM && defined(MMA_F16)
+#if LDSM && defined(MMA_F16) && !defined(B_SHIFT)
             /* ldmatrix.trans of [k][n] rows: matrix q = (k half q & 1, n block q >> 1), and lane
              * (g, t) receives B[kb + 2t, 2t + 1][n + g]: the col fragment, low half the lower k. */
             #pragma unroll
@@ -733,22 +804,25 @@ void yc_gemm_mma(YC_GEMM_PARAMS
             if (FN & 1)
                 LDSM_X2T(bf[FN - 1], Bs + (kb + (lane & 15)) * LDB + wn * WTN + (FN - 1) * 8);
 #endif
-#if !LDSM || defined(MMA_TF32)
+#if !LDSM || defined(MMA_TF32) || defined(B_SHIFT)
             #pragma unroll
             for (int j = 0; j < FN; ++j) {
                 const __local btype* p = Bs + kb * LDB + wn * WTN + j * 8 + g;
+#define B_ROW(r) p[(r) * LDB + ROW_SHIFT(kb + (r))]
 #ifdef MMA_F16
-                bf[j][0] = (uint)p[2 * t * LDB] | ((uint)p[(2 * t + 1) * LDB] << 16);
-                bf[j][1] = (uint)p[(2 * t + 8) * LDB] | ((uint)p[(2 * t + 9) * LDB] << 16);
+                bf[j][0] = (uint)B_ROW(2 * t) | ((uint)B_ROW(2 * t + 1) << 16);
+                bf[j][1] = (uint)B_ROW(2 * t + 8) | ((uint)B_ROW(2 * t + 9) << 16);
 #elif B_ASYNC
-                bf[j][0] = yc_tf32(as_float(p[t * LDB]));      /* copied as floats: rounded here */
-                bf[j][1] = yc_tf32(as_float(p[(t + 4) * LDB]));
+                bf[j][0] = yc_tf32(as_float(B_ROW(t)));      /* copied as floats: rounded here */
+                bf[j][1] = yc_tf32(as_float(B_ROW(t + 4)));
 #else
-                bf[j][0] = p[t * LDB];
-                bf[j][1] = p[(t + 4) * LDB];
+                bf[j][0] = B_ROW(t);
+                bf[j][1] = B_ROW(t + 4);
 #endif
+#undef B_ROW
             }
 #endif
+#undef ROW_SHIFT
             MMA_ALL(acc, af, bf)
         }
 #if !B_ASYNC

@@ -567,6 +567,31 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
         }
 }
 #else
+/* With APREFETCH (config key AP) and no patch: at the start, this work-group's A over its k-tiles
+ * into the L2, the lines shared out among the work-groups of its M tile (a network's weights are
+ * cold: each stage would otherwise wait for its A from memory where K is long and tiles few). */
+#if APREFETCH && defined(A_REG)
+#define GEMM_PREFETCH_A()                                                                        \
+    {                                                                                            \
+        const __global uchar* p0 = (const __global uchar*)((const __global uint4*)A              \
+            + ((size_t)get_group_id(1) * (lda / 16) + (size_t)kt0 * KSTEPS) * THREADS);          \
+        const int all = tiles * KSTEPS * THREADS / 8;       /* 8 fragments of 16 bytes a line */  \
+        for (int v = (int)get_group_id(0) * THREADS + tid; v < all; v += (int)get_num_groups(0) * THREADS) \
+            PREFETCH_L2(p0 + (size_t)v * 128);                                                   \
+    }
+#elif APREFETCH
+#define GEMM_PREFETCH_A()                                                                        \
+    {                                                                                            \
+        const int lines = (tiles * KT * ES + 127) / 128, all = MT * lines;                      \
+        for (int v = (int)get_group_id(0) * THREADS + tid; v < all; v += (int)get_num_groups(0) * THREADS) { \
+            const int r = v / lines;                                                             \
+            PREFETCH_L2((const __global uchar*)(Ag + (size_t)r * lda + (size_t)kt0 * KT) + (v - r * lines) * 128); \
+        }                                                                                        \
+    }
+#else
+#define GEMM_PREFETCH_A()
+#endif
+
 /* The GEMM families' arguments (cl/common.h): A the packed weights [Mp][Kp] (engine/kernels/
  * gemm_mma.pack_weights: rows padded to MPAD, k to KPAD with zeros), B at b_off + b * b_bstride,
  * C and R as gemm_epilogue.h stores them; G is 1. Grid: (N tiles x THREADS, M tiles, images). */
@@ -588,6 +613,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+    GEMM_PREFETCH_A()
 #ifdef A_REG
     /* A packed as [m-tile][k-step][THREADS] fragments (gemm_wgmma.pack_fragments): a k-step's are
      * THREADS consecutive 16-byte loads; each tile's are loaded one tile ahead */

@@ -44,6 +44,8 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
         cfg = gm.aligned_gather(cfg, C * H * W, (C // G) * H * W)
     d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode, bvec)
     assert ("BVEC" in d) == bvec
+    assert ("B_SHIFT" in d) == (not bvec and gm.stages(cfg) > 1 and bool(cfg.get("BS")))
+    assert d.get("APREFETCH", 0) == int(cfg.get("AP", 0))
     if residual is not None:
         d.update(RESIDUAL=True, ACT2=act2)
     b_args, extra = b_operand(d, implicit, G, K, N)
@@ -79,6 +81,9 @@ CONFIGS = [  # (mode, config, ragged M, N, K); emulation on PoCL is slow: shapes
     ("f16", dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2, ST=3), (70, 37, 100)),
     ("f16", dict(MWG=16, NWG=48, KWG=16, WM=1, WN=2, ST=4), (5, 70, 97)),
     ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=3), (33, 29, 41)),
+    # AP: A prefetched into the L2 at the start (a hint: the sums must not change)
+    ("f16", dict(MWG=32, NWG=16, KWG=64, WM=2, WN=1, ST=2, AP=1), (33, 29, 130)),
+    ("tf32", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, AP=1), (33, 29, 41)),
 ]
 
 
@@ -112,9 +117,10 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, "SS"), ("tf32", 2, 1, "env"), ("f16", 3, 3, "env"),
-                                                  ("tf32", 2, 2, "SS"), ("f16", 3, 2, "")])
-def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
+@pytest.mark.parametrize("mode,sk,st,in_kernel,ap", [("f16", 3, 1, "SS", 0), ("tf32", 2, 1, "env", 0),
+                                                     ("f16", 3, 3, "env", 1), ("tf32", 2, 2, "SS", 0),
+                                                     ("f16", 3, 2, "", 1)])
+def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, ap, monkeypatch):
     """K split over work-groups (the last split shorter, CHECK_K), partial planes summed with the
     whole epilogue (batches, residual, a concat slice) by gemm_local.cl's yc_gemm_splitk in a
     second launch, or by the tile's last work-group: a config's SS 1, or YOLO_CL_MMA_SPLIT_SUM=kernel."""
@@ -122,7 +128,7 @@ def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
         monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
-    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st, **({"SS": 1} if in_kernel == "SS" else {}))
+    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st, AP=ap, **({"SS": 1} if in_kernel == "SS" else {}))
     assert gm.split_in_kernel(cfg) == bool(in_kernel)
     assert gm.why_illegal(cfg, M, N, K, mode) is None
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
@@ -133,6 +139,7 @@ def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
     assert "non-empty" in gm.why_illegal({**cfg, "SK": 8}, M, N, 40, mode)
     assert "SS" in gm.why_illegal({**cfg, "SK": 1, "SS": 1}, M, N, K, mode)
+    assert "AP" in gm.why_illegal({**cfg, "AP": 2}, M, N, K, mode)
 
 
 @pytest.mark.parametrize("mode", ["f16", "tf32"])
@@ -155,6 +162,28 @@ def test_b_rows_copied_as_chunks(rt, mode, cfg, shape):
     assert not gm.b_vector(cfg, "f16", False, 36) and gm.b_vector(cfg, "tf32", False, 36)
     assert not gm.b_vector(cfg, "tf32", False, 34)
     assert not gm.b_vector({**cfg, "ST": 1}, mode, False, 32) and not gm.b_vector(cfg, mode, True, 32)
+
+
+@pytest.mark.parametrize("mode,cfg,shape", [
+    ("f16", dict(MWG=32, NWG=16, KWG=64, WM=1, WN=2, ST=2, BS=1), (33, 29, 130)),
+    ("f16", dict(MWG=64, NWG=32, KWG=16, WM=2, WN=2, ST=3, BS=1), (64, 45, 37)),
+    ("tf32", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, ST=3, BS=1), (33, 27, 41))])
+def test_b_rows_copied_as_shifted_chunks(rt, mode, cfg, shape):
+    """BS: rows of an odd N (and batches and groups starting mid-chunk) reach local memory as the
+    aligned 16-byte chunks that cover them, each row shifted by its own misalignment, the columns
+    past N and the rows past K zeroed; the product equals NumPy's, with the epilogue."""
+    rng = np.random.default_rng(9)
+    M, N, K = shape
+    G, batch = 2, 2
+    A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
+    B = rng.standard_normal((batch, G, K, N)).astype(np.float32)
+    B = B if mode == "tf32" else rounded(B, mode)
+    bias = rng.standard_normal(G * M).astype(np.float32)
+    out = run_gemm(rt, cfg, mode, A, B, bias, act=LEAKY, bvec=True)     # BVEC refused: N is odd
+    assert rel_err(out, reference(A, rounded(B, mode), bias, act=LEAKY)) < TOL[mode]
+    assert gm.why_illegal(cfg, M, N, K, mode) is None
+    assert "BS" in gm.why_illegal(cfg, M, N, K, mode, implicit=True)
+    assert "BS" in gm.why_illegal({**cfg, "ST": 1}, M, N, K, mode)
 
 
 def test_unrounded_tf32_inputs_are_rounded_to_nearest(rt):
@@ -314,6 +343,14 @@ def test_space_legality_and_heuristic():
     assert gm.why_illegal(wide, 256, 5776, 1152, "f16", True, lim) is None
     thin = gm.heuristic(32, 92416, 64, 8, "f16", False, lim)
     assert (thin["MWG"], thin["NWG"], "GA" in thin) == (64, 128, False)
+    roomy = DeviceLimits(max_wg=1024, local_mem=64 * 1024, compute_units=132)    # room for 2 stages, emulated too
+    ragged = gm.heuristic(512, 169, 1024, 1, "f16", False, roomy)      # a 13x13 1x1: rows by shifted chunks
+    assert ragged.get("BS") == 1 and gm.stages(ragged) > 1
+    assert "BS" not in gm.heuristic(512, 176, 1024, 1, "f16", False, roomy)
+    assert "BS" not in gm.heuristic(512, 169, 1024, 1, "f16", True, roomy)     # an implicit B is gathered
+    sp = gm.space(512, 169, 1024, "f16", False, lim)
+    assert any(c.get("BS") for c in sp) and all(gm.stages(c) > 1 for c in sp if c.get("BS"))
+    assert not any(c.get("BS") for c in gm.space(512, 176, 1024, "f16", False, lim))
     tf32 = gm.heuristic(256, 5776, 1152, 8, "tf32", True, lim)          # wide tf32 tiles overflow 48 KB
     assert tf32["NWG"] == 32 and gm.why_illegal(tf32, 256, 5776, 1152, "tf32", True, lim) is None
     base = dict(MWG=64, NWG=64, KWG=32, WM=2, WN=2)

@@ -345,9 +345,9 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
                                        ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, FP16),
                                        ({"MT": 256, "NT": 64, "SWZ": 32, "ST": 2}, FP16),
                                        ({"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}, FP16),
-                                       ({"MT": 128, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1}, FP16),
+                                       ({"MT": 128, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1, "AP": 1}, FP16),
                                        ({"MT": 64, "NT": 128, "SWZ": 64, "ST": 3, "AR": 1}, FP16),
-                                       ({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, TF32),
+                                       ({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AP": 1}, TF32),
                                        ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, TF32)])
 def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):
     """nhwc convs whose k-tiles hold several taps (16 channels, 64 of k a tile at fp16, 32 at
@@ -416,10 +416,9 @@ def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
     from tiny_graphs import conv_nodes
     pt = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1}
     assert gw.why_illegal(pt) is None and gw.local_bytes(pt) == 2 * 23 * 1024
-    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "PT": 2}, {**pt, "ST": 3},
-                {**pt, "PT": 0, "AP": 1}, {**pt, "AP": 2}):
+    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "PT": 2}, {**pt, "ST": 3}, {**pt, "AP": 2}):
         assert gw.why_illegal(bad) is not None, bad
-    assert gw.why_illegal({**pt, "AP": 1}) is None
+    assert gw.why_illegal({**pt, "AP": 1}) is None and gw.why_illegal({**pt, "PT": 0, "AP": 1}) is None
     ok, strided, _, narrow, pointwise = conv_nodes(tmp_path / "c.cfg", net_header(16, 16, 64) + conv(64)
                                                    + conv(64, stride=2) + conv(40) + conv(64) + conv(64, size=1))
     assert gw.why_not_patch(ok, {"algo": "nhwc", **pt}) is None

@@ -30,6 +30,18 @@ blocks that cover it (where B's offset and strides are multiples of 8 halves; 2 
 ``YOLO_CL_MMA_GATHER=0|1|2|3|4`` forces one on every implicit conv (raising ST to 2 where it is 1,
 for every value alike), to compare them in a network (``tools/mma_gather_ab.py``).
 
+``AP`` (optional, default 0) 1 prefetches the work-group's A rows over its K range into the L2
+at the start (``prefetch.global.L2``): in a network the weights are cold, and where tiles are
+few and K long (yolov3 416's 13x13 1x1 convs) each k-step otherwise waits on memory. A conv timed
+alone keeps its weights warm in the L2, so the search never tries it; the shipped entries that
+name it were chosen from a network's per-layer times (BENCHMARKS.md).
+
+``BS`` (optional, default 0; an explicit B at ST > 1) 1 copies B's rows by ``cp.async`` with A,
+STAGES-1 tiles ahead, where they are not whole 16-byte chunks (N or B's offsets not multiples of
+8 halves or 4 floats, as a 13x13 map's planes of 169 pixels): each row as the aligned chunks that
+cover it, landing shifted by its misalignment, its fragments read with scalar local loads. Without
+it such a B goes through registers one tile ahead, and each k-step waits on the L2.
+
 ``SK`` (optional, default 1) splits K over SK work-groups per C tile where M x N gives too few
 work-groups (yolov3's 13x13 layers: M = 1024, N = 169, K = 4608). The partial planes live in
 the workspace, and gemm_local.cl's split-sum kernel adds them and runs the epilogue in a second
@@ -251,6 +263,10 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
                 else f"GA {ga} copies single floats by cp.async: tf32 only")
     if ga == 1 and threads % nwg:
         return "GA 1 needs NWG to divide the work-group"
+    if int(cfg.get("AP", 0)) not in (0, 1):
+        return "AP (A prefetched into the L2 at the start) is 0 or 1"
+    if int(cfg.get("BS", 0)) not in (0, 1) or (int(cfg.get("BS", 0)) and (implicit or stages(cfg) == 1)):
+        return "BS (B rows by shifted chunks) is 0 or 1, and 1 only for an explicit B at ST > 1"
     sk = split_k(cfg)
     if int(cfg.get("SS", 0)) not in (0, 1) or (int(cfg.get("SS", 0)) and sk == 1):
         return "SS (split sum in the GEMM launch) is 0 or 1, and 1 only with SK > 1"
@@ -288,7 +304,8 @@ def b_vector(cfg: dict, mode: str, implicit: bool, N: int, *b_ints) -> bool:
 
 def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bvec: bool = False) -> dict:
     """Kernel defines for ``cfg`` on this shape: tunables, mode, and only the bounds checks it needs
-    (``bvec``: B rows copied as 16-byte chunks, see :func:`b_vector`)."""
+    (``bvec``: B rows copied as 16-byte chunks, see :func:`b_vector`; where they cannot be, ``BS``
+    copies them as shifted chunks)."""
     d = dict(ctx_defines)
     d.update({k: int(cfg[k]) for k in TUNABLES})
     d.update(MPAD=MPAD, KPAD=KPAD, LDSM=LDSM)
@@ -296,8 +313,12 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bve
         d["STAGES"] = stages(cfg)
         if bvec:
             d["BVEC"] = True
+        elif int(cfg.get("BS", 0)):
+            d["B_SHIFT"] = True
     if gather(cfg):
         d["GATHER"] = gather(cfg)
+    if int(cfg.get("AP", 0)):
+        d["APREFETCH"] = 1
     d.update(tile_defines(cfg, M, N, K))
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
@@ -360,8 +381,10 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
         frags = (mwg // wm // 16) * (nwg // wn // 8) if mwg % (16 * wm) == 0 and nwg % (8 * wn) == 0 else 0
         if frags < 2 or why_illegal(c, M, N, K, mode, implicit, lim) is not None:
             continue
-        # an implicit staged config in every legal gather ("GA" always present: siblings for the search)
-        variants = [c] if not implicit or st == 1 else \
+        # an implicit staged config in every legal gather ("GA" always present: siblings for the search);
+        # an explicit one whose B rows are not whole chunks (N) also with them copied as shifted chunks
+        variants = [c] if st == 1 or (not implicit and N % (8 if mode == "f16" else 4) == 0) else \
+            [c, {**c, "BS": 1}] if not implicit else \
             [{**c, "GA": ga} for ga in GATHERS if why_illegal({**c, "GA": ga}, M, N, K, mode, implicit, lim) is None]
         for v in variants:
             out.append(v)
@@ -397,6 +420,8 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
             return {**wide, "ST": HEURISTIC_STAGES, **ga}
     if why_illegal({**best, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
         best = {**best, "ST": HEURISTIC_STAGES}
+        if not implicit and N % (8 if mode == "f16" else 4):
+            best = {**best, "BS": 1}     # ragged rows by cp.async (H200: 13x13 1x1s 16 -> 11-12 us in yolov3)
         if HEURISTIC_GATHER and why_illegal({**best, "GA": HEURISTIC_GATHER}, M, N, K, mode, implicit, lim) is None:
             best = {**best, "GA": HEURISTIC_GATHER}
     groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
@@ -515,7 +540,7 @@ class MmaGemm:
     name = FAMILY
     tensor_cores = True
     timed_beside_tensor_cores = False
-    derived, schedule, block = (), ("GA", "SS"), ("MWG", "NWG")
+    derived, schedule, block = (), ("GA", "SS", "AP", "BS"), ("MWG", "NWG")
     stores_nhwc, reads_nhwc = ("gemm1x1", "im2col", "implicit"), ()     # not Winograd's output transform
 
     def offered(self, rt, mma: str) -> bool:

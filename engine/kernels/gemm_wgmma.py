@@ -56,8 +56,9 @@ HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for 
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
 # "AR": A in registers (half only), B alone in the stages (H200, 4096^3: 412 against 281 TFLOP/s).
 # "PT": a stride-1 3x3 conv's B from one input patch per channel slice (H200: yolov3 608 batch 8's
-# c256 f512 at 38x38 0.1089 -> 0.0939 ms, 416's at 26x26 0.0275 -> 0.0187; BENCHMARKS.md); "AP": with
-# PT, the next slice's A prefetched into the L2 (pays in a network where tiles are few).
+# c256 f512 at 38x38 0.1089 -> 0.0939 ms, 416's at 26x26 0.0275 -> 0.0187; BENCHMARKS.md); "AP": A
+# prefetched into the L2, with PT a slice ahead, else the whole K range at the start (pays in a
+# network where tiles are few).
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
@@ -134,8 +135,8 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
         return "PT (B from an input patch) is 0 or 1"
     if from_patch(cfg) and (not a_in_registers(cfg) or int(cfg["SWZ"]) != 128 or int(cfg["NT"]) > 128):
         return "PT (B from an input patch) needs AR 1, SWZ 128 and NT 64 or 128"
-    if int(cfg.get("AP", 0)) not in (0, 1) or (int(cfg.get("AP", 0)) and not from_patch(cfg)):
-        return "AP (the next slice's A prefetched into the L2) is 0 or 1, and 1 only with PT"
+    if int(cfg.get("AP", 0)) not in (0, 1):
+        return "AP (A prefetched into the L2) is 0 or 1"
     return None
 
 
