@@ -397,7 +397,8 @@ def test_3x3_convs_from_an_input_patch_split_by_slices(rt, tmp_path, sk):
     from tiny_graphs import conv_nodes
     from yolo_cl import tuner as tmod
     tuner = tmod.Tuner(rt, FP16, reps=1)
-    cfg = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "SK": sk}
+    cfg = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "SK": sk,
+           "AP": sk // 2}      # the A prefetch of a split's slices: a slice ahead, or all at the start
     text = net_header(13, 13, 256) + conv(256, act="leaky") + conv(256, act="linear") + shortcut(-2)
     nodes = conv_nodes(tmp_path / "s.cfg", text) + conv_nodes(tmp_path / "t.cfg", net_header(10, 7, 448) + conv(64))
     for node in nodes:
@@ -416,9 +417,11 @@ def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
     from tiny_graphs import conv_nodes
     pt = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1}
     assert gw.why_illegal(pt) is None and gw.local_bytes(pt) == 2 * 23 * 1024
-    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "PT": 2}, {**pt, "ST": 3}, {**pt, "AP": 2}):
+    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "PT": 2}, {**pt, "ST": 3}, {**pt, "AP": 3},
+                {**pt, "PT": 0, "AP": 2}):
         assert gw.why_illegal(bad) is not None, bad
     assert gw.why_illegal({**pt, "AP": 1}) is None and gw.why_illegal({**pt, "PT": 0, "AP": 1}) is None
+    assert gw.why_illegal({**pt, "AP": 2}) is None
     ok, strided, _, narrow, pointwise = conv_nodes(tmp_path / "c.cfg", net_header(16, 16, 64) + conv(64)
                                                    + conv(64, stride=2) + conv(40) + conv(64) + conv(64, size=1))
     assert gw.why_not_patch(ok, {"algo": "nhwc", **pt}) is None

@@ -57,8 +57,9 @@ HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for 
 # "AR": A in registers (half only), B alone in the stages (H200, 4096^3: 412 against 281 TFLOP/s).
 # "PT": a stride-1 3x3 conv's B from one input patch per channel slice (H200: yolov3 608 batch 8's
 # c256 f512 at 38x38 0.1089 -> 0.0939 ms, 416's at 26x26 0.0275 -> 0.0187; BENCHMARKS.md); "AP": A
-# prefetched into the L2, with PT a slice ahead, else the whole K range at the start (pays in a
-# network where tiles are few).
+# prefetched into the L2: 1 the whole K range at the start (with PT a slice ahead), 2 (PT) every
+# slice at the start, the lines shared out among the tiles (H200, in the network: 416's PT convs at
+# 52x52 0.020 -> 0.017 ms, 608 batch 8's at 38x38 0.101 -> 0.096; a conv timed alone cannot see it).
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
@@ -68,7 +69,7 @@ SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ"
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1},
          {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1},
-         {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 1}]
+         {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 2}]
 _PROBED: dict = {}                 # (device, driver, emulated) -> bool (f16 and tf32 probed together)
 
 
@@ -135,8 +136,8 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
         return "PT (B from an input patch) is 0 or 1"
     if from_patch(cfg) and (not a_in_registers(cfg) or int(cfg["SWZ"]) != 128 or int(cfg["NT"]) > 128):
         return "PT (B from an input patch) needs AR 1, SWZ 128 and NT 64 or 128"
-    if int(cfg.get("AP", 0)) not in (0, 1):
-        return "AP (A prefetched into the L2) is 0 or 1"
+    if int(cfg.get("AP", 0)) not in (0, 1, 2) or (int(cfg.get("AP", 0)) == 2 and not from_patch(cfg)):
+        return "AP (A prefetched into the L2) is 0, 1, or with PT 2"
     return None
 
 
