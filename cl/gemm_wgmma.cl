@@ -454,9 +454,17 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #if !defined(NHWC) || !defined(A_REG) || SWZ != 128 || INFLIGHT || KS != 3
 #error "PATCH: an nhwc 3x3 conv, A in registers, the 128-byte swizzle"
 #endif
+#ifdef PFLAT
+/* PFLAT (config PT 2): a tile is NT consecutive pixels p0 .. of the output on a grid of PW = W + 2
+ * columns (the last two of each row computed, never stored), and patch line l the input pixel
+ * ((p0 + l) / PW - 1, (p0 + l) % PW - 1): output p's tap (ky, kx) is line p - p0 + ky * PW + kx,
+ * so each tap's B rows are one run of lines (no tile of 8 columns wasting a ragged map's edge) */
+#define PLINES (NT + (KS - 1) * PW + KS - 1)
+#else
 #define TH (NT / 8)                    /* output rows of a tile, 8 pixels each */
 #define PC (8 + KS - 1)                /* patch columns */
 #define PLINES ((TH + KS - 1) * PC)    /* patch pixels: lines of SWZ bytes (a 64-channel slice) */
+#endif
 #define PSTAGE ((PLINES * SWZ + 1023) / 1024 * 1024)     /* a stage, whole swizzle periods */
 #ifdef WGMMA_EMULATE
 #define PATCH_A (STAGES * PSTAGE)      /* the emulated wgmma reads A from a tile after the stages */
@@ -467,11 +475,19 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #endif
 
 /* Stage slot <- the input patch of 64-channel slice sl under this tile (zeros outside the input):
- * patch pixel l = (row, column) at line l, its 16-byte chunks swizzled by the line. */
+ * patch pixel l = (row, column) at line l (PFLAT: grid pixel p0 + l, i.e. input pixel (row - 1,
+ * column - 1) of the padded grid), its 16-byte chunks swizzled by the line. */
+#ifdef PFLAT
+#define PATCH_PIXEL(l, iy, ix)                                                                   \
+    const int gp_ = p0 + (l), gy_ = gp_ / PW, iy = gy_ - PAD, ix = gp_ - gy_ * PW - PAD;
+#else
+#define PATCH_PIXEL(l, iy, ix)                                                                   \
+    const int pr_ = (l) / PC, iy = y0 - PAD + pr_, ix = x0 - PAD + (l) - pr_ * PC;
+#endif
 #define PATCH_LOAD(slot, sl)                                                                     \
     for (int q = tid; q < PLINES * CHUNKS; q += THREADS) {                                       \
-        const int l = q / CHUNKS, c = q - l * CHUNKS, pr = l / PC, pc = l - pr * PC;             \
-        const int iy = y0 - PAD + pr, ix = x0 - PAD + pc;                                        \
+        const int l = q / CHUNKS, c = q - l * CHUNKS;                                            \
+        PATCH_PIXEL(l, iy, ix)                                                                   \
         const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;                                  \
         CP_ASYNC16((slot) * PSTAGE + CHUNK_AT(l, c),                                             \
                    ok ? Bg + ((size_t)iy * W + ix) * cin + (sl) * KT + c * EPC : Bg, ok);        \
@@ -518,8 +534,12 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     __local uchar* smem_b = (__local uchar*)smem;
     const uint base = SMEM_BASE(smem);
     const int tid = get_local_id(0), wg = tid >> 7, wtid = tid & 127;
+#ifdef PFLAT
+    const int p0 = get_group_id(0) * NT, m0 = get_group_id(1) * MT;
+#else
     const int tiles_x = (OW + 7) / 8, ty = get_group_id(0) / tiles_x, tx = get_group_id(0) - ty * tiles_x;
     const int y0 = ty * TH, x0 = tx * 8, m0 = get_group_id(1) * MT;
+#endif
     const int b = get_group_id(2) / SK, ks = get_group_id(2) - b * SK;
     const int cin = K / (KS * KS), slices = cin / KT, taps = KS * KS;
     const int per = (slices + SK - 1) / SK, s0 = ks * per, s1 = min(slices, s0 + per);
@@ -560,7 +580,12 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
             }
             ulong db[4] = {0, 0, 0, 0};
 #pragma unroll
-            for (int j = 0; j < KSTEPS; ++j) db[j] = yc_desc_sbo(sb + (uint)((ky * PC + kx) * SWZ + 32 * j), 16, PC * SWZ);
+            for (int j = 0; j < KSTEPS; ++j)
+#ifdef PFLAT
+                db[j] = yc_desc(sb + (uint)((ky * PW + kx) * SWZ + 32 * j), 16);    /* one run of lines */
+#else
+                db[j] = yc_desc_sbo(sb + (uint)((ky * PC + kx) * SWZ + 32 * j), 16, PC * SWZ);
+#endif
             A_FRAGMENTS_TO_LOCAL();
             WG_FENCE();
             WGMMA_STAGE();
@@ -575,7 +600,12 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), x = x0 + 2 * t4 + (q & 1), y = y0 + i;
+#ifdef PFLAT
+            const int p = p0 + 8 * i + 2 * t4 + (q & 1), y = p / PW, x = p - y * PW;
+#else
+            const int x = x0 + 2 * t4 + (q & 1), y = y0 + i;
+#endif
+            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1);
             if (m < M && y < H && x < OW)
                 STORE_C(acc[4 * i + q], m, y * OW + x);
         }

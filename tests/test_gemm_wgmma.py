@@ -367,11 +367,14 @@ def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):
 
 
 @pytest.mark.parametrize("tile", [{"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1},
-                                  {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 1}])
+                                  {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 1},
+                                  {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2},
+                                  {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2}])
 def test_3x3_convs_from_an_input_patch(rt, tmp_path, tile):
     """``PT``: a 3x3 conv's nine taps read one staged patch per 64-channel slice. Maps that the
-    tiles of NT / 8 rows of 8 cover exactly, with ragged edges, narrower than a tile, over one and
-    two slices, a residual add, 70 filters (a partial M tile): each through the tuner's gate."""
+    tiles of NT / 8 rows of 8 (``PT`` 2: NT pixels of a grid two columns wider than the map) cover
+    exactly, with ragged edges, narrower than a tile, over one and two slices, a residual add, 70
+    filters (a partial M tile): each through the tuner's gate."""
     from tiny_graphs import conv_nodes
     from yolo_cl import tuner as tmod
     tuner = tmod.Tuner(rt, FP16, reps=1)
@@ -417,10 +420,17 @@ def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
     from tiny_graphs import conv_nodes
     pt = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1}
     assert gw.why_illegal(pt) is None and gw.local_bytes(pt) == 2 * 23 * 1024
-    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "PT": 2}, {**pt, "ST": 3}, {**pt, "AP": 3},
+    for bad in ({**pt, "AR": 0}, {**pt, "SWZ": 64}, {**pt, "PT": 3}, {**pt, "ST": 3}, {**pt, "AP": 3},
                 {**pt, "PT": 0, "AP": 2}):
         assert gw.why_illegal(bad) is not None, bad
     assert gw.why_illegal({**pt, "AP": 1}) is None and gw.why_illegal({**pt, "PT": 0, "AP": 1}) is None
+    flat = {**pt, "PT": 2}              # NT + 2 (W + 2) + 2 lines: a map 40 wide fits two stages of 128
+    assert gw.why_illegal(flat) is None and gw.local_bytes(flat, 40) == 2 * 27 * 1024 > gw.LOCAL_LIMIT
+    assert gw.local_bytes({**flat, "NT": 64}, 40) == 2 * 19 * 1024
+    wide = conv_nodes(tmp_path / "w.cfg", net_header(40, 8, 64) + conv(64))[0]
+    assert "local memory" in gw.why_not_patch(wide, {"algo": "nhwc", **flat})
+    assert gw.why_not_patch(wide, {"algo": "nhwc", **flat, "NT": 64}) is None
+    assert "PT" in gw.why_illegal({**pt, "PT": 3})
     assert gw.why_illegal({**pt, "AP": 2}) is None
     ok, strided, _, narrow, pointwise = conv_nodes(tmp_path / "c.cfg", net_header(16, 16, 64) + conv(64)
                                                    + conv(64, stride=2) + conv(40) + conv(64) + conv(64, size=1))

@@ -69,7 +69,10 @@ SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ"
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1},
          {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1}, {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1},
-         {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 2}]
+         {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 2},
+         {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2},
+         {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2},
+         {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2}]
 _PROBED: dict = {}                 # (device, driver, emulated) -> bool (f16 and tf32 probed together)
 
 
@@ -94,20 +97,30 @@ def a_in_registers(cfg: dict) -> bool:
 
 
 def from_patch(cfg: dict) -> bool:
-    """Whether a 3x3 conv's B comes from one input patch per channel slice (config key ``PT``)."""
-    return int(cfg.get("PT", 0)) == 1
+    """Whether a 3x3 conv's B comes from one input patch per channel slice (config key ``PT`` 1 or 2)."""
+    return int(cfg.get("PT", 0)) in (1, 2)
 
 
-def patch_lines(cfg: dict) -> int:
-    """Input pixels a ``PT`` stage holds: the (NT / 8 + 2) x 10 under a tile of NT / 8 rows of 8."""
+def flat_patch(cfg: dict) -> bool:
+    """``PT`` 2: tiles of NT consecutive output pixels on a grid padded to W + 2 columns."""
+    return int(cfg.get("PT", 0)) == 2
+
+
+def patch_lines(cfg: dict, width: int = 0) -> int:
+    """Input pixels a ``PT`` stage holds: the (NT / 8 + 2) x 10 under a tile of NT / 8 rows of 8;
+    with ``PT`` 2 the NT + 2 (``width`` + 2) + 2 under NT pixels of a map ``width`` wide (0: the
+    least any map needs)."""
+    if flat_patch(cfg):
+        return int(cfg["NT"]) + 2 * (width + 2) + 2
     return (int(cfg["NT"]) // 8 + 2) * 10
 
 
-def local_bytes(cfg: dict) -> int:
+def local_bytes(cfg: dict, width: int = 0) -> int:
     """Local memory of a work-group: ``ST`` stages of (MT + NT) rows of ``SWZ`` bytes, NT with A
-    in registers; with ``PT`` ``ST`` patches, each rounded up to the swizzle's 1024-byte period."""
+    in registers; with ``PT`` ``ST`` patches, each rounded up to the swizzle's 1024-byte period
+    (``PT`` 2's on a map ``width`` wide)."""
     if from_patch(cfg):
-        return int(cfg["ST"]) * -(-patch_lines(cfg) * int(cfg["SWZ"]) // 1024) * 1024
+        return int(cfg["ST"]) * -(-patch_lines(cfg, width) * int(cfg["SWZ"]) // 1024) * 1024
     rows = (0 if a_in_registers(cfg) else int(cfg["MT"])) + int(cfg["NT"])
     return int(cfg["ST"]) * rows * int(cfg["SWZ"])
 
@@ -132,8 +145,8 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
         return "AR (A in registers) runs NT 64 or 128 and waits for each stage's wgmma (no WI)"
     if a_in_registers(cfg) and mma == "tf32":
         return "AR (A in registers) is half only, not tf32"
-    if int(cfg.get("PT", 0)) not in (0, 1):
-        return "PT (B from an input patch) is 0 or 1"
+    if int(cfg.get("PT", 0)) not in (0, 1, 2):
+        return "PT (B from an input patch) is 0, 1 or 2 (flat tiles)"
     if from_patch(cfg) and (not a_in_registers(cfg) or int(cfg["SWZ"]) != 128 or int(cfg["NT"]) > 128):
         return "PT (B from an input patch) needs AR 1, SWZ 128 and NT 64 or 128"
     if int(cfg.get("AP", 0)) not in (0, 1, 2) or (int(cfg.get("AP", 0)) == 2 and not from_patch(cfg)):
@@ -154,6 +167,8 @@ def why_not_patch(node: Node, cfg: dict) -> Optional[str]:
     slices, sk = a["in_c"] // k_tile(cfg), split_k(cfg)
     if (sk - 1) * -(-slices // sk) >= slices:
         return f"PT splits K by 64-channel slices: {slices} cannot give {sk} non-empty splits"
+    if local_bytes(cfg, node.output.w) > LOCAL_LIMIT:
+        return f"PT 2's patches of a {node.output.w}-wide map take {local_bytes(cfg, node.output.w)} bytes of local memory"
     return None
 
 
@@ -198,9 +213,13 @@ def aligned(*ints) -> bool:
 
 def launch(cfg: dict, M: int, N: int, Z: int, out=None) -> tuple:
     """(global size, local size) over Z images, each split SK ways: N / NT tiles of output pixels,
-    or with ``PT`` tiles of NT / 8 rows of 8 over the output tensor ``out``."""
+    or with ``PT`` tiles of NT / 8 rows of 8 over the output tensor ``out`` (``PT`` 2: of NT pixels
+    of its grid padded to ``out.w`` + 2 columns)."""
     threads = 2 * int(cfg["MT"])
-    tiles = -(-out.h // (int(cfg["NT"]) // 8)) * -(-out.w // 8) if from_patch(cfg) else -(-N // int(cfg["NT"]))
+    if flat_patch(cfg):
+        tiles = -(-out.h * (out.w + 2) // int(cfg["NT"]))
+    else:
+        tiles = -(-out.h // (int(cfg["NT"]) // 8)) * -(-out.w // 8) if from_patch(cfg) else -(-N // int(cfg["NT"]))
     return (tiles * threads, -(-M // int(cfg["MT"])), Z * split_k(cfg)), (threads, 1, 1)
 
 
@@ -441,6 +460,8 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         x = node.inputs[0]
         d.update({"NHWC" if nhwc else "IMPLICIT": True}, KS=a["size"], SX=a["stride_x"], SY=a["stride_y"],
                  PAD=a["pad"], DIL=a["dilation"])
+        if flat_patch(cfg):
+            d.update(PFLAT=True, PW=node.output.w + 2)
         extra = i32(x.h, x.w, node.output.w)
     c_args = store.c_args if sk == 1 else [ctx.scratch(partials)] + i32(0, 0, N)
     r_args = residual_args(ctx, node)
