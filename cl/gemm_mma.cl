@@ -72,11 +72,6 @@
  *   POOL_KEEP      (POOL2) the conv's own output is read elsewhere too: also stored, through the
  *                  trailing args C2, c2_off, c2_bstride
  *   UP_S UP_OW     (gemm_epilogue.h) the conv writes through the [upsample] that alone reads it
- *   APREFETCH      (config key "AP") at the start, the work-group's A rows over its whole K range
- *                  into the L2 (prefetch.global.L2), the lines shared out among the work-groups of
- *                  its M tile: a network's weights are cold (yolov3's 124 MB of fp16 weights against
- *                  an H200's 50 MB L2), and a tile a few stages ahead of a load from memory waits
- *                  for it at every k-step where K is long and the tiles few (13x13 1x1 convs)
  *   MMA_EMULATE    compute each mma in plain OpenCL C with the PTX fragment layout, the lanes'
  *                  registers exchanged through local memory (CI on PoCL, which has no PTX); a
  *                  "warp" is then 32 consecutive work-items of the work-group
@@ -324,16 +319,6 @@ inline void yc_mma(float* d, const uint* a, const uint* b, __local uint* xch, co
 #endif
 #endif
 
-#ifndef APREFETCH
-#define APREFETCH 0
-#endif
-#ifdef MMA_EMULATE
-#define PREFETCH_L2(p)
-#else
-/* the 128-byte line at p into the L2 (no register, no wait) */
-#define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" :: "l"((ulong)(size_t)(p)))
-#endif
-
 /* One element of B as mma input bits (0 outside the matrix). */
 #ifdef MMA_F16
 #define BBITS(i) ((uint)((__global const ushort*)Bg)[i])
@@ -446,15 +431,6 @@ void yc_gemm_mma(YC_GEMM_PARAMS
     const int Mp = ROUND_UP(M, MPAD), KpW = ROUND_UP(K, KPAD) / KPW;    /* A row stride in words */
     const __global uint* Aw = (const __global uint*)A + ((size_t)grp * Mp + m0) * KpW;
     const __global dtype* Bg = B + b_off + (size_t)b * b_bstride + (size_t)grp * b_gstride;
-    if (APREFETCH) {
-        /* rows of lines of 128 bytes (32 words) over [kbeg, kend); line v of the tile's MWG rows is
-         * prefetched by the work-group v / THREADS of its M tile (modulo their count) */
-        const int lines = ((kend - kbeg) / KPW + 31) / 32, all = MWG * lines, nx = get_num_groups(0);
-        for (int v = (int)get_group_id(0) * THREADS + tid; v < all; v += nx * THREADS) {
-            const int r = v / lines;
-            PREFETCH_L2(Aw + (size_t)r * KpW + kbeg / KPW + (v - r * lines) * 32);
-        }
-    }
 
 #ifdef SK_FIX
     __local int sk_last[1];

@@ -45,7 +45,6 @@ def run_gemm(rt, cfg, mode, A, B, bias, *, residual=None, act=LINEAR, act2=LINEA
     d = gm.defines({"HALF_STORAGE": half, "ACT": act}, cfg, M, N, K, mode, bvec)
     assert ("BVEC" in d) == bvec
     assert ("B_SHIFT" in d) == (not bvec and gm.stages(cfg) > 1 and bool(cfg.get("BS")))
-    assert d.get("APREFETCH", 0) == int(cfg.get("AP", 0))
     if residual is not None:
         d.update(RESIDUAL=True, ACT2=act2)
     b_args, extra = b_operand(d, implicit, G, K, N)
@@ -81,9 +80,6 @@ CONFIGS = [  # (mode, config, ragged M, N, K); emulation on PoCL is slow: shapes
     ("f16", dict(MWG=64, NWG=32, KWG=32, WM=2, WN=2, ST=3), (70, 37, 100)),
     ("f16", dict(MWG=16, NWG=48, KWG=16, WM=1, WN=2, ST=4), (5, 70, 97)),
     ("tf32", dict(MWG=32, NWG=32, KWG=8, WM=1, WN=2, ST=3), (33, 29, 41)),
-    # AP: A prefetched into the L2 at the start (a hint: the sums must not change)
-    ("f16", dict(MWG=32, NWG=16, KWG=64, WM=2, WN=1, ST=2, AP=1), (33, 29, 130)),
-    ("tf32", dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, AP=1), (33, 29, 41)),
 ]
 
 
@@ -117,10 +113,9 @@ def test_full_epilogue_groups_batches_residual_slice(rt, mode, st):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
 
 
-@pytest.mark.parametrize("mode,sk,st,in_kernel,ap", [("f16", 3, 1, "SS", 0), ("tf32", 2, 1, "env", 0),
-                                                     ("f16", 3, 3, "env", 1), ("tf32", 2, 2, "SS", 0),
-                                                     ("f16", 3, 2, "", 1)])
-def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, ap, monkeypatch):
+@pytest.mark.parametrize("mode,sk,st,in_kernel", [("f16", 3, 1, "SS"), ("tf32", 2, 1, "env"), ("f16", 3, 3, "env"),
+                                                  ("tf32", 2, 2, "SS"), ("f16", 3, 2, "")])
+def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, monkeypatch):
     """K split over work-groups (the last split shorter, CHECK_K), partial planes summed with the
     whole epilogue (batches, residual, a concat slice) by gemm_local.cl's yc_gemm_splitk in a
     second launch, or by the tile's last work-group: a config's SS 1, or YOLO_CL_MMA_SPLIT_SUM=kernel."""
@@ -128,7 +123,7 @@ def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, ap, monkeypatch):
         monkeypatch.setenv(gm.SPLIT_SUM_ENV, "kernel")
     rng = np.random.default_rng(5)
     G, M, N, K, batch = 1, 33, 29, 100, 2
-    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st, AP=ap, **({"SS": 1} if in_kernel == "SS" else {}))
+    cfg = dict(MWG=32, NWG=16, KWG=16, WM=2, WN=1, SK=sk, ST=st, **({"SS": 1} if in_kernel == "SS" else {}))
     assert gm.split_in_kernel(cfg) == bool(in_kernel)
     assert gm.why_illegal(cfg, M, N, K, mode) is None
     A = rounded(rng.standard_normal((G, M, K)).astype(np.float32), mode)
@@ -139,7 +134,6 @@ def test_split_k_full_epilogue(rt, mode, sk, st, in_kernel, ap, monkeypatch):
     assert rel_err(out, reference(A, B, bias, R, LEAKY, LEAKY)) < TOL[mode]
     assert "non-empty" in gm.why_illegal({**cfg, "SK": 8}, M, N, 40, mode)
     assert "SS" in gm.why_illegal({**cfg, "SK": 1, "SS": 1}, M, N, K, mode)
-    assert "AP" in gm.why_illegal({**cfg, "AP": 2}, M, N, K, mode)
 
 
 @pytest.mark.parametrize("mode", ["f16", "tf32"])

@@ -30,12 +30,6 @@ blocks that cover it (where B's offset and strides are multiples of 8 halves; 2 
 ``YOLO_CL_MMA_GATHER=0|1|2|3|4`` forces one on every implicit conv (raising ST to 2 where it is 1,
 for every value alike), to compare them in a network (``tools/mma_gather_ab.py``).
 
-``AP`` (optional, default 0) 1 prefetches the work-group's A rows over its K range into the L2
-at the start (``prefetch.global.L2``): in a network the weights are cold, and where tiles are
-few and K long (yolov3 416's 13x13 1x1 convs) each k-step otherwise waits on memory. A conv timed
-alone keeps its weights warm in the L2, so the search never tries it; the shipped entries that
-name it were chosen from a network's per-layer times (BENCHMARKS.md).
-
 ``BS`` (optional, default 0; an explicit B at ST > 1) 1 copies B's rows by ``cp.async`` with A,
 STAGES-1 tiles ahead, where they are not whole 16-byte chunks (N or B's offsets not multiples of
 8 halves or 4 floats, as a 13x13 map's planes of 169 pixels): each row as the aligned chunks that
@@ -263,8 +257,6 @@ def why_illegal(cfg: dict, M: int, N: int, K: int, mode: str, implicit: bool = F
                 else f"GA {ga} copies single floats by cp.async: tf32 only")
     if ga == 1 and threads % nwg:
         return "GA 1 needs NWG to divide the work-group"
-    if int(cfg.get("AP", 0)) not in (0, 1):
-        return "AP (A prefetched into the L2 at the start) is 0 or 1"
     if int(cfg.get("BS", 0)) not in (0, 1) or (int(cfg.get("BS", 0)) and (implicit or stages(cfg) == 1)):
         return "BS (B rows by shifted chunks) is 0 or 1, and 1 only for an explicit B at ST > 1"
     sk = split_k(cfg)
@@ -317,8 +309,6 @@ def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bve
             d["B_SHIFT"] = True
     if gather(cfg):
         d["GATHER"] = gather(cfg)
-    if int(cfg.get("AP", 0)):
-        d["APREFETCH"] = 1
     d.update(tile_defines(cfg, M, N, K))
     d["MMA_TF32" if mode == "tf32" else "MMA_F16"] = True
     if emulated():
@@ -540,7 +530,7 @@ class MmaGemm:
     name = FAMILY
     tensor_cores = True
     timed_beside_tensor_cores = False
-    derived, schedule, block = (), ("GA", "SS", "AP", "BS"), ("MWG", "NWG")
+    derived, schedule, block = (), ("GA", "SS", "BS"), ("MWG", "NWG")
     stores_nhwc, reads_nhwc = ("gemm1x1", "im2col", "implicit"), ()     # not Winograd's output transform
 
     def offered(self, rt, mma: str) -> bool:
