@@ -133,7 +133,7 @@ class Executor:
         self._slots: dict = {}         # submit/collect: pinned input, events and output set per slot
         self._outs: Optional[HostSets] = None   # the head sets run and collect lend (hostsets.py)
         self._spare: Optional[list] = None      # run reads here when the caller holds every set
-        self._ins: Optional[HostSets] = None    # pinned inputs input_array lends
+        self._ins: dict = {}                   # dtype -> the pinned inputs input_array lends
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
         self._f32_read: list = []      # with a copy queue: the last conversion, which reads that buffer
         self._staged: Optional[list] = None    # [pinned uint8 array, the DMA events out of it]: see _send
@@ -263,7 +263,8 @@ class Executor:
         return self.plan.naive_elems * self.precision.itemsize
 
     def run(self, blob: np.ndarray, profile: bool = False, eager: bool = False) -> list:
-        """Forward ``blob`` (batch, C, H, W) float32; returns the output views as float32 arrays.
+        """Forward ``blob`` (batch, C, H, W) float32 (or float16 on a half plan: ``input_array``);
+        returns the output views as float32 arrays.
 
         The arrays are the ones the device wrote the heads into, not copies: a later ``run`` reuses
         them only once nothing refers to them any more (neither they nor a view of them), so a
@@ -281,14 +282,20 @@ class Executor:
         del uploaded
         return outs
 
-    def input_array(self) -> np.ndarray:
-        """A (batch, C, H, W) float32 array in pinned memory to write the next input into and pass
-        to ``run``: the blob is written once, where the device copies it from by DMA. It is the
+    def input_array(self, dtype=np.float32) -> np.ndarray:
+        """A (batch, C, H, W) array in pinned memory to write the next input into and pass to
+        ``run``: the blob is written once, where the device copies it from by DMA. It is the
         caller's until nothing refers to it any more (``run``'s rule for its outputs), and holds
-        whatever its last user left there; a plain array while the caller holds every pinned one."""
-        if self._ins is None:
-            self._ins = HostSets(lambda: [pinned(self.rt, self._host_in.shape, np.float32)[1]], cap=2)
-        return self._ins.lend(lambda: np.empty(self._host_in.shape, np.float32))
+        whatever its last user left there; a plain array while the caller holds every pinned one.
+        ``dtype``: float32, or on a half-storage executor float16, the network's own input type:
+        a caller that has its blob in half sends half the bytes and no conversion runs."""
+        dt = np.dtype(dtype)
+        if dt != np.float32 and dt != self._host_in.dtype:
+            raise YoloClError(f"input_array: dtype {dt} is not float32 or this {self.precision.name} plan's "
+                              f"input type ({self._host_in.dtype})")
+        if dt.str not in self._ins:
+            self._ins[dt.str] = HostSets(lambda: [pinned(self.rt, self._host_in.shape, dt)[1]], cap=2)
+        return self._ins[dt.str].lend(lambda: np.empty(self._host_in.shape, dt))
 
     def _upload(self, blob: np.ndarray, split: bool = True):
         """Enqueue the copy of ``blob`` into the arena's input region (non-blocking: the caller

@@ -168,6 +168,30 @@ def test_input_array_is_lent_like_the_outputs(pair):
     assert ex.input_array().ctypes.data == where          # dropped: lent again
 
 
+@pytest.mark.parametrize("batch", (1, 2))
+def test_a_half_input_array_goes_as_it_is(pair, batch):
+    """A half-storage plan lends a float16 pinned input too: ``run`` sends it by DMA as it is, no
+    float32 staging or conversion launch made, and its heads equal those of the float32 blob it
+    rounds; float32 plans refuse it, and no plan lends other types."""
+    det = pair[0]
+    ex = det.executor(batch, (SIZE, SIZE))
+    blob = frames(batch, 1, 70 + batch)[0]
+    if not ex.half:
+        with pytest.raises(YoloClError, match="float16"):
+            ex.input_array(np.float16)
+        return
+    with pytest.raises(YoloClError, match="float64"):
+        ex.input_array(np.float64)
+    fresh = Detector("yolov3-tiny", input_size=SIZE, precision="fp16").executor(batch, (SIZE, SIZE))
+    h = fresh.input_array(np.float16)
+    assert h.dtype == np.float16 and h.shape == blob.shape
+    h[...] = blob
+    got = [o.copy() for o in fresh.run(h)]
+    assert fresh._f32_input is None                      # the half blob needed no float32 staging
+    want = ex.run(h.astype(np.float32))                  # the same values, converted on the device
+    assert same(got, want)
+
+
 def test_host_path_detect_batch_through_the_pinned_input(pair, monkeypatch):
     """detect_batch writes the blob into ``input_array`` (left dirty by an earlier user here) and
     pads the batch; each image's detections equal detecting it from a blob of its own."""

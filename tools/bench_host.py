@@ -202,6 +202,12 @@ def device_ms(cfg, wts, size: int, batch: int, precision: str, blob: np.ndarray,
     return float(np.median(dev))
 
 
+def run_figures(row: dict) -> str:
+    """``run`` from the caller's array, from ``input_array()`` and (half plans) from a half one."""
+    half = f", a half one {row['run_half_input_ms']:.2f}" if "run_half_input_ms" in row else ""
+    return f"run {row['run_ms']:.2f} (from input_array() {row['run_pinned_input_ms']:.2f}{half})"
+
+
 def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple = (),
                 profile_detect: bool = False, detect_block: int = 10) -> tuple:
     name, size, batch, cfg, wts, row = model_spec(spec, precision, tmp)
@@ -218,6 +224,11 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
     row["run_steps_ms"] = st = run_steps(ex, blob, reps)
     row["run_steps_pinned_input_ms"] = sp = run_steps(ex, pinned_blob, reps)
     del pinned_blob
+    if ex.half:                     # the blob in the plan's own half type: half the bytes, no conversion
+        half_blob = ex.input_array(np.float16)
+        half_blob[...] = blob
+        row["run_half_input_ms"] = median_ms(lambda: ex.run(half_blob), reps)
+        del half_blob
     log(f"  {name} {size} b{batch} {precision} run {row['run_ms']:.2f} ms; one step at a time: "
         + ", ".join(f"{k} {v:.2f}" for k, v in st.items() if k not in ("sum", "copy"))
         + f" (sum {st['sum']:.2f}); copying the heads would add {st['copy']:.2f} ms; from a pinned input "
@@ -239,7 +250,7 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
         row["ratios"] = {"run/device": row["run_ms"] / d, "forward/device": row["forward_ms"] / d,
                          "host_overhead_run_ms": row["run_ms"] - d}
         log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | resident "
-            f"{row['resident_ms']:.2f} | run {row['run_ms']:.2f} | forward {row['forward_ms']:.2f} | "
+            f"{row['resident_ms']:.2f} | {run_figures(row)} | forward {row['forward_ms']:.2f} | "
             f"{row['launches']['network']} launches, "
             f"{row['enqueue_us_per_launch']:.1f} us each ({ex.launch_way}; random weights: no detect figures)")
         return row, det
@@ -282,7 +293,7 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
                      "detect_pinned_frame/device": row["detect_pinned_frame_ms"] / d,
                      "host_overhead_run_ms": row["run_ms"] - d}
     log(f"{name} {size} b{batch} {precision} on {row['device']}: device {d:.2f} ms | resident "
-        f"{row['resident_ms']:.2f} | run {row['run_ms']:.2f} | forward {row['forward_ms']:.2f} | "
+        f"{row['resident_ms']:.2f} | {run_figures(row)} | forward {row['forward_ms']:.2f} | "
         f"detect 1280x720 device-path {row['detect_device_ms']:.2f} "
         f"(from a frame_array {row['detect_pinned_frame_ms']:.2f}) / host-path "
         f"{row['detect_host_ms']:.2f} ms | in flight {row['inflight_fps']:.1f} fps "
