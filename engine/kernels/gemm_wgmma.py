@@ -60,6 +60,8 @@ HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for 
 # prefetched into the L2: 1 the whole K range at the start (with PT a slice ahead), 2 (PT) every
 # slice at the start, the lines shared out among the tiles (H200, in the network: 416's PT convs at
 # 52x52 0.020 -> 0.017 ms, 608 batch 8's at 38x38 0.101 -> 0.096; a conv timed alone cannot see it).
+# "PT" 2: the patch's tiles NT consecutive pixels of a grid two columns wider than the map, not rows
+# of 8 (608 batch 8's c512 f1024 at 19x19 0.1025 -> 0.0932 ms, 38x38 0.0912 -> 0.0879).
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
