@@ -286,12 +286,15 @@ def local_bytes(cfg: dict, mode: str) -> int:
     return st * (mwg * words * 4 + kwg * (nwg + 8) * (2 if mode == "f16" else 4)) + extra
 
 
+def chunk_elems(mode: str) -> int:
+    """B elements in a 16-byte chunk: 8 halves for f16, 4 floats for tf32."""
+    return 8 if mode == "f16" else 4
+
+
 def b_vector(cfg: dict, mode: str, implicit: bool, N: int, *b_ints) -> bool:
     """Whether B can be copied as 16-byte chunks (BVEC): a staged config, an explicit B, and N and
-    every B offset and stride (``b_ints``, in elements) multiples of a chunk's elements (8 halves
-    for f16, 4 floats for tf32)."""
-    chunk = 8 if mode == "f16" else 4
-    return stages(cfg) > 1 and not implicit and all(int(v) % chunk == 0 for v in (N,) + b_ints)
+    every B offset and stride (``b_ints``, in elements) multiples of a chunk's elements."""
+    return stages(cfg) > 1 and not implicit and all(int(v) % chunk_elems(mode) == 0 for v in (N,) + b_ints)
 
 
 def defines(ctx_defines: dict, cfg: dict, M: int, N: int, K: int, mode: str, bvec: bool = False) -> dict:
@@ -373,7 +376,7 @@ def space(M: int, N: int, K: int, mode: str, implicit: bool = False, lim: Device
             continue
         # an implicit staged config in every legal gather ("GA" always present: siblings for the search);
         # an explicit one whose B rows are not whole chunks (N) also with them copied as shifted chunks
-        variants = [c] if st == 1 or (not implicit and N % (8 if mode == "f16" else 4) == 0) else \
+        variants = [c] if st == 1 or (not implicit and N % chunk_elems(mode) == 0) else \
             [c, {**c, "BS": 1}] if not implicit else \
             [{**c, "GA": ga} for ga in GATHERS if why_illegal({**c, "GA": ga}, M, N, K, mode, implicit, lim) is None]
         for v in variants:
@@ -410,7 +413,7 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
             return {**wide, "ST": HEURISTIC_STAGES, **ga}
     if why_illegal({**best, "ST": HEURISTIC_STAGES}, M, N, K, mode, implicit, lim) is None:
         best = {**best, "ST": HEURISTIC_STAGES}
-        if not implicit and N % (8 if mode == "f16" else 4):
+        if not implicit and N % chunk_elems(mode):
             best = {**best, "BS": 1}     # ragged rows by cp.async (H200: 13x13 1x1s 16 -> 11-12 us in yolov3)
         if HEURISTIC_GATHER and why_illegal({**best, "GA": HEURISTIC_GATHER}, M, N, K, mode, implicit, lim) is None:
             best = {**best, "GA": HEURISTIC_GATHER}
