@@ -80,7 +80,13 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
  * Everything the greedy pass reads is in local memory: the suppression bits of every pair, and
  * per class (only the classes some candidate has) its probabilities and their visiting order;
  * one work-item walks that order with the kept candidates as a bit mask, so a candidate's test
- * is NMS_WORDS ANDs of its row of bits (suppression is symmetric: IoU and DIoU's term are). */
+ * is NMS_WORDS ANDs of its row of bits (suppression is symmetric: IoU and DIoU's term are).
+ * The pass also lists what it keeps, so the host maps a frame's few detections without a pass
+ * over the candidate rows: per image, `listed` holds (entries, candidates left out as
+ * non-finite) and `dets` up to `dmax` rows (rank as int bits, class as int bits, probability,
+ * x, y, w, h as the decode wrote them, 0), one per kept (candidate, class), per class in
+ * visiting order; entries is dmax + 1 where more were kept than the list holds (the rows are
+ * still NMSed), -1 where this kernel left the image to the host. */
 #ifndef NMS_MAX
 #define NMS_MAX 128
 #endif
@@ -91,47 +97,59 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
 
 __kernel void yc_nms(__global const int* restrict count, __global float* restrict rows, const int cap,
                      const int CLASSES, const float thresh, const int kind, const float beta,
-                     const float sx, const float sy)
+                     const float sx, const float sy, __global int* restrict listed,
+                     __global float* restrict dets, const int dmax)
 {
     const int b = get_group_id(0), lid = get_local_id(0), lsz = get_local_size(0);
     const int n = count[b];
-    if (n > NMS_MAX || n > cap || n < 2 || CLASSES > NMS_CLASSES)
+    if (n > NMS_MAX || n > cap || CLASSES > NMS_CLASSES) {
+        if (lid == 0)
+            listed[2 * b] = -1;
         return;
+    }
     const int rowlen = CLASSES + 6;
     __global float* R = rows + (size_t)b * cap * rowlen;
     __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX], pk[NMS_MAX];
-    __local int rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX];
+    __local float4 raw[NMS_MAX];                    /* x, y, w, h as the decode wrote them */
+    __local int gs[NMS_MAX], rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX];
     __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
-    __local uint live[NMS_CLASSES / 32];            /* the classes some candidate has */
+    __local uint live[NMS_CLASSES / 32];            /* the classes some finite probability has */
     for (int w = lid; w < NMS_CLASSES / 32; w += lsz)
         live[w] = 0;
-    for (int i = lid; i < n; i += lsz) {
+    for (int i = lid; i < n; i += lsz) {             /* each row's g and box read once */
         __global const float* r = R + i * rowlen;
-        const float x = r[1] * sx, y = r[2] * sy, w = r[3] * sx, h = r[4] * sy;
-        const int g = as_int(r[0]);
-        int before = 0;                                /* unique even if two rows share a g */
-        for (int j = 0; j < n; ++j) {
-            const int gj = as_int(R[j * rowlen]);
-            before += gj < g || (gj == g && j < i);
-        }
+        const float4 v = (float4)(r[1], r[2], r[3], r[4]);
+        const float x = v.x * sx, y = v.y * sy, w = v.z * sx, h = v.w * sy;
+        gs[i] = as_int(r[0]);
+        raw[i] = v;
         bx[i] = x; by[i] = y; bw[i] = w; bh[i] = h;
-        rank[i] = before;
         ok[i] = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int t = lid; t < n * CLASSES; t += lsz) {      /* every probability once, by the whole group */
-        const int i = t / CLASSES;
-        if (!isfinite(R[i * rowlen + 6 + (t - i * CLASSES)]))
-            ok[i] = 0;                                     /* a plain store: every writer writes 0 */
+    for (int i = lid; i < n; i += lsz) {
+        const int g = gs[i];
+        int before = 0;                                /* unique even if two rows share a g */
+        for (int j = 0; j < n; ++j)
+            before += gs[j] < g || (gs[j] == g && j < i);
+        rank[i] = before;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    /* every probability once, by the whole group: a non-finite one takes its row out (a plain
+     * store: every writer writes 0), a positive one marks its class live (a superset of the
+     * classes of finite rows: a class left without one keeps nothing below) */
     for (int t = lid; t < n * CLASSES; t += lsz) {
         const int i = t / CLASSES, k = t - i * CLASSES;
-        if (ok[i] && R[i * rowlen + 6 + k] > 0)
+        const float p = R[i * rowlen + 6 + k];
+        if (!isfinite(p))
+            ok[i] = 0;
+        else if (p > 0)
             atomic_or(live + (k >> 5), 1u << (k & 31));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     const int words = (n + 31) / 32;
+    __global float* D = dets + (size_t)b * dmax * 8;
+    __local int listed_n;                               /* entries kept so far (lid 0 counts) */
+    if (lid == 0)
+        listed_n = 0;
     for (int t = lid; t < n * words; t += lsz) {
         const int i = t / words, w0 = (t - i * words) * 32;
         const float ax1 = bx[i] - bw[i] / 2, ay1 = by[i] - bh[i] / 2;
@@ -187,13 +205,33 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
                     uint hit = 0;
                     for (int w2 = 0; w2 < words; ++w2)
                         hit |= sup[i * NMS_WORDS + w2] & keep[w2];
-                    if (hit)
+                    if (hit) {
                         R[i * rowlen + 6 + k] = 0.0f;
-                    else
-                        keep[i / 32] |= 1u << (i % 32);
+                        continue;
+                    }
+                    keep[i / 32] |= 1u << (i % 32);
+                    if (listed_n < dmax) {
+                        __global float* d = D + listed_n * 8;
+                        d[0] = as_float(rank[i]);
+                        d[1] = as_float(k);
+                        d[2] = pk[i];
+                        d[3] = raw[i].x;
+                        d[4] = raw[i].y;
+                        d[5] = raw[i].z;
+                        d[6] = raw[i].w;
+                        d[7] = 0.0f;
+                    }
+                    ++listed_n;
                 }
             }
             barrier(CLK_LOCAL_MEM_FENCE);
         }
+    }
+    if (lid == 0) {
+        int dropped = 0;
+        for (int i = 0; i < n; ++i)
+            dropped += !ok[i];
+        listed[2 * b] = listed_n <= dmax ? listed_n : dmax + 1;
+        listed[2 * b + 1] = dropped;
     }
 }

@@ -350,13 +350,22 @@ class Detector:
                 return out
         boxes = post.correct_boxes(boxes, place)
         boxes, probs, dropped = post.finite_only(boxes, probs)
+        self._warn_nonfinite(dropped)
+        if not nms_done:
+            probs = post.nms(boxes, probs, nms, *self.nms_rule(nms_kind))
+        return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
+
+    def finish_listed(self, listed: np.ndarray, dropped: int, img_w: int, img_h: int, place: Placement) -> list:
+        """``finish_detections`` for what the device NMS kept and listed (``DeviceDecoder.listed``),
+        ``dropped`` candidates having been left out as non-finite."""
+        self._warn_nonfinite(dropped)
+        return post.listed_detections(listed, place, img_w, img_h, self.names)
+
+    def _warn_nonfinite(self, dropped: int) -> None:
         if dropped and not self._warned_nonfinite:
             self._warned_nonfinite = True
             log.warning("%s: dropped %d boxes with non-finite coordinates or scores (huge anchors, or weights "
                         "that overflow); warning once", self.cfg_path, dropped)
-        if not nms_done:
-            probs = post.nms(boxes, probs, nms, *self.nms_rule(nms_kind))
-        return post.to_detections(boxes, probs, img_w, img_h, thresh, self.names)
 
     # -- frames in flight --------------------------------------------------------------------
     @property

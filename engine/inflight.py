@@ -3,8 +3,8 @@
 ``DevicePath`` serves a Detector's ``submit``/``result``: ``submit`` copies each image into a
 pinned staging buffer and enqueues upload, preprocessing kernel, forward pass, [yolo] decode
 and the read of the candidates, all without waiting, and returns a ``Pending``; ``result``
-waits for that frame's last read and maps the surviving candidates to pixels; the NMS ran on
-the device after the decode (``yc_nms``) where the list is short, else it runs here. Work is
+waits for that frame's last read and maps to pixels what the NMS on the device (``yc_nms``,
+after the decode) kept and listed, where the list is short; else the candidate rows, NMSed here. Work is
 spread over ``slots`` sets of staging and candidate buffers, so the host prepares frame N+1
 (and runs NMS on frame N-1) while the device computes frame N. The queue is in order, so the
 arena's input region is rewritten only after the previous forward pass has read it.
@@ -138,6 +138,10 @@ class DevicePath:
         det = self.det
         for j, i in enumerate(part.index):
             im, place = part.images[j], part.places[j]
+            listed = part.decoder.listed(part.slot, j) if pending.thresh >= 0 else None
+            if listed is not None:     # the device NMS listed what it kept: only those to map
+                pending.results[i] = det.finish_listed(listed[0], listed[1], im.shape[1], im.shape[0], place)
+                continue
             cand = part.decoder.collect(part.slot, j)
             if cand is None:       # more candidates than the buffer holds: decode this image on the host
                 ex = det.executor(1, (place.net_w, place.net_h))

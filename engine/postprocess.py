@@ -309,18 +309,43 @@ def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, 
     if not rows.size:
         return []
     conf = probs[rows, cls].tolist()
-    picked = boxes[rows].tolist()
-    cls = cls.tolist()
+    order = sorted(range(len(conf)), key=conf.__getitem__, reverse=True)
+    return _in_pixels(order, cls.tolist(), conf, boxes[rows].tolist(), img_w, img_h, names, place)
+
+
+def listed_detections(listed: np.ndarray, place: Placement, img_w: int, img_h: int,
+                      names: Optional[list]) -> list:
+    """``to_detections`` of what the device NMS kept and listed (``kernels.decode``: rows of
+    rank and class as int bits, probability, x, y, w, h relative to the network input, in any
+    order; every entry above the threshold, every value finite): ordered as ``to_detections``
+    orders the rows in rank order (falling probability, then rank, then class), mapped through
+    ``place``. Two NumPy calls, whatever the candidates were."""
+    if not len(listed):
+        return []
+    ints = listed[:, :2].view(np.int32).tolist()
+    vals = listed[:, 2:7].tolist()
+    order = sorted(range(len(ints)), key=lambda j: (-vals[j][0], ints[j][0], ints[j][1]))
+    return _in_pixels(order, [i[1] for i in ints], [v[0] for v in vals], [v[1:] for v in vals],
+                      img_w, img_h, names, place)
+
+
+def _in_pixels(order: list, cls: list, conf: list, boxes: list, img_w: int, img_h: int,
+               names: Optional[list], place: Optional[Placement]) -> list:
+    """Detections ``order`` picks of (class, confidence, xywh box) lists: the boxes relative to
+    the image, or with ``place`` to the network input (mapped back with ``correct_boxes``'
+    arithmetic); corners as ``_corners`` computes them, in Python floats (float64)."""
     w, h = float(img_w), float(img_h)
     if place is not None:           # correct_boxes' factors, once
-        sw, sh = place.net_w / place.new_w, place.net_h / place.new_h
+        nw, nh, dx, dy, iw, ih = place.net_w, place.net_h, place.box_dx, place.box_dy, place.new_w, place.new_h
+        sw, sh = nw / iw, nh / ih
+    labels = names or ()
     out = []
-    for i in sorted(range(len(conf)), key=conf.__getitem__, reverse=True):
-        k, c, (x, y, bw, bh) = cls[i], conf[i], picked[i]
+    for i in order:
+        k, c, (x, y, bw, bh) = cls[i], conf[i], boxes[i]
         if place is not None:
-            x, y = (x * place.net_w - place.box_dx) / place.new_w, (y * place.net_h - place.box_dy) / place.new_h
-            bw, bh = bw * sw, bh * sh
+            x, y, bw, bh = (x * nw - dx) / iw, (y * nh - dy) / ih, bw * sw, bh * sh
         a, b, e, f = (x - bw / 2) * w, (y - bh / 2) * h, (x + bw / 2) * w, (y + bh / 2) * h
-        label = names[k] if names and k < len(names) else str(k)
-        out.append(Detection(k, label, c, (max(0.0, a), max(0.0, b), min(w, e), min(h, f)), (a, b, e, f)))
+        out.append(Detection(k, labels[k] if k < len(labels) else str(k), c,
+                             (a if a > 0.0 else 0.0, b if b > 0.0 else 0.0, e if e < w else w, f if f < h else h),
+                             (a, b, e, f)))
     return out

@@ -16,7 +16,8 @@ import pytest
 
 from yolo_cl import Detector
 from yolo_cl import postprocess as post
-from yolo_cl.kernels.decode import NMS_CLASSES, NMS_KINDS, NMS_MAX
+from yolo_cl.executor import batch_bucket
+from yolo_cl.kernels.decode import LIST_COLS, LIST_MAX, NMS_CLASSES, NMS_KINDS, NMS_MAX, nms_local
 from yolo_cl.runtime import Runtime
 
 from boxes import same_detections
@@ -47,8 +48,10 @@ def candidates(rng, n: int, classes: int, ties: bool) -> np.ndarray:
     return rows
 
 
-def device_nms(rt, images: list, classes: int, thresh: float, kind: str, beta: float, sx: float, sy: float) -> list:
-    """Run yc_nms over each image's rows (one work-group each); the rows as the kernel left them."""
+def device_nms(rt, images: list, classes: int, thresh: float, kind: str, beta: float, sx: float, sy: float,
+               dmax: int = LIST_MAX, lists: bool = False):
+    """Run yc_nms over each image's rows (one work-group each); the rows as the kernel left them
+    (and with ``lists`` its lists: per image (entries, non-finite candidates, the entries' rows))."""
     cl = rt.cl
     prg = rt.program("decode.cl", {"HALF_STORAGE": False, "NMS_MAX": NMS_MAX, "NMS_CLASSES": NMS_CLASSES})
     rowlen = classes + 6
@@ -58,13 +61,39 @@ def device_nms(rt, images: list, classes: int, thresh: float, kind: str, beta: f
         host[b, :len(r)] = r
     rows = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
     cnt = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=count)
+    listed = np.full((len(images), 2), 7, np.int32)      # not what any image's list says
+    dets = np.full((len(images), max(1, dmax), LIST_COLS), np.nan, np.float32)
+    lbuf = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=listed)
+    dbuf = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=dets)
     k = cl.Kernel(prg, "yc_nms")
     k.set_args(cnt, rows, np.int32(CAP), np.int32(classes), np.float32(thresh), np.int32(NMS_KINDS[kind]),
-               np.float32(beta), np.float32(sx), np.float32(sy))
-    local = int(min(64, rt.device.max_work_group_size))
+               np.float32(beta), np.float32(sx), np.float32(sy), lbuf, dbuf, np.int32(dmax))
+    local = nms_local(rt)
     cl.enqueue_nd_range_kernel(rt.queue, k, (local * len(images),), (local,))
     cl.enqueue_copy(rt.queue, host, rows)
-    return [host[b, :len(r)] for b, r in enumerate(images)]
+    cl.enqueue_copy(rt.queue, listed, lbuf)
+    cl.enqueue_copy(rt.queue, dets, dbuf)
+    out = [host[b, :len(r)] for b, r in enumerate(images)]
+    if lists:
+        return out, [(int(n), int(dropped), dets[b, :max(0, min(n, dmax))]) for b, (n, dropped) in enumerate(listed)]
+    return out
+
+
+def listed_as_rows(listed: np.ndarray) -> set:
+    """A kernel's list as a set of (rank, class, probability, x, y, w, h)."""
+    ints = listed[:, :2].view(np.int32)
+    return {(int(r), int(k), *map(float, v)) for (r, k), v in zip(ints, listed[:, 2:7])}
+
+
+def kept_as_rows(before: np.ndarray, after: np.ndarray) -> set:
+    """What the list should hold: every finite row's nonzero probability left after the NMS, by
+    the row's rank in g order."""
+    order = np.argsort(before[:, 0].view(np.int32), kind="stable")
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    ok = np.isfinite(before[:, 1:5]).all(axis=1) & np.isfinite(before[:, 6:]).all(axis=1)
+    return {(int(rank[i]), int(k), float(after[i, 6 + k]), *map(float, before[i, 1:5]))
+            for i, k in zip(*np.nonzero(after[:, 6:] > 0)) if ok[i]}
 
 
 def host_nms(rows: np.ndarray, thresh: float, kind: str, beta: float, sx: float, sy: float) -> np.ndarray:
@@ -91,17 +120,58 @@ def test_device_nms_zeroes_what_the_host_nms_zeroes(rt, kind, n, classes, ties, 
         first[6] = 0.9
         last[1:7] = first[1:5].tolist() + [first[5], 0.95]
         last[6 + classes - 1] = np.inf
-    got = device_nms(rt, images, classes, 0.45, kind, 0.5, sx, sy)
-    for before, after in zip(images, got):
+    got, lists = device_nms(rt, images, classes, 0.45, kind, 0.5, sx, sy, lists=True)
+    for before, after, (entries, dropped, listed) in zip(images, got, lists):
         order = np.argsort(before[:, 0].view(np.int32), kind="stable")
-        if len(before) > NMS_MAX:            # left to the host: untouched
+        if len(before) > NMS_MAX:            # left to the host: untouched, no list
             np.testing.assert_array_equal(after, before)
+            assert entries == -1
             continue
         np.testing.assert_array_equal(after[order][:, 6:], host_nms(before, 0.45, kind, 0.5, sx, sy))
         np.testing.assert_array_equal(after[:, :6], before[:, :6])
+        ok = np.isfinite(before[:, 1:5]).all(axis=1) & np.isfinite(before[:, 6:]).all(axis=1)
+        assert dropped == int((~ok).sum())
+        kept = kept_as_rows(before, after)
+        if len(kept) > LIST_MAX:             # more than the list holds: it says so
+            assert entries == LIST_MAX + 1 and listed_as_rows(listed) < kept
+        else:
+            assert entries == len(listed) == len(kept) and listed_as_rows(listed) == kept
+    assert lists[1][1] == 1 and (not 2 <= n <= NMS_MAX or lists[0][1] == 1)      # the non-finite rows, counted
+    assert n > NMS_MAX or lists[0][0] > 0
     if 60 <= n <= NMS_MAX:
         kept = (got[0][:, 6:] > 0).sum()
         assert 0 < kept < (images[0][:, 6:] > 0).sum()       # some kept, some suppressed
+
+
+def test_a_list_too_long_says_so_and_the_rows_are_still_nmsed(rt):
+    """More kept entries than the list holds: the count says dmax + 1 (the host then maps the
+    rows), the rows are NMSed all the same, and the list's first dmax entries are kept ones."""
+    rng = np.random.default_rng(5)
+    rows = candidates(rng, 60, 80, False)
+    got, [(entries, dropped, listed)] = device_nms(rt, [rows], 80, 0.45, "default", 0.6, 1.0, 1.0, dmax=4, lists=True)
+    got = got[0]
+    order = np.argsort(rows[:, 0].view(np.int32), kind="stable")
+    np.testing.assert_array_equal(got[order][:, 6:], host_nms(rows, 0.45, "default", 0.6, 1.0, 1.0))
+    kept = kept_as_rows(rows, got)
+    assert len(kept) > 4 and entries == 5 and dropped == 0
+    assert len(listed) == 4 and listed_as_rows(listed) <= kept
+
+
+def test_listed_detections_are_the_rows_detections(rt):
+    """A list in any order gives what ``to_detections`` gives for the NMSed rows in g order:
+    falling probability, ties by rank then class, the boxes mapped through the placement."""
+    from yolo_cl.preprocess import placement
+    rng = np.random.default_rng(8)
+    rows = candidates(rng, 40, 3, True)
+    got, [(entries, _, listed)] = device_nms(rt, [rows], 3, 0.45, "default", 0.6, 1.0, 1.0, lists=True)
+    got = got[0][np.argsort(got[0][:, 0].view(np.int32), kind="stable")]
+    place = placement("letterbox", 1280, 720, 416, 416, 32)
+    want = post.to_detections(got[:, 1:5], got[:, 6:], 1280, 720, 0.0, None, place)
+    shuffled = listed[rng.permutation(len(listed))]
+    have = post.listed_detections(shuffled, place, 1280, 720, None)
+    assert entries == len(want) > 10 and len({d.confidence for d in want}) < len(want)     # ties
+    assert have == want
+    assert post.listed_detections(listed[:0], place, 1280, 720, None) == []
 
 
 @pytest.mark.parametrize("kind", sorted(NMS_KINDS))
@@ -127,12 +197,35 @@ def test_detect_runs_the_nms_on_the_device(fit, monkeypatch):
     frames = [cv2.imread(str(p)) for p in IMAGES]
     want = [host.detect(img) for img in frames]
     assert sum(map(len, want)) > 0
-    calls = []
-    real = post.nms
+    calls, rows_mapped = [], []
+    real, to_det = post.nms, post.to_detections
     monkeypatch.setattr(post, "nms", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(post, "to_detections", lambda *a, **k: rows_mapped.append(1) or to_det(*a, **k))
     for img, w in zip(frames, want):
         assert same_detections(dev.detect(img), w)
-    assert not calls
+    assert not calls and not rows_mapped       # the device's lists were mapped, no candidate rows
     monkeypatch.setenv("YOLO_CL_DEVICE_NMS", "0")
     off = Detector("yolov3-tiny", fit=fit, device_preprocess=True, device_decode=True)
     assert same_detections(off.detect(frames[0]), want[0]) and calls
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_detect_maps_the_rows_where_the_list_cannot_hold_them(batch, monkeypatch):
+    """Where the device NMS could not list what it kept (more candidates than it takes, or a list
+    longer than ``LIST_MAX``), the rows come back by a second read and the host maps them: the
+    host path's detections either way, for every image of a batch."""
+    import yolo_cl.kernels.decode as decode
+    host = Detector("yolov3-tiny", input_size=256, device_preprocess=False, device_decode=False)
+    frames = [cv2.imread(str(IMAGES[0]))] * batch
+    for thresh, list_max in ((0.0005, LIST_MAX), (0.2, 2)):      # > NMS_MAX candidates; a list of 2 overflowing
+        monkeypatch.setattr(decode, "LIST_MAX", list_max)
+        dev = Detector("yolov3-tiny", input_size=256, device_preprocess=True, device_decode=True)
+        got = dev.detect_batch(frames, thresh=thresh)
+        want = [host.detect(im, thresh=thresh) for im in frames]
+        st = dev.device_path.decoder(dev.executor(batch_bucket(batch)))._sets[0]
+        counts, entries = st["host_count"][:batch], st["host_listed"][:batch, 0]
+        if list_max == LIST_MAX:
+            assert (counts > NMS_MAX).all() and (entries == -1).all()
+        else:
+            assert (entries == list_max + 1).all()
+        assert all(len(w) > 2 for w in want) and all(same_detections(g, w) for g, w in zip(got, want))

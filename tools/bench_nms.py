@@ -25,7 +25,7 @@ import cv2
 import numpy as np
 
 from yolo_cl import Detector, postprocess
-from yolo_cl.kernels.decode import NMS_CLASSES, NMS_KINDS, NMS_MAX
+from yolo_cl.kernels.decode import LIST_COLS, LIST_MAX, NMS_CLASSES, NMS_KINDS, NMS_MAX, nms_local
 from yolo_cl.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def kernel_times(reps: int) -> None:
     rt = Runtime(profiling=True)
     cl = rt.cl
     prg = rt.program("decode.cl", {"HALF_STORAGE": False, "NMS_MAX": NMS_MAX, "NMS_CLASSES": NMS_CLASSES})
-    local = int(min(64, rt.device.max_work_group_size))
+    local = nms_local(rt)
     rng = np.random.default_rng(0)
     sets = {"9 boxes, 4 classes live": candidate_rows(rng, 9, 80, 4),
             f"{NMS_MAX} boxes, one class (a crowd)": candidate_rows(rng, NMS_MAX, 80, 1),
@@ -76,10 +76,12 @@ def kernel_times(reps: int) -> None:
         buf = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, rows.nbytes)
         cnt = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                         hostbuf=np.array([len(rows)], np.int32))
+        listed = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, 8)
+        dets = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, LIST_MAX * LIST_COLS * 4)
         k = cl.Kernel(prg, "yc_nms")
         for kind in ("default", "greedynms"):
             k.set_args(cnt, buf, np.int32(len(rows)), np.int32(80), np.float32(0.45), np.int32(NMS_KINDS[kind]),
-                       np.float32(0.6), np.float32(1), np.float32(1))
+                       np.float32(0.6), np.float32(1), np.float32(1), listed, dets, np.int32(LIST_MAX))
             ts = []
             for _ in range(reps):
                 cl.enqueue_copy(rt.queue, buf, rows)            # the kernel zeroes in place: fresh rows each time

@@ -6,7 +6,9 @@ image, so a frame reads back its candidates (usually tens of rows), not its head
 The buffers come in ``slots`` sets so that one frame's candidates can be read while the next
 frame's are written. A second kernel (``yc_nms``, a work-group per image) can run the per-class
 NMS over up to ``NMS_MAX`` candidates in place, zeroing suppressed probabilities, so the host
-only maps the survivors to pixels; longer lists get the host's NMS.
+only maps the survivors to pixels; longer lists get the host's NMS. That kernel also lists what it
+keeps (rank, class, probability, box: up to ``LIST_MAX`` entries an image), read back with the
+counters, so a frame's detections are a few rows to map, not a pass over every candidate.
 """
 from __future__ import annotations
 
@@ -21,6 +23,14 @@ FIRST = 128     # rows read back with the counters, before the count is known
 NMS_MAX = 128   # candidates per image the device NMS takes (one work-group's local tables); more: the host's
 NMS_CLASSES = 1024  # classes the device NMS takes (a local bit per class); more: the host's NMS
 NMS_KINDS = {"default": 0, "greedynms": 1, "diounms": 2}     # postprocess.nms kinds -> yc_nms's kind
+LIST_MAX = 128  # kept (candidate, class) entries per image the device NMS lists; more: the host maps the rows
+LIST_COLS = 8   # a listed entry: rank and class (int bits), probability, x, y, w, h, 0
+NMS_LOCAL = 128  # work-items of the NMS's work-group (its passes over the probabilities are split among them)
+
+
+def nms_local(rt) -> int:
+    """The NMS kernel's work-group size on ``rt``'s device."""
+    return int(min(NMS_LOCAL, rt.device.max_work_group_size))
 
 
 class DeviceDecoder:
@@ -56,30 +66,41 @@ class DeviceDecoder:
         self.cap = max(1, min(base, CAP))
         self.first = min(self.cap, FIRST)
         self._sets = []
-        # The counters and the rows share one buffer (sub-buffers for the kernels), the counters
-        # first, so one read brings back every image's count with image 0's first rows.
+        # The counters, the NMS's lists and the rows share one buffer (sub-buffers for the
+        # kernels), in that order, so one read brings back every image's count and list (with
+        # image 0's first rows where the host runs the NMS).
         align = max(4, rt.device.mem_base_addr_align // 8)       # where a sub-buffer may start, in bytes
-        head = -(-B * 4 // align) * align
+        up = lambda n: -(-n // align) * align
+        list_bytes = B * LIST_MAX * LIST_COLS * 4
+        at_listed = up(B * 4)
+        at_dets = at_listed + up(B * 8)
+        head = at_dets + up(list_bytes)
         row_bytes = B * self.cap * self.rowlen * 4
         self._head_read = head + self.first * self.rowlen * 4      # bytes of that read
+        self._list_read = head                                     # with the device NMS: no rows
         for _ in range(slots):
             whole = rt.alloc(head + row_bytes, "candidate buffer")
             count = whole.get_sub_region(0, B * 4)
+            listed = whole.get_sub_region(at_listed, B * 8)
+            dets = whole.get_sub_region(at_dets, list_bytes)
             rows = whole.get_sub_region(head, row_bytes)
             k = cl.Kernel(prg, "yc_decode_yolo")
             k.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
                        np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
             nk = cl.Kernel(prg, "yc_nms")
             nk.set_args(count, rows, np.int32(self.cap), np.int32(self.classes), np.float32(0), np.int32(0),
-                        np.float32(0), np.float32(1), np.float32(1))
+                        np.float32(0), np.float32(1), np.float32(1), listed, dets, np.int32(LIST_MAX))
             host = pinned(rt, (head + row_bytes,), np.uint8)[1]           # the same layout on the host
             host_count = host[:B * 4].view(np.int32)
             host_count[:] = 0
             self._sets.append({"whole": whole, "count": count, "rows": rows, "host": host, "host_count": host_count,
+                               "host_listed": host[at_listed:at_listed + B * 8].view(np.int32).reshape(B, 2),
+                               "host_dets": host[at_dets:at_dets + list_bytes].view(np.float32)
+                               .reshape(B, LIST_MAX, LIST_COLS),
                                "host_rows": host[head:].view(np.float32).reshape(B, self.cap, self.rowlen),
                                "kernel": k, "thresh": None, "reads": [], "nms_kernel": nk, "nms": None,
                                "nms_done": False})
-        self.nms_local = int(min(64, rt.device.max_work_group_size))
+        self.nms_local = nms_local(rt)
 
     def counter(self, slot: int):
         """The candidate counters of set ``slot``: the preprocessing kernel zeroes them, so a
@@ -121,12 +142,27 @@ class DeviceDecoder:
         # Keep the read events until the slot's next use: pyopencl waits for a dropped read
         # event (it guards the host array) holding the GIL, which would stall this thread and
         # every other until the forward pass is done.
-        reads = st["reads"] = [cl.enqueue_copy(q, st["host"][:self._head_read], st["whole"], is_blocking=False)]
+        size = self._list_read if nms is not None else self._head_read
+        reads = st["reads"] = [cl.enqueue_copy(q, st["host"][:size], st["whole"], is_blocking=False)]
         rows, stride = st["host_rows"], self.cap * self.rowlen * 4
-        for b in range(1, n):        # the counters' read brought image 0's first rows
+        for b in range(1, n if nms is None else 0):   # the counters' read brought image 0's first rows
             reads.append(cl.enqueue_copy(q, rows[b, :self.first], st["rows"], src_offset=b * stride,
                                          is_blocking=False))
         return reads[-1]
+
+    def listed(self, slot: int, index: int) -> Optional[tuple]:
+        """(entries, candidates left out as non-finite) of image ``index`` in set ``slot`` as the
+        device NMS listed them (``LIST_COLS`` float32 columns: rank and class as int bits,
+        probability, x, y, w, h relative to the network input; in no particular order), after
+        the set's reads completed; None where the NMS did not list them (it ran on the host,
+        or the list overflowed): then ``collect`` gives the rows."""
+        st = self._sets[slot]
+        if not st["nms_done"]:
+            return None
+        d, dropped = st["host_listed"][index].tolist()
+        if not 0 <= d <= LIST_MAX:
+            return None
+        return st["host_dets"][index, :d], dropped
 
     def collect(self, slot: int, index: int) -> Optional[tuple]:
         """(boxes xywh float32, probs float32, whether the device ran the NMS) of image ``index``
@@ -137,9 +173,10 @@ class DeviceDecoder:
         if n > self.cap:
             return None
         rows = st["host_rows"][index]
-        if n > self.first:      # a rare long list: read the rest (waits for the queue)
-            self.rt.cl.enqueue_copy(self.rt.queue, rows[self.first:n], st["rows"],
-                                    src_offset=(index * self.cap + self.first) * self.rowlen * 4, is_blocking=True)
+        have = 0 if st["nms_done"] else self.first        # rows read with the counters
+        if n > have:            # a long list, or the device NMS's (rare): read the rest (waits)
+            self.rt.cl.enqueue_copy(self.rt.queue, rows[have:n], st["rows"],
+                                    src_offset=(index * self.cap + have) * self.rowlen * 4, is_blocking=True)
         r = rows[:n]
         r = r[np.argsort(r[:, 0].view(np.int32), kind="stable")]
         return r[:, 1:5], r[:, 6:], st["nms_done"] and n <= NMS_MAX
