@@ -7,6 +7,7 @@ Python API and OpenCV do. Then BGR -> RGB, /255, HWC -> CHW.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import cv2
@@ -70,8 +71,9 @@ class Placement:
         return (self.new_w, self.new_h) != (self.net_w, self.net_h)
 
 
+@lru_cache(maxsize=1024)
 def placement(fit: str, img_w: int, img_h: int, net_w: int, net_h: int, stride: int = 32) -> Placement:
-    """Lay out an image for ``fit``:
+    """Lay out an image for ``fit`` (a frozen value, cached: a stream asks it per frame of one size):
 
     - ``stretch``: resized to the whole input (Darknet's default);
     - ``letterbox``: aspect kept, centred, grey padding (``letter_box=1``);
