@@ -93,6 +93,9 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
 #ifndef NMS_CLASSES
 #define NMS_CLASSES 1024
 #endif
+#ifndef NMS_CACHE
+#define NMS_CACHE 2048          /* probabilities (candidates x classes) kept in local memory, when they fit */
+#endif
 #define NMS_WORDS (NMS_MAX / 32)
 
 __kernel void yc_nms(__global const int* restrict count, __global float* restrict rows, const int cap,
@@ -114,6 +117,8 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     __local int gs[NMS_MAX], rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX];
     __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
     __local uint live[NMS_CLASSES / 32];            /* the classes some finite probability has */
+    __local float pc[NMS_CACHE];                    /* the probabilities, [candidate][class], if they fit */
+    const int cached = n * CLASSES <= NMS_CACHE;
     for (int w = lid; w < NMS_CLASSES / 32; w += lsz)
         live[w] = 0;
     for (int i = lid; i < n; i += lsz) {             /* each row's g and box read once */
@@ -139,6 +144,8 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     for (int t = lid; t < n * CLASSES; t += lsz) {
         const int i = t / CLASSES, k = t - i * CLASSES;
         const float p = R[i * rowlen + 6 + k];
+        if (cached)
+            pc[t] = p;
         if (!isfinite(p))
             ok[i] = 0;
         else if (p > 0)
@@ -181,7 +188,7 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
             const int k = w * 32 + (31 - clz(m & (0u - m)));
             m &= m - 1;
             for (int i = lid; i < n; i += lsz)
-                pk[i] = ok[i] ? R[i * rowlen + 6 + k] : 0.0f;
+                pk[i] = !ok[i] ? 0.0f : cached ? pc[i * CLASSES + k] : R[i * rowlen + 6 + k];
             barrier(CLK_LOCAL_MEM_FENCE);
             for (int i = lid; i < n; i += lsz) {         /* place in the visiting order: falling p, then rank */
                 const float p = pk[i];
