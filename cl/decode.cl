@@ -75,18 +75,22 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
  * correct_boxes puts them on the host: x and w scaled by sx, y and h by sy (offsets cancel).
  * kind: 0 IoU, 1 greedynms (IoU - (d^2/c^2)^0.6), 2 diounms (IoU - (d^2/c^2)^beta). Candidates
  * whose box or probabilities are not finite take no part (the host drops them).
- * Ranks (the host's order by g) are made unique by the row index, so the visiting order is a
- * permutation whatever the rows hold: the pass never follows an unset entry out of bounds.
- * Everything the greedy pass reads is in local memory: the suppression bits of every pair, and
- * per class (only the classes some candidate has) its probabilities and their visiting order;
- * one work-item walks that order with the kept candidates as a bit mask, so a candidate's test
- * is NMS_WORDS ANDs of its row of bits (suppression is symmetric: IoU and DIoU's term are).
+ * The host orders candidates by g, then row: so does every comparison here, which makes the
+ * visiting order of a class strict whatever the rows hold (two rows may share a g).
+ * The suppression bits of every pair are computed once, in local memory; then each class some
+ * candidate has is walked by one work-item of its own (no barrier per class), in its visiting
+ * order (falling p, then g, then row): where every live class's probabilities fit in local
+ * memory (NMS_CACHE) the whole group first places each (class, candidate) in its class's
+ * order; else the work-item picks the next candidate after the last one visited, step by step,
+ * from the rows. Each visited candidate is tested against the kept ones as a bit mask,
+ * NMS_WORDS ANDs of its row of bits (suppression is symmetric: IoU and DIoU's term are).
  * The pass also lists what it keeps, so the host maps a frame's few detections without a pass
  * over the candidate rows: per image, `listed` holds (entries, candidates left out as
- * non-finite) and `dets` up to `dmax` rows (rank as int bits, class as int bits, probability,
- * x, y, w, h as the decode wrote them, 0), one per kept (candidate, class), per class in
- * visiting order; entries is dmax + 1 where more were kept than the list holds (the rows are
- * still NMSed), -1 where this kernel left the image to the host. */
+ * non-finite) and `dets` up to `dmax` rows (g as int bits, class as int bits, probability,
+ * x, y, w, h as the decode wrote them, row as int bits), one per kept (candidate, class), in no
+ * particular order; entries is dmax + 1 where more were kept than the list holds (the rows are
+ * still NMSed, the list's rows some of the kept ones), -1 where this kernel left the image to
+ * the host. */
 #ifndef NMS_MAX
 #define NMS_MAX 128
 #endif
@@ -94,7 +98,7 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
 #define NMS_CLASSES 1024
 #endif
 #ifndef NMS_CACHE
-#define NMS_CACHE 2048          /* probabilities (candidates x classes) kept in local memory, when they fit */
+#define NMS_CACHE 2048          /* probabilities (candidates x live classes) kept in local memory, when they fit */
 #endif
 #define NMS_WORDS (NMS_MAX / 32)
 
@@ -112,13 +116,13 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     }
     const int rowlen = CLASSES + 6;
     __global float* R = rows + (size_t)b * cap * rowlen;
-    __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX], pk[NMS_MAX];
+    __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX];
     __local float4 raw[NMS_MAX];                    /* x, y, w, h as the decode wrote them */
-    __local int gs[NMS_MAX], rank[NMS_MAX], ok[NMS_MAX], ord[NMS_MAX];
+    __local int gs[NMS_MAX], ok[NMS_MAX];
     __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
     __local uint live[NMS_CLASSES / 32];            /* the classes some finite probability has */
-    __local float pc[NMS_CACHE];                    /* the probabilities, [candidate][class], if they fit */
-    const int cached = n * CLASSES <= NMS_CACHE;
+    __local float pc[NMS_CACHE];                    /* the live classes' probabilities, if they fit */
+    __local int ord[NMS_CACHE];                     /* and their visiting orders */
     for (int w = lid; w < NMS_CLASSES / 32; w += lsz)
         live[w] = 0;
     for (int i = lid; i < n; i += lsz) {             /* each row's g and box read once */
@@ -131,21 +135,12 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
         ok[i] = isfinite(x) && isfinite(y) && isfinite(w) && isfinite(h);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int i = lid; i < n; i += lsz) {
-        const int g = gs[i];
-        int before = 0;                                /* unique even if two rows share a g */
-        for (int j = 0; j < n; ++j)
-            before += gs[j] < g || (gs[j] == g && j < i);
-        rank[i] = before;
-    }
     /* every probability once, by the whole group: a non-finite one takes its row out (a plain
      * store: every writer writes 0), a positive one marks its class live (a superset of the
      * classes of finite rows: a class left without one keeps nothing below) */
     for (int t = lid; t < n * CLASSES; t += lsz) {
         const int i = t / CLASSES, k = t - i * CLASSES;
         const float p = R[i * rowlen + 6 + k];
-        if (cached)
-            pc[t] = p;
         if (!isfinite(p))
             ok[i] = 0;
         else if (p > 0)
@@ -154,7 +149,8 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     barrier(CLK_LOCAL_MEM_FENCE);
     const int words = (n + 31) / 32;
     __global float* D = dets + (size_t)b * dmax * 8;
-    __local int listed_n;                               /* entries kept so far (lid 0 counts) */
+    __local int listed_n, nlive;                        /* entries kept so far; live classes */
+    __local int live_k[NMS_CLASSES];                    /* the live classes, in order */
     if (lid == 0)
         listed_n = 0;
     for (int t = lid; t < n * words; t += lsz) {
@@ -181,64 +177,111 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
         }
         sup[i * NMS_WORDS + w0 / 32] = bits;
     }
-    for (int w = 0; w < (CLASSES + 31) / 32; ++w) {      /* the same classes, in the same order, on every work-item */
-        barrier(CLK_LOCAL_MEM_FENCE);
-        uint m = live[w];
-        while (m) {
-            const int k = w * 32 + (31 - clz(m & (0u - m)));
-            m &= m - 1;
-            for (int i = lid; i < n; i += lsz)
-                pk[i] = !ok[i] ? 0.0f : cached ? pc[i * CLASSES + k] : R[i * rowlen + 6 + k];
-            barrier(CLK_LOCAL_MEM_FENCE);
-            for (int i = lid; i < n; i += lsz) {         /* place in the visiting order: falling p, then rank */
-                const float p = pk[i];
-                if (!(p > 0))
-                    continue;
-                int pos = 0;
-                for (int j = 0; j < n; ++j)
-                    pos += pk[j] > p || (pk[j] == p && rank[j] < rank[i]);
-                ord[pos] = i;
+    /* the live classes in order, and their probabilities [live class][candidate] in local memory
+     * where they fit (else each is read from the rows when visited) */
+    if (lid == 0) {
+        int c = 0;
+        for (int w = 0; w < (CLASSES + 31) / 32; ++w)
+            for (uint m = live[w]; m; m &= m - 1)
+                live_k[c++] = w * 32 + (31 - clz(m & (0u - m)));
+        nlive = c;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int L = nlive, cached = L * n <= NMS_CACHE;
+    if (cached)
+        for (int t = lid; t < L * n; t += lsz) {
+            const int c = t / n, i = t - c * n;
+            pc[t] = R[i * rowlen + 6 + live_k[c]];
+        }
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    /* where they fit, every live class's visiting order (falling p, then g, then row), each
+     * (class, candidate) placed by the whole group at once: ord[class][place] = candidate */
+    for (int t = lid; t < (cached ? L * n : 0); t += lsz) {    /* (PoCL lost these stores under an if) */
+        const int c = t / n, i = t - c * n;
+        const float p = pc[t];
+        const int g = gs[i];
+        int pos = 0;
+        for (int j = 0; j < n; ++j) {
+            const float q = pc[c * n + j];
+            pos += ok[j] && q > 0 && (q > p || (q == p && (gs[j] < g || (gs[j] == g && j < i))));
+        }
+        if (ok[i] && p > 0)
+            ord[c * n + pos] = i;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* one work-item per live class: it visits the class's candidates in that order (or, where
+     * the orders did not fit, picks at each step the next one after the last visited), and
+     * keeps each one that no kept candidate suppresses (suppression is symmetric: row i's bits
+     * are who suppresses i) */
+    for (int c0 = 0; c0 < L; c0 += lsz) {
+        const int c = c0 + lid;
+        if (c >= L)
+            continue;
+        const int k = live_k[c];
+        uint keep[NMS_WORDS];
+        for (int w2 = 0; w2 < NMS_WORDS; ++w2)
+            keep[w2] = 0;
+        int m = 0;                                     /* the class's candidates, where ordered */
+        if (cached)
+            for (int i = 0; i < n; ++i)
+                m += ok[i] && pc[c * n + i] > 0;
+        float lp = INFINITY;                           /* the last visited: (p, g, row) */
+        int lg = 0, li = -1;
+        for (int step = 0; step < n; ++step) {         /* at most n candidates to visit */
+            int best = -1, bg = 0;
+            float bp = 0.0f;
+            if (cached) {
+                if (step >= m)
+                    break;
+                best = ord[c * n + step];
+                bp = pc[c * n + best];
+                bg = gs[best];
+            } else {
+                for (int i = 0; i < n; ++i) {
+                    const float p = R[i * rowlen + 6 + k];
+                    const int g = gs[i];
+                    const int after = p < lp || (p == lp && (g > lg || (g == lg && i > li)));
+                    if (ok[i] && p > 0 && after && (best < 0 || p > bp || (p == bp && g < bg))) {
+                        best = i;      /* i ascending: the first of equal (p, g) stays */
+                        bp = p;
+                        bg = g;
+                    }
+                }
+                if (best < 0)
+                    break;
+                lp = bp;
+                lg = bg;
+                li = best;
             }
-            barrier(CLK_LOCAL_MEM_FENCE);
-            if (lid == 0) {     /* suppression is symmetric: row i's bits are who suppresses i */
-                uint keep[NMS_WORDS];
-                int live_n = 0;
-                for (int w2 = 0; w2 < NMS_WORDS; ++w2)
-                    keep[w2] = 0;
-                for (int i = 0; i < n; ++i)
-                    live_n += pk[i] > 0;
-                for (int t = 0; t < live_n; ++t) {
-                    const int i = ord[t];
-                    uint hit = 0;
-                    for (int w2 = 0; w2 < words; ++w2)
-                        hit |= sup[i * NMS_WORDS + w2] & keep[w2];
-                    if (hit) {
-                        R[i * rowlen + 6 + k] = 0.0f;
-                        continue;
-                    }
-                    keep[i / 32] |= 1u << (i % 32);
-                    if (listed_n < dmax) {
-                        __global float* d = D + listed_n * 8;
-                        d[0] = as_float(rank[i]);
-                        d[1] = as_float(k);
-                        d[2] = pk[i];
-                        d[3] = raw[i].x;
-                        d[4] = raw[i].y;
-                        d[5] = raw[i].z;
-                        d[6] = raw[i].w;
-                        d[7] = 0.0f;
-                    }
-                    ++listed_n;
+            uint hit = 0;
+            for (int w2 = 0; w2 < words; ++w2)
+                hit |= sup[best * NMS_WORDS + w2] & keep[w2];
+            if (hit) {
+                R[best * rowlen + 6 + k] = 0.0f;
+            } else {
+                keep[best / 32] |= 1u << (best % 32);
+                const int slot = atomic_inc(&listed_n);
+                if (slot < dmax) {
+                    __global float* d = D + slot * 8;
+                    d[0] = as_float(bg);
+                    d[1] = as_float(k);
+                    d[2] = bp;
+                    d[3] = raw[best].x;
+                    d[4] = raw[best].y;
+                    d[5] = raw[best].z;
+                    d[6] = raw[best].w;
+                    d[7] = as_float(best);
                 }
             }
-            barrier(CLK_LOCAL_MEM_FENCE);
         }
     }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int dropped = 0;
+    for (int i = 0; i < n; ++i)
+        dropped += !ok[i];
+    const int entries = min(listed_n, dmax + 1);
     if (lid == 0) {
-        int dropped = 0;
-        for (int i = 0; i < n; ++i)
-            dropped += !ok[i];
-        listed[2 * b] = listed_n <= dmax ? listed_n : dmax + 1;
+        listed[2 * b] = entries;
         listed[2 * b + 1] = dropped;
     }
 }

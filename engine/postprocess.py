@@ -315,16 +315,16 @@ def to_detections(boxes: np.ndarray, probs: np.ndarray, img_w: int, img_h: int, 
 
 def listed_detections(listed: np.ndarray, place: Placement, img_w: int, img_h: int,
                       names: Optional[list]) -> list:
-    """``to_detections`` of what the device NMS kept and listed (``kernels.decode``: rows of
-    rank and class as int bits, probability, x, y, w, h relative to the network input, in any
-    order; every entry above the threshold, every value finite): ordered as ``to_detections``
-    orders the rows in rank order (falling probability, then rank, then class), mapped through
-    ``place``. Two NumPy calls, whatever the candidates were."""
+    """``to_detections`` of what the device NMS kept and listed (``kernels.decode``: rows of g
+    and class as int bits, probability, x, y, w, h relative to the network input, row as int
+    bits, in any order; every entry above the threshold, every value finite): ordered as
+    ``to_detections`` orders the rows sorted by g (falling probability, then g, then row, then
+    class), mapped through ``place``. Three NumPy calls, whatever the candidates were."""
     if not len(listed):
         return []
-    ints = listed[:, :2].view(np.int32).tolist()
+    ints = listed.view(np.int32)[:, [0, 1, 7]].tolist()
     vals = listed[:, 2:7].tolist()
-    order = sorted(range(len(ints)), key=lambda j: (-vals[j][0], ints[j][0], ints[j][1]))
+    order = sorted(range(len(ints)), key=lambda j: (-vals[j][0], ints[j][0], ints[j][2], ints[j][1]))
     return _in_pixels(order, [i[1] for i in ints], [v[0] for v in vals], [v[1:] for v in vals],
                       img_w, img_h, names, place)
 

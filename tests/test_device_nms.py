@@ -80,19 +80,16 @@ def device_nms(rt, images: list, classes: int, thresh: float, kind: str, beta: f
 
 
 def listed_as_rows(listed: np.ndarray) -> set:
-    """A kernel's list as a set of (rank, class, probability, x, y, w, h)."""
-    ints = listed[:, :2].view(np.int32)
-    return {(int(r), int(k), *map(float, v)) for (r, k), v in zip(ints, listed[:, 2:7])}
+    """A kernel's list as a set of (g, row, class, probability, x, y, w, h)."""
+    ints = listed.view(np.int32)[:, [0, 7, 1]]
+    return {(int(g), int(i), int(k), *map(float, v)) for (g, i, k), v in zip(ints, listed[:, 2:7])}
 
 
 def kept_as_rows(before: np.ndarray, after: np.ndarray) -> set:
-    """What the list should hold: every finite row's nonzero probability left after the NMS, by
-    the row's rank in g order."""
-    order = np.argsort(before[:, 0].view(np.int32), kind="stable")
-    rank = np.empty(len(order), np.int64)
-    rank[order] = np.arange(len(order))
+    """What the list should hold: every finite row's nonzero probability left after the NMS."""
     ok = np.isfinite(before[:, 1:5]).all(axis=1) & np.isfinite(before[:, 6:]).all(axis=1)
-    return {(int(rank[i]), int(k), float(after[i, 6 + k]), *map(float, before[i, 1:5]))
+    g = before[:, 0].view(np.int32)
+    return {(int(g[i]), int(i), int(k), float(after[i, 6 + k]), *map(float, before[i, 1:5]))
             for i, k in zip(*np.nonzero(after[:, 6:] > 0)) if ok[i]}
 
 
@@ -159,7 +156,7 @@ def test_a_list_too_long_says_so_and_the_rows_are_still_nmsed(rt):
 
 def test_listed_detections_are_the_rows_detections(rt):
     """A list in any order gives what ``to_detections`` gives for the NMSed rows in g order:
-    falling probability, ties by rank then class, the boxes mapped through the placement."""
+    falling probability, ties by g, row and class, the boxes mapped through the placement."""
     from yolo_cl.preprocess import placement
     rng = np.random.default_rng(8)
     rows = candidates(rng, 40, 3, True)

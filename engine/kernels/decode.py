@@ -7,7 +7,7 @@ The buffers come in ``slots`` sets so that one frame's candidates can be read wh
 frame's are written. A second kernel (``yc_nms``, a work-group per image) can run the per-class
 NMS over up to ``NMS_MAX`` candidates in place, zeroing suppressed probabilities, so the host
 only maps the survivors to pixels; longer lists get the host's NMS. That kernel also lists what it
-keeps (rank, class, probability, box: up to ``LIST_MAX`` entries an image), read back with the
+keeps (g, class, probability, box, row: up to ``LIST_MAX`` entries an image), read back with the
 counters, so a frame's detections are a few rows to map, not a pass over every candidate.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ NMS_MAX = 128   # candidates per image the device NMS takes (one work-group's lo
 NMS_CLASSES = 1024  # classes the device NMS takes (a local bit per class); more: the host's NMS
 NMS_KINDS = {"default": 0, "greedynms": 1, "diounms": 2}     # postprocess.nms kinds -> yc_nms's kind
 LIST_MAX = 128  # kept (candidate, class) entries per image the device NMS lists; more: the host maps the rows
-LIST_COLS = 8   # a listed entry: rank and class (int bits), probability, x, y, w, h, 0
+LIST_COLS = 8   # a listed entry: g and class (int bits), probability, x, y, w, h, row (int bits)
 NMS_LOCAL = 128  # work-items of the NMS's work-group (its passes over the probabilities are split among them)
 
 
@@ -154,8 +154,8 @@ class DeviceDecoder:
 
     def listed(self, slot: int, index: int) -> Optional[tuple]:
         """(entries, candidates left out as non-finite) of image ``index`` in set ``slot`` as the
-        device NMS listed them (``LIST_COLS`` float32 columns: rank and class as int bits,
-        probability, x, y, w, h relative to the network input; in no particular order), after
+        device NMS listed them (``LIST_COLS`` float32 columns: g and class as int bits,
+        probability, x, y, w, h relative to the network input, row as int bits; in no particular order), after
         the set's reads completed; None where the NMS did not list them (it ran on the host,
         or the list overflowed): then ``collect`` gives the rows."""
         st = self._sets[slot]
