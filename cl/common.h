@@ -15,14 +15,10 @@
 typedef half dtype;
 #define LD(p, i) vload_half((i), (p))
 #define ST(p, i, v) vstore_half((v), (i), (p))
-#define LD2(p, i) vload_half2(0, (p) + (i))          /* i even: two elements as a float2 */
-#define ST2(p, i, v) vstore_half2((v), 0, (p) + (i))
 #else
 typedef float dtype;
 #define LD(p, i) ((p)[(i)])
 #define ST(p, i, v) ((p)[(i)] = (v))
-#define LD2(p, i) vload2(0, (p) + (i))
-#define ST2(p, i, v) vstore2((v), 0, (p) + (i))
 #endif
 
 /* The arithmetic type of the FMA GEMM families' products and k-block sums (gemm.cl,

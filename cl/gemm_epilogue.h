@@ -59,31 +59,4 @@ inline void yc_gemm_store(const float acc, const int m, const int n, const int g
 #endif
 }
 
-/* Two neighbours of a row of C, columns n and (if `both`) n + 1, as yc_gemm_store stores them:
- * stored as planes where the pair starts on an even element, one 2-element store (and the
- * residual's pair one load where it does too) instead of two (a tensor-core accumulator holds
- * such pairs: a warp's stores then fill whole 16-byte segments of 8 rows, not halves of them). */
-inline void yc_gemm_store_pair(const float a0, const float a1, const int m, const int n, const int both,
-                               const int g, const int M, const int ldc, __global const float* restrict bias,
-                               __global dtype* restrict C, const size_t cb,
-                               __global const dtype* restrict R, const size_t rbase)
-{
-#if !defined(UP_S) && !defined(NHWC_OUT)
-    const size_t row = (size_t)(g * M + m) * ldc, at = cb + row + n;
-    if (both && !(at & 1)) {
-        float2 v = (float2)(yc_gemm_value(a0, m, g, M, bias), yc_gemm_value(a1, m, g, M, bias));
-#ifdef RESIDUAL
-        const size_t ra = rbase + row + n;
-        const float2 r = (ra & 1) ? (float2)(LD(R, ra), LD(R, ra + 1)) : LD2(R, ra);
-        v = (float2)(yc_activate(v.x + r.x, ACT2), yc_activate(v.y + r.y, ACT2));
-#endif
-        ST2(C, at, v);
-        return;
-    }
-#endif
-    yc_gemm_store(a0, m, n, g, M, ldc, bias, C, cb, R, rbase);
-    if (both)
-        yc_gemm_store(a1, m, n + 1, g, M, ldc, bias, C, cb, R, rbase);
-}
-
 #endif

@@ -447,10 +447,9 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #if SK > 1
 #define SUMS_SETUP() __global float* P = (__global float*)C + ((size_t)ks * (get_num_groups(2) / SK) + b) * M * N;
 #define STORE_C(v, m, n) (P[(size_t)(m) * N + (n)] = (v))
-#define STORE_PAIR(v0, v1, m, n, both) do { STORE_C(v0, m, n); if (both) STORE_C(v1, m, (n) + 1); } while (0)
 #else
 #define SUMS_SETUP() YC_EPILOGUE_BASES(b)
-#define STORE_PAIR(v0, v1, m, n, both) yc_gemm_store_pair((v0), (v1), (m), (n), (both), 0, M, ldc, bias, C, cb, R, rbase)
+#define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
 #endif
 
 #ifdef PATCH
@@ -599,24 +598,18 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     }
     SUMS_SETUP()
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    /* each work-item's sums come in pairs of neighbouring pixels (q = 0, 1 and 2, 3), stored
-     * as a pair where both are in one row of the map */
 #pragma unroll
     for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
-        for (int q = 0; q < 4; q += 2) {
+        for (int q = 0; q < 4; ++q) {
 #ifdef PFLAT
-            const int p = p0 + 8 * i + 2 * t4, y = p / PW, x = p - y * PW;
-            const int y1 = x + 1 < PW ? y : y + 1, x1 = x + 1 < PW ? x + 1 : 0;
+            const int p = p0 + 8 * i + 2 * t4 + (q & 1), y = p / PW, x = p - y * PW;
 #else
-            const int x = x0 + 2 * t4, y = y0 + i, y1 = y, x1 = x + 1;
+            const int x = x0 + 2 * t4 + (q & 1), y = y0 + i;
 #endif
             const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1);
-            const int ok0 = m < M && y < H && x < OW, ok1 = m < M && y1 < H && x1 < OW;
-            if (ok0)
-                STORE_PAIR(acc[4 * i + q], acc[4 * i + q + 1], m, y * OW + x, ok1 && y1 == y);
-            if (ok1 && !(ok0 && y1 == y))
-                STORE_PAIR(acc[4 * i + q + 1], 0.0f, m, y1 * OW + x1, 0);
+            if (m < M && y < H && x < OW)
+                STORE_C(acc[4 * i + q], m, y * OW + x);
         }
 }
 #else
@@ -728,14 +721,13 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #endif
     SUMS_SETUP()
     const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    /* each work-item's sums come in pairs of neighbouring columns (q = 0, 1 and 2, 3): n, n + 1 */
 #pragma unroll
     for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
-        for (int q = 0; q < 4; q += 2) {
-            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t;
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t + (q & 1);
             if (m < M && n < N)
-                STORE_PAIR(acc[4 * i + q], acc[4 * i + q + 1], m, n, n + 1 < N);
+                STORE_C(acc[4 * i + q], m, n);
         }
 }
 #endif
