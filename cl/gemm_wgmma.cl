@@ -452,6 +452,15 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #define STORE_C(v, m, n) yc_gemm_store((v), (m), (n), 0, M, ldc, bias, C, cb, R, rbase)
 #endif
 
+#ifndef APREFETCH
+#define APREFETCH 0
+#endif
+/* COUNT lines into the L2, shared out among the work-groups of this M tile (no two prefetch one
+ * line): line v's address is ADDR, an expression of v */
+#define PREFETCH_SPREAD(COUNT, ADDR)                                                             \
+    for (int v = (int)get_group_id(0) * THREADS + tid; v < (COUNT); v += (int)get_num_groups(0) * THREADS) \
+        PREFETCH_L2(ADDR);
+
 #ifdef PATCH
 #if !defined(NHWC) || !defined(A_REG) || SWZ != 128 || INFLIGHT || KS != 3
 #error "PATCH: an nhwc 3x3 conv, A in registers, the 128-byte swizzle"
@@ -502,9 +511,6 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
  * that pays (yolov3 416 fp16's c256 f512 3x3 at 26x26 in the network on an H200: 0.030 -> 0.025
  * ms); where it has many, the tiles' redundant prefetches cost more (608 batch 8's at 38x38: 0.100
  * -> 0.115 ms). A tuner timing a conv alone, its weights warm in the L2, cannot see the gain. */
-#ifndef APREFETCH
-#define APREFETCH 0
-#endif
 #define PATCH_PREFETCH_A(sl)                                                                     \
     if (APREFETCH == 1 && (tid & 7) == 0)                                                        \
         for (int t = 0; t < taps; ++t)                                                           \
@@ -518,10 +524,8 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     if (APREFETCH == 2) {                                                                        \
         const int per_tap = (s1 - s0) * KSTEPS * THREADS / 8;     /* lines of 8 fragments */     \
         const __global uint4* a0 = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / 16) * THREADS; \
-        for (int v = (int)get_group_id(0) * THREADS + tid; v < taps * per_tap; v += (int)get_num_groups(0) * THREADS) { \
-            const int t = v / per_tap;                                                           \
-            PREFETCH_L2(a0 + (size_t)(t * slices + s0) * KSTEPS * THREADS + (size_t)(v - t * per_tap) * 8); \
-        }                                                                                        \
+        PREFETCH_SPREAD(taps * per_tap,                                                          \
+                        a0 + (size_t)((v / per_tap) * slices + s0) * KSTEPS * THREADS + (size_t)(v % per_tap) * 8) \
     }
 
 /* Grid: (tiles of NT / 8 rows x 8 columns of the output, row-major, x THREADS, M tiles, images);
@@ -621,18 +625,13 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     {                                                                                            \
         const __global uchar* p0 = (const __global uchar*)((const __global uint4*)A              \
             + ((size_t)get_group_id(1) * (lda / 16) + (size_t)kt0 * KSTEPS) * THREADS);          \
-        const int all = tiles * KSTEPS * THREADS / 8;       /* 8 fragments of 16 bytes a line */  \
-        for (int v = (int)get_group_id(0) * THREADS + tid; v < all; v += (int)get_num_groups(0) * THREADS) \
-            PREFETCH_L2(p0 + (size_t)v * 128);                                                   \
+        PREFETCH_SPREAD(tiles * KSTEPS * THREADS / 8, p0 + (size_t)v * 128)  /* 8 fragments a line */ \
     }
 #elif APREFETCH
 #define GEMM_PREFETCH_A()                                                                        \
     {                                                                                            \
-        const int lines = (tiles * KT * ES + 127) / 128, all = MT * lines;                      \
-        for (int v = (int)get_group_id(0) * THREADS + tid; v < all; v += (int)get_num_groups(0) * THREADS) { \
-            const int r = v / lines;                                                             \
-            PREFETCH_L2((const __global uchar*)(Ag + (size_t)r * lda + (size_t)kt0 * KT) + (v - r * lines) * 128); \
-        }                                                                                        \
+        const int lines = (tiles * KT * ES + 127) / 128;                                          \
+        PREFETCH_SPREAD(MT * lines, (const __global uchar*)(Ag + (size_t)(v / lines) * lda + (size_t)kt0 * KT) + (v % lines) * 128) \
     }
 #else
 #define GEMM_PREFETCH_A()
