@@ -138,8 +138,10 @@ class DevicePath:
         det = self.det
         for j, i in enumerate(part.index):
             im, place = part.images[j], part.places[j]
+            # the device NMS listed what it kept (probabilities above 0: a negative threshold, which
+            # keeps zeros too, takes the rows)
             listed = part.decoder.listed(part.slot, j) if pending.thresh >= 0 else None
-            if listed is not None:     # the device NMS listed what it kept: only those to map
+            if listed is not None:
                 pending.results[i] = det.finish_listed(listed[0], listed[1], im.shape[1], im.shape[0], place)
                 continue
             cand = part.decoder.collect(part.slot, j)

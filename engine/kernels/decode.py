@@ -70,7 +70,9 @@ class DeviceDecoder:
         # kernels), in that order, so one read brings back every image's count and list (with
         # image 0's first rows where the host runs the NMS).
         align = max(4, rt.device.mem_base_addr_align // 8)       # where a sub-buffer may start, in bytes
-        up = lambda n: -(-n // align) * align
+
+        def up(n: int) -> int:
+            return -(-n // align) * align
         list_bytes = B * LIST_MAX * LIST_COLS * 4
         at_listed = up(B * 4)
         at_dets = at_listed + up(B * 8)
