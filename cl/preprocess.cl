@@ -62,3 +62,14 @@ __kernel void yc_load_output(__global const dtype* restrict Y, const int y_off, 
     if (i >= n) return;
     X[(size_t)b * n + i] = LD(Y, y_off + b * y_bstride + i);
 }
+
+/* A head as the arena holds it, packed image after image (y_bstride apart in the arena, n apart
+ * in X), the half storage's bits copied as they are: for a caller taking the plan's own type
+ * (Executor.outputs_as). */
+__kernel void yc_pack_output(__global const ushort* restrict Y, const int y_off, const int y_bstride,
+                             __global ushort* restrict X, const int n)
+{
+    const int i = get_global_id(0), b = get_global_id(1);
+    if (i >= n) return;
+    X[(size_t)b * n + i] = Y[y_off + b * y_bstride + i];
+}

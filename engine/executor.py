@@ -137,10 +137,12 @@ class Executor:
         self._f32_input = None         # half executors: float32 staging buffer + conversion kernel
         self._f32_read: list = []      # with a copy queue: the last conversion, which reads that buffer
         self._staged: Optional[list] = None    # [pinned uint8 array, the DMA events out of it]: see _send
-        # Heads leave as dense float32 through pinned memory where that pays: half storage (no host
-        # conversion) and GPUs (DMA from pinned memory; one read per head, not one per image).
+        # Heads leave as dense float32 (or, where the caller asks, the half plan's own float16:
+        # outputs_as) through pinned memory where that pays: half storage (no host conversion) and
+        # GPUs (DMA from pinned memory; one read per head, not one per image).
         # (per-image head reads need them too)
-        self._f32_outputs = self._output_conversions() if self.half or not self.rt.is_cpu or node_spans else None
+        self._out_dtype = np.dtype(np.float32)
+        self._head_staging = self._output_conversions() if self.half or not self.rt.is_cpu or node_spans else None
         self.command_buffer = self._record(command_buffer) if recorded else None
         # how _launch enqueues the plan (launch.py): side branches' launches on a queue of their own
         flags = [id(l.node) in self._on_side for l in self.launches]
@@ -154,7 +156,7 @@ class Executor:
         # read it on a second queue, so the first heads travel while the rest of the network runs
         # (yolov3 608 batch 8: a quarter of 62 MB of heads). Off: every head converted and read
         # after the last launch, on the one queue.
-        self.early_reads = self._f32_outputs is not None and self.command_buffer is None
+        self.early_reads = self._head_staging is not None and self.command_buffer is None
         self._read_marks = self._head_marks() if self.early_reads else {}
         self._read_queue = None
         self._last_reads: dict = {}    # output index -> done when its staging buffer's last read is
@@ -264,7 +266,7 @@ class Executor:
 
     def run(self, blob: np.ndarray, profile: bool = False, eager: bool = False) -> list:
         """Forward ``blob`` (batch, C, H, W) float32 (or float16 on a half plan: ``input_array``);
-        returns the output views as float32 arrays.
+        returns the output views as float32 arrays (or float16 ones: ``outputs_as``).
 
         The arrays are the ones the device wrote the heads into, not copies: a later ``run`` reuses
         them only once nothing refers to them any more (neither they nor a view of them), so a
@@ -389,19 +391,41 @@ class Executor:
         self._f32_read = [cl.enqueue_nd_range_kernel(q, k, gsize, None, wait_for=copied)]
         return copied
 
+    def outputs_as(self, dtype=np.float32) -> None:
+        """The type ``run`` and ``collect`` hand the heads out in: float32 (the default) or, on a
+        half-storage plan, float16, its own type: the heads then cross the bus as they are, half
+        the bytes and no conversion (yolov3 608 batch 8's are 62 MB as float32, 47 MB of them read
+        after the last layers). Asked between passes: it waits for the queue, and the head sets
+        made for the other type are dropped (those a caller holds stay the caller's)."""
+        dt = np.dtype(dtype)
+        if dt != np.float32 and not (self.half and dt == np.float16):
+            raise YoloClError(f"outputs_as: dtype {dt} is not float32 or this {self.precision.name} plan's "
+                              f"head type ({self._host_out[0].dtype})")
+        if dt == self._out_dtype:
+            return
+        if any(st["out"] is not None for st in self._slots.values()):
+            raise YoloClError("outputs_as: a submitted pass is not collected yet")
+        self.rt.finish()
+        self._out_dtype = dt
+        self._head_staging = self._output_conversions()
+        self._outs, self._spare, self._last_reads = None, None, {}
+        for st in self._slots.values():
+            st["spare"] = None
+
     def _output_conversions(self) -> list:
-        """Per output, a float32 device buffer and the kernel that fills it from the arena
-        (converting half, packing batch-strided heads); ``_enqueue_reads`` reads the buffer into
-        pinned host memory. Host-side half -> float32 conversion of a 608x608 batch of 8 heads
-        (15.5 M values) costs tens of ms, and so do pageable reads of them on a GPU; the kernel
-        costs microseconds."""
+        """Per output, a device buffer of the heads' output type (``outputs_as``) and the kernel
+        that fills it from the arena (converting half to float32, or copying the half as it is;
+        packing batch-strided heads); ``_enqueue_reads`` reads the buffer into pinned host memory.
+        Host-side half -> float32 conversion of a 608x608 batch of 8 heads (15.5 M values) costs
+        tens of ms, and so do pageable reads of them on a GPU; the kernel costs microseconds."""
         cl, item = self.rt.cl, self.precision.itemsize
         prg = self.rt.program("preprocess.cl", {"HALF_STORAGE": self.half})
+        as_is = self._out_dtype != np.float32          # the half plan's own type: copied, not converted
         conversions = []
         for host, off, bs in zip(self._host_out, self._out_offsets, self._out_bstride):
             n = host[0].size
-            buf = self.rt.alloc(host.size * 4, "float32 output staging")
-            k = cl.Kernel(prg, "yc_load_output")
+            buf = self.rt.alloc(host.size * self._out_dtype.itemsize, f"{self._out_dtype.name} output staging")
+            k = cl.Kernel(prg, "yc_pack_output" if as_is else "yc_load_output")
             k.set_args(self.arena, np.int32(off // item), np.int32(bs // item), buf, np.int32(n))
             conversions.append((k, (n, self.batch), buf))
         return conversions
@@ -455,7 +479,7 @@ class Executor:
         buffer and read it into ``host`` on the read queue, appending the read's event to ``reads``;
         ``final``: the pass's last read of that buffer, which the next pass's conversion waits for."""
         cl, q, rq = self.rt.cl, self.rt.queue, self._read_queue
-        k, gsize, buf = self._f32_outputs[o]
+        k, gsize, buf = self._head_staging[o]
         # buf is read by the previous pass's read (submit keeps passes in flight): after it
         prior = self._last_reads.get(o)
         wait = [prior] if prior else None
@@ -475,12 +499,12 @@ class Executor:
             self._last_reads[o] = cl.enqueue_marker(rq)
 
     def _output_set(self) -> list:
-        """One set of float32 host arrays for the heads, (batch,) + shape each: pinned where the
-        heads leave through the float32 staging buffers, plain arrays where they are read from
-        the arena as they are (float32 storage on a CPU device)."""
-        if self._f32_outputs is None:
+        """One set of host arrays for the heads (float32, or what ``outputs_as`` asked), (batch,)
+        + shape each: pinned where the heads leave through the staging buffers, plain arrays where
+        they are read from the arena as they are (float32 storage on a CPU device)."""
+        if self._head_staging is None:
             return [np.empty(h.shape, np.float32) for h in self._host_out]
-        return [pinned(self.rt, h.shape, np.float32)[1] for h in self._host_out]
+        return [pinned(self.rt, h.shape, self._out_dtype)[1] for h in self._host_out]
 
     def _enqueue_reads(self, hosts: list) -> list:
         """Enqueue the heads' way out of the arena into ``hosts`` (from ``_output_set``); returns
@@ -488,8 +512,8 @@ class Executor:
         holding the GIL, which would stall every other Python thread for the whole pass)."""
         cl, q = self.rt.cl, self.rt.queue
         reads = []
-        if self._f32_outputs is not None:
-            for (k, gsize, buf), host in zip(self._f32_outputs, hosts):
+        if self._head_staging is not None:
+            for (k, gsize, buf), host in zip(self._head_staging, hosts):
                 cl.enqueue_nd_range_kernel(q, k, gsize, None)
                 reads.append(cl.enqueue_copy(q, host, buf, is_blocking=False))
             return reads
@@ -635,7 +659,7 @@ class Executor:
         return st["reads"][-1]
 
     def collect(self, slot: int = 0) -> list:
-        """The outputs (float32) of the last ``submit`` to ``slot``, once they have arrived; the
+        """The outputs (float32, or ``outputs_as``'s type) of the last ``submit`` to ``slot``, once they have arrived; the
         same lifetime rule as ``run``'s."""
         st = self._slot(slot)
         if st["out"] is None:

@@ -192,6 +192,35 @@ def test_a_half_input_array_goes_as_it_is(pair, batch):
     assert same(got, want)
 
 
+@pytest.mark.parametrize("batch", (1, 2))
+def test_half_heads_are_the_float32_heads_as_the_plan_holds_them(pair, batch):
+    """``outputs_as(np.float16)`` on a half-storage plan: ``run`` and ``submit``/``collect`` hand
+    out float16 heads, each the float32 head's value (which was that half, converted), over
+    several frames and back to float32; a float32 plan, other types and a pass not collected yet
+    are refused by name."""
+    det = pair[0]
+    ex = Detector("yolov3-tiny", input_size=SIZE, precision=det.precision.name).executor(batch, (SIZE, SIZE))
+    blobs = frames(batch, 3, 90 + batch)
+    if not ex.half:
+        with pytest.raises(YoloClError, match="float16"):
+            ex.outputs_as(np.float16)
+        return
+    with pytest.raises(YoloClError, match="float64"):
+        ex.outputs_as(np.float64)
+    want = [[o.copy() for o in ex.run(b)] for b in blobs]
+    ex.outputs_as(np.float16)
+    for b, w in zip(blobs, want):
+        got = ex.run(b)
+        assert all(g.dtype == np.float16 for g in got)
+        assert same([g.astype(np.float32) for g in got], w)
+    ex.submit(blobs[0])
+    with pytest.raises(YoloClError, match="not collected"):
+        ex.outputs_as(np.float32)
+    assert same([g.astype(np.float32) for g in ex.collect()], want[0])
+    ex.outputs_as(np.float32)
+    assert same(ex.run(blobs[1]), want[1])
+
+
 def test_host_path_detect_batch_through_the_pinned_input(pair, monkeypatch):
     """detect_batch writes the blob into ``input_array`` (left dirty by an earlier user here) and
     pads the batch; each image's detections equal detecting it from a blob of its own."""

@@ -203,8 +203,10 @@ def device_ms(cfg, wts, size: int, batch: int, precision: str, blob: np.ndarray,
 
 
 def run_figures(row: dict) -> str:
-    """``run`` from the caller's array, from ``input_array()`` and (half plans) from a half one."""
+    """``run`` from the caller's array, from ``input_array()`` and (half plans) from a half one, and
+    with the heads handed out as half too (``outputs_as``)."""
     half = f", a half one {row['run_half_input_ms']:.2f}" if "run_half_input_ms" in row else ""
+    half += f", half in and out {row['run_half_ms']:.2f}" if "run_half_ms" in row else ""
     return f"run {row['run_ms']:.2f} (from input_array() {row['run_pinned_input_ms']:.2f}{half})"
 
 
@@ -228,6 +230,9 @@ def bench_model(spec: str, precision: str, tmp: Path, reps: int, flushes: tuple 
         half_blob = ex.input_array(np.float16)
         half_blob[...] = blob
         row["run_half_input_ms"] = median_ms(lambda: ex.run(half_blob), reps)
+        ex.outputs_as(np.float16)   # and the heads back in it too
+        row["run_half_ms"] = median_ms(lambda: ex.run(half_blob), reps)
+        ex.outputs_as(np.float32)
         del half_blob
     log(f"  {name} {size} b{batch} {precision} run {row['run_ms']:.2f} ms; one step at a time: "
         + ", ".join(f"{k} {v:.2f}" for k, v in st.items() if k not in ("sum", "copy"))
