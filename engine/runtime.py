@@ -25,6 +25,11 @@ from .resources import resource_dir
 
 INSTALL_HINT = ("no OpenCL device found. Install a driver for your GPU, or the CPU device from PyPI: "
                 "pip install pocl-binary-distribution")
+# A PoCL whose LLVM predates the host CPU (pip's pocl-binary-distribution 3.0 on an AMD Zen 5) names
+# it "generic", which its own compiler then refuses: no kernel builds on that device.
+UNKNOWN_CPU = "unknown target CPU"
+UNKNOWN_CPU_HINT = ("this PoCL's compiler does not know this CPU: install a newer PoCL, e.g. Debian/Ubuntu's "
+                    "'apt install pocl-opencl-icd', or pick another device with --device")
 COPY_QUEUE_ENV = "YOLO_CL_COPY_QUEUE"   # "0": uploads on the kernels' queue; "1": a copy queue on a CPU too
 
 
@@ -57,7 +62,8 @@ def list_devices() -> list:
 def select_device(spec: Optional[Union[str, int]] = None):
     """Pick a device: ``"P:D"`` indices, an index into the flat list, or a name substring.
 
-    Default (None): the ``YOLO_CL_DEVICE`` environment variable, else the first GPU, else the first device.
+    Default (None): the ``YOLO_CL_DEVICE`` environment variable, else the first GPU, else the first
+    device whose compiler builds for it (see :func:`builds`, asked only where there is a choice).
     """
     devices = list_devices()
     if not devices:
@@ -66,7 +72,9 @@ def select_device(spec: Optional[Union[str, int]] = None):
     if spec is None or spec == "":
         cl = _cl()
         gpus = [d for d in devices if d[3].type & cl.device_type.GPU]
-        return (gpus or devices)[0][3]
+        if gpus or len(devices) == 1:
+            return (gpus or devices)[0][3]
+        return next((d[3] for d in devices if builds(d[3])), devices[0][3])
     s = str(spec).strip()
     if ":" in s and all(part.isdigit() for part in s.split(":", 1)):
         pi, di = (int(v) for v in s.split(":", 1))
@@ -83,6 +91,18 @@ def select_device(spec: Optional[Union[str, int]] = None):
         if s.lower() in d[3].name.lower() or s.lower() in d[2].name.lower():
             return d[3]
     raise DeviceError(f"no OpenCL device matches '{s}'; run 'yolo-cl devices' to list them")
+
+
+def builds(device) -> bool:
+    """Whether ``device``'s compiler builds a one-line kernel: False for a PoCL that cannot target
+    the host CPU (``UNKNOWN_CPU``), so the default pick passes over it to a second CPU driver."""
+    cl = _cl()
+    try:
+        ctx = cl.Context([device])
+        cl.Program(ctx, "__kernel void k(__global int *a) { a[0] = 1; }").build()
+        return True
+    except cl.Error:
+        return False
 
 
 def cache_dir() -> Path:
@@ -388,8 +408,8 @@ class Runtime:
                                   f"limit reached)") from None
             log = str(e).strip().splitlines()
             detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
-            raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}") \
-                from None
+            raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}"
+                              + (f" ({UNKNOWN_CPU_HINT})" if UNKNOWN_CPU in detail else "")) from None
 
 
 BINARY_MAGIC = b"yolo-cl binary 1\n"

@@ -141,6 +141,50 @@ def test_heuristic_that_fails_to_build_is_one_clear_error(runtime, monkeypatch):
     assert "\n" not in str(e.value)
 
 
+def test_a_compiler_that_does_not_know_the_cpu_says_what_to_install(runtime, monkeypatch):
+    """A PoCL whose LLVM predates the CPU (pip's PoCL 3.0 on a Zen 5) refuses every kernel with
+    "unknown target CPU 'generic'": the one line says so and what to install instead."""
+    def refuse(self, options=None):
+        raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\nBuild on <device>:\n\n"
+                              "error: unknown target CPU 'generic'\n")
+    monkeypatch.setattr(cl.Program, "build", refuse)
+    with pytest.raises(DeviceError) as e:
+        runtime._compile("ops.cl", "__kernel void k() {}", "-DX=1")
+    msg = str(e.value)
+    assert "\n" not in msg and "ops.cl -DX=1 failed to build" in msg
+    assert "unknown target CPU" in msg and "apt install pocl-opencl-icd" in msg
+
+
+def test_the_default_device_passes_over_a_cpu_driver_that_builds_nothing(monkeypatch):
+    """Two CPU drivers (pip's PoCL and the system's): the first that builds is picked; a GPU or a
+    lone device is picked without building anything."""
+    from yolo_cl import runtime as rtmod
+
+    class Dev:
+        def __init__(self, name, kind):
+            self.name, self.type = name, kind
+    old, new = Dev("old pocl", cl.device_type.CPU), Dev("new pocl", cl.device_type.CPU)
+    monkeypatch.delenv("YOLO_CL_DEVICE", raising=False)
+    asked = []
+    monkeypatch.setattr(rtmod, "builds", lambda d: asked.append(d.name) or d is new)
+    monkeypatch.setattr(rtmod, "list_devices", lambda: [(0, 0, None, old), (1, 0, None, new)])
+    assert rtmod.select_device() is new and asked == ["old pocl", "new pocl"]
+    monkeypatch.setattr(rtmod, "builds", lambda d: False)
+    assert rtmod.select_device() is old          # none builds: the first, whose error then says why
+    gpu = Dev("gpu", cl.device_type.GPU)
+    asked.clear()
+    monkeypatch.setattr(rtmod, "builds", lambda d: asked.append(d.name) or True)
+    monkeypatch.setattr(rtmod, "list_devices", lambda: [(0, 0, None, old), (1, 0, None, gpu)])
+    assert rtmod.select_device() is gpu and not asked
+    monkeypatch.setattr(rtmod, "list_devices", lambda: [(0, 0, None, old)])
+    assert rtmod.select_device() is old and not asked
+
+
+def test_builds_tells_a_working_compiler(runtime):
+    from yolo_cl.runtime import builds
+    assert builds(runtime.device)
+
+
 # -- out of memory --------------------------------------------------------------------------------
 def test_out_of_device_memory_names_what_and_how_much(runtime, monkeypatch):
     def no_memory(*args, **kwargs):
