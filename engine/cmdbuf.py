@@ -7,7 +7,10 @@ recorded, which is exactly the plan's contract: arguments are bound once and nev
 
 A replay is one ``clEnqueueCommandBufferKHR`` instead of one enqueue per launch. A buffer
 recorded without the simultaneous-use flag may not be enqueued again while a previous replay is
-pending; ``Executor.run`` finishes its queue every frame (it reads the heads back), so it never is.
+pending (PoCL 3.1 refuses with ``CL_INVALID_OPERATION``): ``Executor.run`` finishes its queue every
+frame, but frames in flight (``Detector.submit``, the device path) enqueue the next pass while the
+last one runs. So each replay keeps its event, and :meth:`CommandBuffer.enqueue` replays only once
+the last one is complete; the caller enqueues the launch list otherwise.
 Written against the provisional extension's revision 0.9.x (PoCL 3.1 and later list it).
 """
 from __future__ import annotations
@@ -29,6 +32,7 @@ _SIGNATURES = {   # name -> (return type, argument types), from cl_ext.h
     "clEnqueueCommandBufferKHR": (_i32, (_u32, _vp, _vp, _u32, _vp, _vp)),
     "clReleaseCommandBufferKHR": (_i32, (_vp,)),
 }
+_EVENT_STATUS = 0x11D3       # CL_EVENT_COMMAND_EXECUTION_STATUS: CL_COMPLETE (0) once the replay is over
 
 
 def supported(device) -> bool:
@@ -49,6 +53,15 @@ def _entry_points(platform) -> dict:
     return out
 
 
+def _event_calls() -> tuple:
+    """(clGetEventInfo, clReleaseEvent) of the ICD loader, typed."""
+    lib = loader()
+    info, release = lib.clGetEventInfo, lib.clReleaseEvent
+    info.restype, info.argtypes = _i32, [_vp, _u32, ctypes.c_size_t, _vp, _vp]
+    release.restype, release.argtypes = _i32, [_vp]
+    return info, release
+
+
 class CommandBuffer:
     """The launches of a plan recorded into one command buffer on ``queue``."""
 
@@ -58,6 +71,9 @@ class CommandBuffer:
             raise DeviceError(f"{device.name.strip()} does not offer {EXTENSION}")
         self._fn = _entry_points(device.platform)
         self._queue = queue
+        self._event_info, self._release_event = _event_calls()
+        self._last = _vp()           # the last replay's event (None before the first)
+        self._status = _i32(0)
         queues = (_vp * 1)(queue.int_ptr)
         err = _i32(0)
         self._handle: Optional[int] = self._fn["clCreateCommandBufferKHR"](1, queues, None, ctypes.byref(err))
@@ -80,13 +96,33 @@ class CommandBuffer:
             raise
         self.commands = len(launches)
 
-    def enqueue(self) -> None:
-        """Replay every recorded launch, in order, on the queue it was recorded for."""
-        code = self._fn["clEnqueueCommandBufferKHR"](0, None, self._handle, 0, None, None)
+    def pending(self) -> bool:
+        """Whether the last replay has not completed yet (a failed one counts as over)."""
+        if not self._last.value:
+            return False
+        code = self._event_info(self._last, _EVENT_STATUS, ctypes.sizeof(self._status),
+                                ctypes.byref(self._status), None)
+        return not code and self._status.value > 0
+
+    def enqueue(self) -> bool:
+        """Replay every recorded launch, in order, on the queue it was recorded for; False (and
+        nothing enqueued) while the last replay is still pending: then the caller enqueues the
+        launches one by one."""
+        if self.pending():
+            return False
+        event = _vp()
+        code = self._fn["clEnqueueCommandBufferKHR"](0, None, self._handle, 0, None, ctypes.byref(event))
         if code:
             raise DeviceError(f"clEnqueueCommandBufferKHR failed ({code})")
+        if self._last.value:
+            self._release_event(self._last)
+        self._last = event
+        return True
 
     def release(self) -> None:
+        if self._last.value:
+            self._release_event(self._last)
+            self._last = _vp()
         if self._handle:
             self._fn["clReleaseCommandBufferKHR"](self._handle)
             self._handle = None

@@ -555,9 +555,9 @@ class Executor:
             launches = self._bind(self.graph.nodes) if eager else self.launches
             events = [cl.enqueue_nd_range_kernel(q, l.kernel, l.gsize, l.lsize) for l in launches]
             return events if profile else []
-        if self.command_buffer is not None:
-            self.command_buffer.enqueue()          # per-launch events need the launch list
-        else:
+        # per-launch events need the launch list; so does a command buffer whose last replay is
+        # still pending (frames in flight)
+        if self.command_buffer is None or not self.command_buffer.enqueue():
             self._launch(0, len(self.launches))
         return []
 

@@ -57,3 +57,37 @@ def test_a_device_without_the_extension_replays_the_launch_list(tiny_default, mo
     ex.run(np.zeros((1, 3, 96, 96), np.float32))
     with pytest.raises(DeviceError, match="cl_khr_command_buffer"):
         Executor(tiny_default.runtime, graph, 1, FP32, tiny_default.tuning, command_buffer=True)
+
+
+def test_a_pass_enqueued_while_the_last_replay_is_pending_takes_the_launch_list():
+    """Frames in flight enqueue a pass while the last one still runs; a buffer recorded without
+    the simultaneous-use flag may not be replayed then (PoCL 3.1: CL_INVALID_OPERATION), so that
+    pass goes launch by launch, and both passes compute what the launch list computes."""
+    dev = _device_with_command_buffers()
+    if dev is None:
+        pytest.skip("no OpenCL device here lists cl_khr_command_buffer (Debian's pocl-opencl-icd does)")
+    det = Detector("yolov3-tiny", input_size=96, device=dev)
+    graph = det.graph_for((96, 96))
+    ex = Executor(det.runtime, graph, 1, FP32, det.tuning, command_buffer=True)
+    ref = Executor(det.runtime, graph, 1, FP32, det.tuning, command_buffer=False)
+    blob = np.random.default_rng(1).random((1, 3, 96, 96), dtype=np.float32)
+    want = ref.run(blob)
+    ex.run(blob)                                     # the input in the arena; the replay over
+    q = det.runtime.queue
+    gate = cl.UserEvent(det.runtime.context)
+    cl.enqueue_marker(q, wait_for=[gate])            # holds the queue until the gate opens
+    assert not ex.command_buffer.pending()
+    ex.enqueue()                                     # replayed, and pending behind the gate
+    assert ex.command_buffer.pending()
+    launched = []
+    real = ex._launch_list.enqueue
+    ex._launch_list.enqueue = lambda *a: launched.append(a) or real(*a)
+    ex.enqueue()                                     # pending: the launch list instead, no error
+    assert launched
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    q.finish()
+    assert not ex.command_buffer.pending()
+    launched.clear()
+    for a, b in zip(ex.run(blob), want):             # and replays again once the last is over
+        np.testing.assert_array_equal(a, b)
+    assert not launched
