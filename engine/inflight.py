@@ -84,11 +84,13 @@ class DevicePath:
             for size in dict.fromkeys((p.net_w, p.net_h) for p in places):
                 idx = [i for i, p in enumerate(places) if (p.net_w, p.net_h) == size]
                 slot = self._free_slot()
+                # the frames' DMAs first: the device copies while the launches below are prepared
+                staged = [self.prep.upload(images[i], places[i], j, slot) for j, i in enumerate(idx)]
                 ex = det.executor(batch_bucket(len(idx)), size)
                 part = _Part(slot, ex, self.decoder(ex), idx, [images[i] for i in idx], [places[i] for i in idx])
                 counter = part.decoder.counter(slot) if part.decoder is not None else None
                 for j, i in enumerate(idx):
-                    self.prep.enqueue(ex, images[i], places[i], j, slot, counter)
+                    self.prep.enqueue(ex, images[i], places[i], j, slot, counter, staged[j])
                 if part.decoder is None:     # the host decodes: read the heads (waits)
                     self._finish_host(pending, part, ex.run_staged())
                     continue

@@ -120,16 +120,16 @@ class DevicePreprocess:
                 else None
         return self._cached(self._packed, (src, dst), make)
 
-    def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0,
-                counter=None) -> None:
-        """Upload ``image`` (HxWx3 uint8 BGR, C-contiguous) and write it, laid out by ``place``,
-        into input ``index`` of ``executor``'s batch; zero ``counter[index]`` (a decode's
-        candidate counters) on the way. Returns once the frame is in pinned memory: copied
-        there, or already there (``staging.is_pinned``), then read by the DMA later."""
+    def upload(self, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0) -> tuple:
+        """Start sending ``image`` (HxWx3 uint8 BGR, C-contiguous) to the device staging buffer of
+        input ``index`` in set ``slot``; returns what :meth:`enqueue` needs to write it into a
+        network input. Returns once the frame is in pinned memory: copied there, or already
+        there (``staging.is_pinned``), then read by the DMA later. Called first, so a frame's DMA
+        starts before the rest of its launches are prepared."""
         h, w = image.shape[:2]
         pinned_frame = staging.is_pinned(image)
         packed = None if pinned_frame else self._rows(h, place.new_h)
-        cl, q, cq = self.rt.cl, self.rt.queue, self.rt.copy_queue
+        cq = self.rt.copy_queue
         # With a copy queue the DMA waits only for the kernel that last read this stage (a frame
         # ``slots`` back) and runs beside the network still computing the previous frame.
         if packed is None:
@@ -143,6 +143,15 @@ class DevicePreprocess:
             st.copied = staging.upload_rows(self.rt, st.device, image, rows, st.host, queue=cq, after=st.read)
         if cq is not None:
             cq.flush()               # the kernel below waits for these copies: they must reach the device
+        return st, th, w, h
+
+    def enqueue(self, executor, image: np.ndarray, place: Placement, index: int = 0, slot: int = 0,
+                counter=None, staged: Optional[tuple] = None) -> None:
+        """Upload ``image`` (HxWx3 uint8 BGR, C-contiguous; or take what :meth:`upload` returned
+        for it as ``staged``) and write it, laid out by ``place``, into input ``index`` of
+        ``executor``'s batch; zero ``counter[index]`` (a decode's candidate counters) on the way."""
+        st, th, w, h = staged if staged is not None else self.upload(image, place, index, slot)
+        cl, q, cq = self.rt.cl, self.rt.queue, self.rt.copy_queue
         g = executor.graph.input
         per_index = self._kernels.get(executor)
         if per_index is None:
