@@ -95,8 +95,13 @@ def select_device(spec: Optional[Union[str, int]] = None):
 
 def builds(device) -> bool:
     """Whether ``device``'s compiler builds a one-line kernel: False for a PoCL that cannot target
-    the host CPU (``UNKNOWN_CPU``), so the default pick passes over it to a second CPU driver."""
+    the host CPU (``UNKNOWN_CPU``), so the default pick passes over it to a second CPU driver.
+    True without building where PoCL's kernel cache cannot be written: some PoCL builds end the
+    process on a full disk (LLVM's "IO failure on output stream"), and the build that the pick
+    leads to then reports the full disk in one line."""
     cl = _cl()
+    if is_pocl(device) and unwritable(pocl_cache_dir()) is not None:
+        return True
     try:
         ctx = cl.Context([device])
         cl.Program(ctx, "__kernel void k(__global int *a) { a[0] = 1; }").build()
@@ -151,10 +156,18 @@ def driver_caches_builds(device) -> bool:
     return is_pocl(device) and os.environ.get("POCL_KERNEL_CACHE", "1").strip() != "0"
 
 
+def pocl_cache_dir() -> Path:
+    """PoCL's own kernel cache (``POCL_CACHE_DIR``, default ``~/.cache/pocl/kcache``)."""
+    root = os.environ.get("POCL_CACHE_DIR")
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or
+                                        os.path.join(os.path.expanduser("~"), ".cache")) / "pocl" / "kcache"
+
+
 def unwritable(folder: Path, probe_bytes: int = 1 << 20) -> Optional[str]:
     """Why ``folder`` cannot take a file of ``probe_bytes`` (the reason, e.g. "No space left on
-    device"), or None if it can. Asked only after a build failed: PoCL's cache writes each build's
-    files, so a full disk there looks like a compile error with an empty log."""
+    device"), or None if it can. PoCL's cache writes each build's files, so a full disk there looks
+    like a compile error with an empty log (pip's PoCL 3.0), or ends the process (Debian's 3.1):
+    asked before the first build that goes through PoCL's cache, and after a build failed."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder) as f:
@@ -191,6 +204,7 @@ class Runtime:
             export_binaries = os.environ.get("YOLO_CL_EXPORT_BINARIES", "0").strip() not in ("", "0") \
                 or not driver_caches_builds(self.device)
         self.export_binaries = export_binaries
+        self._cache_checked = False   # whether PoCL's kernel cache took a probe file (before the first build)
         self._programs: dict = {}
         self._lock = threading.Lock()
         self._building: dict = {}     # (source, options) -> the lock its builder holds
@@ -226,9 +240,7 @@ class Runtime:
         cache, or PoCL's kernel cache where no binaries are exported (PoCL, unless ``YOLO_CL_EXPORT_BINARIES=1``)."""
         if self.export_binaries:
             return cache_dir() / "binaries"
-        root = os.environ.get("POCL_CACHE_DIR")
-        return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or
-                                            os.path.join(os.path.expanduser("~"), ".cache")) / "pocl" / "kcache"
+        return pocl_cache_dir()
 
     @property
     def copy_queue(self):
@@ -393,9 +405,18 @@ class Runtime:
                 pass   # a read-only cache is not an error
         return prg
 
+    def _cache_full(self, source: str, reason: str) -> DeviceError:
+        return DeviceError(f"kernel {source} cannot be built on {self.device_name}: the driver's kernel cache "
+                           f"{self.program_cache} cannot be written ({reason}: disk full or file size limit reached)")
+
     def _compile(self, source: str, text: str, opts: str):
         """The program built from source (one line naming the kernel and options if it fails)."""
         cl = self.cl
+        if not self.export_binaries and not self._cache_checked:    # PoCL's cache: see unwritable
+            full = unwritable(self.program_cache)
+            if full is not None:
+                raise self._cache_full(source, full)
+            self._cache_checked = True
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")   # compiler chatter (e.g. ABI notes) is not the user's concern
@@ -403,9 +424,7 @@ class Runtime:
         except cl.Error as e:
             full = None if self.export_binaries else unwritable(self.program_cache)
             if full is not None:
-                raise DeviceError(f"kernel {source} cannot be built on {self.device_name}: the driver's kernel "
-                                  f"cache {self.program_cache} cannot be written ({full}: disk full or file size "
-                                  f"limit reached)") from None
+                raise self._cache_full(source, full) from None
             log = str(e).strip().splitlines()
             detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
             raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}"
