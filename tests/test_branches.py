@@ -19,6 +19,16 @@ from yolo_cl.planner import lifetimes, plan_memory
 
 SIZE = 128
 
+
+@pytest.fixture(scope="module", autouse=True)
+def launch_list_plans():
+    """Side branches cut the launch list: a device that offers command buffers (Debian's PoCL)
+    would record the plan whole, so these tests ask for the launch list."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("YOLO_CL_COMMAND_BUFFER", "0")
+        yield
+
+
 # Two heads; the first head's 3x3 conv (layer 1) is also routed into the second head, so the
 # first head's branch is only its 1x1 conv (layer 2).
 HEAD = conv(18, 1, bn=0, act="linear") + yolo([0, 1, 2], 1, num=3, anchors="10,14, 23,27, 37,58")

@@ -595,6 +595,7 @@ def test_per_image_first_layers_on_the_family(rt, tmp_path, monkeypatch):
     import yolo_cl
     from test_gemm_mma import net_and_reference
     monkeypatch.setenv("YOLO_CL_COPY_QUEUE", "1")
+    monkeypatch.setenv("YOLO_CL_COMMAND_BUFFER", "0")     # per-image ends cut the launch list
     cfg, weights, blob, ref = net_and_reference(tmp_path, NET, 20, 7, batch=3)
     split = yolo_cl.Detector(str(cfg), weights, precision="fp16").executor(3)
     plain = yolo_cl.Detector(str(cfg), weights, precision="fp16", per_image=False).executor(3)
