@@ -289,7 +289,8 @@ class Detector:
         A pass runs at a power-of-two batch (the rest padded with zeros), see ``batch_bucket``."""
         imgs = [_checked(im, i) for i, im in enumerate(images)]
         if self.device_preprocess:
-            return self.device_path.result(self.device_path.submit(imgs, thresh, nms, nms_kind))
+            path = self.device_path
+            return path.result(path.submit(imgs, thresh, nms, nms_kind))
         places = [self.placement(im.shape[1], im.shape[0]) for im in imgs]
         results: list = [None] * len(imgs)
         for size in dict.fromkeys((p.net_w, p.net_h) for p in places):

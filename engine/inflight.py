@@ -130,13 +130,14 @@ class DevicePath:
             if not part.done:
                 self.waiter.wait(part.event, part.executor, part.since)   # outside the lock: others submit
                 with self._lock:
-                    self._collect(pending, part)
+                    self._collect(pending, part, waited=True)
         return pending.results
 
-    def _collect(self, pending: Pending, part: _Part) -> None:
+    def _collect(self, pending: Pending, part: _Part, waited: bool = False) -> None:
         if part.done:
             return
-        part.event.wait()
+        if not waited:
+            part.event.wait()
         det = self.det
         for j, i in enumerate(part.index):
             im, place = part.images[j], part.places[j]

@@ -77,17 +77,21 @@ class Waiter:
         self.called_back = 0             # waits ended by the driver's callback (not over when asked)
 
     def predicted(self, key) -> float:
-        """The wait predicted for ``key`` in seconds (0 before the first)."""
+        """The wait predicted for ``key`` in seconds (0 before the first; always 0 in ``driver`` mode,
+        which predicts nothing)."""
         return self._predicted.get(key, 0.0)
 
     def wait(self, event, key, since: float) -> None:
         """Return once ``event`` is complete; ``since`` is when its work was enqueued (``clock``)."""
         self.waits += 1
+        if self.mode == "driver":       # nothing to predict: the wait is a synchronous detect's last step
+            event.wait()
+            return
         if self.mode == "callback":
             self._wait_for_callback(event)
             return
         guess = self._predicted.get(key)
-        if self.mode == "sleep" and guess is not None and guess >= self.floor_s:
+        if guess is not None and guess >= self.floor_s:
             left = since + self.share * guess - self._clock()
             if left > 0:
                 self.slept += 1
