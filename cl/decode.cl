@@ -15,13 +15,14 @@
 
 #define HEAD_INTS 8
 
-__kernel void yc_decode_yolo(__global const dtype* restrict X, __global const int* restrict heads,
-                             __global const float* restrict fheads, __global const float* restrict anchors,
-                             const int NHEADS, const int CLASSES, const int net_w, const int net_h,
-                             const float thresh, __global int* restrict count, __global float* restrict rows,
-                             const int cap)
+#define YC_DECODE_ARGS __global const dtype* restrict X, __global const int* restrict heads, \
+    __global const float* restrict fheads, __global const float* restrict anchors, const int NHEADS, \
+    const int CLASSES, const int net_w, const int net_h, const float thresh, __global int* restrict count, \
+    __global float* restrict rows, const int cap
+
+/* Anchor-cell g of image b: its row, if its objectness passes. */
+inline void yc_decode_cell(const int g, const int b, YC_DECODE_ARGS)
 {
-    const int g = get_global_id(0), b = get_global_id(1);
     int h = 0;
     while (h + 1 < NHEADS && g >= heads[(h + 1) * HEAD_INTS + 5])
         ++h;
@@ -65,6 +66,12 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
     }
 }
 
+__kernel void yc_decode_yolo(YC_DECODE_ARGS)
+{
+    yc_decode_cell(get_global_id(0), get_global_id(1), X, heads, fheads, anchors, NHEADS, CLASSES, net_w, net_h,
+                   thresh, count, rows, cap);
+}
+
 /* Per-class NMS over one image's candidates, as engine/postprocess.py nms does it on the host
  * (Darknet's do_nms_sort / diounms_sort): for each class, candidates in order of falling
  * probability (ties in the host decode's order, g), each one that no earlier kept candidate
@@ -102,31 +109,43 @@ __kernel void yc_decode_yolo(__global const dtype* restrict X, __global const in
 #endif
 #define NMS_WORDS (NMS_MAX / 32)
 
-__kernel void yc_nms(__global const int* restrict count, __global float* restrict rows, const int cap,
-                     const int CLASSES, const float thresh, const int kind, const float beta,
-                     const float sx, const float sy, __global int* restrict listed,
-                     __global float* restrict dets, const int dmax)
+#define YC_NMS_ARGS __global int* restrict count, __global float* restrict rows, const int cap, \
+    const int CLASSES, const float thresh, const int kind, const float beta, const float sx, const float sy, \
+    __global int* restrict listed, __global float* restrict dets, const int dmax
+/* The group's local tables (declared by each kernel, at kernel scope as OpenCL C asks). */
+#define YC_NMS_LOCALS \
+    __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX]; \
+    __local float4 raw[NMS_MAX];                 /* x, y, w, h as the decode wrote them */ \
+    __local int gs[NMS_MAX], ok[NMS_MAX]; \
+    __local uint sup[NMS_MAX * NMS_WORDS];       /* bit j of row i: candidate i suppresses j */ \
+    __local uint live[NMS_CLASSES / 32];         /* the classes some finite probability has */ \
+    __local float pc[NMS_CACHE];                 /* the live classes' probabilities, if they fit */ \
+    __local int ord[NMS_CACHE];                  /* and their visiting orders */ \
+    __local int live_k[NMS_CLASSES];             /* the live classes, in order */ \
+    __local int counts[2];                       /* entries kept so far; live classes */
+#define YC_NMS_TABLES bx, by, bw, bh, raw, gs, ok, sup, live, pc, ord, live_k, counts
+
+/* The NMS of image b by the whole work-group (every work-item calls it: it holds barriers). The
+ * rows are read through volatile loads: in yc_decode_nms other work-groups wrote them in the same
+ * launch, past this compute unit's non-coherent L1. */
+void yc_nms_image(const int b, YC_NMS_ARGS, __local float* bx, __local float* by, __local float* bw,
+                  __local float* bh, __local float4* raw, __local int* gs, __local int* ok, __local uint* sup,
+                  __local uint* live, __local float* pc, __local int* ord, __local int* live_k,
+                  __local int* counts)
 {
-    const int b = get_group_id(0), lid = get_local_id(0), lsz = get_local_size(0);
-    const int n = count[b];
+    const int lid = get_local_id(0), lsz = get_local_size(0);
+    const int n = ((volatile __global int*)count)[b];
     if (n > NMS_MAX || n > cap || CLASSES > NMS_CLASSES) {
         if (lid == 0)
             listed[2 * b] = -1;
         return;
     }
     const int rowlen = CLASSES + 6;
-    __global float* R = rows + (size_t)b * cap * rowlen;
-    __local float bx[NMS_MAX], by[NMS_MAX], bw[NMS_MAX], bh[NMS_MAX];
-    __local float4 raw[NMS_MAX];                    /* x, y, w, h as the decode wrote them */
-    __local int gs[NMS_MAX], ok[NMS_MAX];
-    __local uint sup[NMS_MAX * NMS_WORDS];          /* bit j of row i: candidate i suppresses j */
-    __local uint live[NMS_CLASSES / 32];            /* the classes some finite probability has */
-    __local float pc[NMS_CACHE];                    /* the live classes' probabilities, if they fit */
-    __local int ord[NMS_CACHE];                     /* and their visiting orders */
+    volatile __global float* R = rows + (size_t)b * cap * rowlen;
     for (int w = lid; w < NMS_CLASSES / 32; w += lsz)
         live[w] = 0;
     for (int i = lid; i < n; i += lsz) {             /* each row's g and box read once */
-        __global const float* r = R + i * rowlen;
+        volatile __global const float* r = R + i * rowlen;
         const float4 v = (float4)(r[1], r[2], r[3], r[4]);
         const float x = v.x * sx, y = v.y * sy, w = v.z * sx, h = v.w * sy;
         gs[i] = as_int(r[0]);
@@ -149,10 +168,10 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     barrier(CLK_LOCAL_MEM_FENCE);
     const int words = (n + 31) / 32;
     __global float* D = dets + (size_t)b * dmax * 8;
-    __local int listed_n, nlive;                        /* entries kept so far; live classes */
-    __local int live_k[NMS_CLASSES];                    /* the live classes, in order */
+    __local int* listed_n = counts;                     /* entries kept so far */
+    __local int* nlive = counts + 1;                    /* live classes */
     if (lid == 0)
-        listed_n = 0;
+        *listed_n = 0;
     for (int t = lid; t < n * words; t += lsz) {
         const int i = t / words, w0 = (t - i * words) * 32;
         const float ax1 = bx[i] - bw[i] / 2, ay1 = by[i] - bh[i] / 2;
@@ -184,10 +203,10 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
         for (int w = 0; w < (CLASSES + 31) / 32; ++w)
             for (uint m = live[w]; m; m &= m - 1)
                 live_k[c++] = w * 32 + (31 - clz(m & (0u - m)));
-        nlive = c;
+        *nlive = c;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const int L = nlive, cached = L * n <= NMS_CACHE;
+    const int L = *nlive, cached = L * n <= NMS_CACHE;
     if (cached)
         for (int t = lid; t < L * n; t += lsz) {
             const int c = t / n, i = t - c * n;
@@ -260,7 +279,7 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
                 R[best * rowlen + 6 + k] = 0.0f;
             } else {
                 keep[best / 32] |= 1u << (best % 32);
-                const int slot = atomic_inc(&listed_n);
+                const int slot = atomic_inc(listed_n);
                 if (slot < dmax) {
                     __global float* d = D + slot * 8;
                     d[0] = as_float(bg);
@@ -279,9 +298,53 @@ __kernel void yc_nms(__global const int* restrict count, __global float* restric
     int dropped = 0;
     for (int i = 0; i < n; ++i)
         dropped += !ok[i];
-    const int entries = min(listed_n, dmax + 1);
+    const int entries = min(*listed_n, dmax + 1);
     if (lid == 0) {
         listed[2 * b] = entries;
         listed[2 * b + 1] = dropped;
     }
+}
+
+__kernel void yc_nms(YC_NMS_ARGS)
+{
+    YC_NMS_LOCALS
+    yc_nms_image(get_group_id(0), count, rows, cap, CLASSES, thresh, kind, beta, sx, sy, listed, dets, dmax,
+                 YC_NMS_TABLES);
+}
+
+/* A fence that orders this work-item's global stores before its later ones for the whole device:
+ * PTX membar.gl on NVIDIA (NV_MEMBAR), where OpenCL C 1.2's mem_fence need not reach past the
+ * work-group; mem_fence elsewhere (PoCL's work-groups share the host's coherent caches). */
+#ifdef NV_MEMBAR
+#define YC_DEVICE_FENCE() asm volatile("membar.gl;" ::: "memory")
+#else
+#define YC_DEVICE_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
+#endif
+
+/* yc_decode_yolo and yc_nms in one launch: global size (anchor-cells rounded up to the local
+ * size, images), local size (the NMS's work-group, 1). Each work-group decodes its cells; the
+ * one that finishes image b last (a count per image in `done`, reset to 0 by that group for the
+ * next launch) runs image b's NMS. Every work-item fences its row stores device-wide before the
+ * count (YC_DEVICE_FENCE). */
+__kernel void yc_decode_nms(YC_DECODE_ARGS, const int cells, const float nms_thresh, const int kind,
+                            const float beta, const float sx, const float sy, __global int* restrict listed,
+                            __global float* restrict dets, const int dmax, __global int* restrict done)
+{
+    YC_NMS_LOCALS
+    __local int last[1];
+    const int g = get_global_id(0), b = get_global_id(1);
+    if (g < cells)
+        yc_decode_cell(g, b, X, heads, fheads, anchors, NHEADS, CLASSES, net_w, net_h, thresh, count, rows, cap);
+    YC_DEVICE_FENCE();
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) {
+        last[0] = atomic_inc(done + b) == (int)get_num_groups(0) - 1;
+        if (last[0])
+            done[b] = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!last[0])
+        return;
+    YC_DEVICE_FENCE();
+    yc_nms_image(b, count, rows, cap, CLASSES, nms_thresh, kind, beta, sx, sy, listed, dets, dmax, YC_NMS_TABLES);
 }

@@ -4,9 +4,11 @@ One kernel per head decodes every anchor-cell of every image, keeps those whose 
 passes the threshold and appends them through an atomic counter to a bounded buffer per
 image, so a frame reads back its candidates (usually tens of rows), not its head tensors.
 The buffers come in ``slots`` sets so that one frame's candidates can be read while the next
-frame's are written. A second kernel (``yc_nms``, a work-group per image) can run the per-class
-NMS over up to ``NMS_MAX`` candidates in place, zeroing suppressed probabilities, so the host
-only maps the survivors to pixels; longer lists get the host's NMS. That kernel also lists what it
+frame's are written. The per-class NMS (``yc_nms``, a work-group per image) can run over up to
+``NMS_MAX`` candidates in place, zeroing suppressed probabilities, so the host only maps the
+survivors to pixels; longer lists get the host's NMS. With the NMS on the device, decode and NMS
+are one launch (``yc_decode_nms``: the work-group that finishes an image's decode last runs its
+NMS), one kernel boundary less at the end of every frame. That kernel also lists what it
 keeps (g, class, probability, box, row: up to ``LIST_MAX`` entries an image), read back with the
 counters, so a frame's detections are a few rows to map, not a pass over every candidate.
 """
@@ -60,7 +62,7 @@ class DeviceDecoder:
                         rt.upload(np.asarray(floats, np.float32), "head scales"),
                         rt.upload(np.asarray(anchors, np.float32), "anchors")]
         prg = rt.program("decode.cl", {"HALF_STORAGE": executor.half, "NMS_MAX": NMS_MAX,
-                                          "NMS_CLASSES": NMS_CLASSES})
+                                          "NMS_CLASSES": NMS_CLASSES, "NV_MEMBAR": "NVIDIA" in rt.vendor.upper()})
         self.cells = base                  # anchor-cells of all heads: the decode's first global size
         self._zero = np.zeros(1, np.int32)
         self.cap = max(1, min(base, CAP))
@@ -89,22 +91,28 @@ class DeviceDecoder:
             k = cl.Kernel(prg, "yc_decode_yolo")
             k.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
                        np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
-            nk = cl.Kernel(prg, "yc_nms")
-            nk.set_args(count, rows, np.int32(self.cap), np.int32(self.classes), np.float32(0), np.int32(0),
-                        np.float32(0), np.float32(1), np.float32(1), listed, dets, np.int32(LIST_MAX))
+            # the decode and the NMS in one launch (yc_decode_nms): its per-image counts of finished
+            # work-groups start at zero and are left at zero by every launch
+            done = rt.alloc(B * 4, "decode work-group counts")
+            nk = cl.Kernel(prg, "yc_decode_nms")
+            nk.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
+                        np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap),
+                        np.int32(base), np.float32(0), np.int32(0), np.float32(0), np.float32(1), np.float32(1),
+                        listed, dets, np.int32(LIST_MAX), done)
             host = pinned(rt, (head + row_bytes,), np.uint8)[1]           # the same layout on the host
             host_count = host[:B * 4].view(np.int32)
             host_count[:] = 0
             # every sub-buffer kept here: a kernel argument does not keep its buffer alive
-            self._sets.append({"whole": whole, "count": count, "rows": rows, "listed": listed, "dets": dets,
+            self._sets.append({"whole": whole, "count": count, "rows": rows, "listed": listed, "dets": dets, "done": done,
                                "host": host, "host_count": host_count,
                                "host_listed": host[at_listed:at_listed + B * 8].view(np.int32).reshape(B, 2),
                                "host_dets": host[at_dets:at_dets + list_bytes].view(np.float32)
                                .reshape(B, LIST_MAX, LIST_COLS),
                                "host_rows": host[head:].view(np.float32).reshape(B, self.cap, self.rowlen),
                                "kernel": k, "thresh": None, "reads": [], "nms_kernel": nk, "nms": None,
-                               "nms_done": False})
+                               "nms_thresh": None, "nms_done": False})
         self.nms_local = nms_local(rt)
+        self._fused_cells = -(-base // self.nms_local) * self.nms_local   # the fused launch's first global size
 
     def counter(self, slot: int):
         """The candidate counters of set ``slot``: the preprocessing kernel zeroes them, so a
@@ -125,24 +133,28 @@ class DeviceDecoder:
         cl, q = self.rt.cl, self.rt.queue
         st = self._sets[slot]
         n = self.batch if images is None else max(1, min(int(images), self.batch))
-        if st["thresh"] != thresh:
-            st["kernel"].set_arg(8, np.float32(thresh))
-            st["thresh"] = thresh
         if zero:
             cl.enqueue_fill_buffer(q, st["count"], self._zero, 0, n * 4)
-        cl.enqueue_nd_range_kernel(q, st["kernel"], (self.cells, n), None)
         if self.classes > NMS_CLASSES:
             nms = None
         st["nms_done"] = nms is not None
-        if nms is not None:
+        if nms is None:
+            if st["thresh"] != thresh:
+                st["kernel"].set_arg(8, np.float32(thresh))
+                st["thresh"] = thresh
+            cl.enqueue_nd_range_kernel(q, st["kernel"], (self.cells, n), None)
+        else:                           # decode and NMS in one launch
+            nk = st["nms_kernel"]
+            if st["nms_thresh"] != thresh:
+                nk.set_arg(8, np.float32(thresh))
+                st["nms_thresh"] = thresh
             if st["nms"] != nms:
                 iou, kind, beta, sx, sy = nms
-                nk = st["nms_kernel"]
-                for i, v in ((4, np.float32(iou)), (5, np.int32(NMS_KINDS[kind])), (6, np.float32(beta)),
-                             (7, np.float32(sx)), (8, np.float32(sy))):
+                for i, v in ((13, np.float32(iou)), (14, np.int32(NMS_KINDS[kind])), (15, np.float32(beta)),
+                             (16, np.float32(sx)), (17, np.float32(sy))):
                     nk.set_arg(i, v)
                 st["nms"] = nms
-            cl.enqueue_nd_range_kernel(q, st["nms_kernel"], (self.nms_local * n,), (self.nms_local,))
+            cl.enqueue_nd_range_kernel(q, nk, (self._fused_cells, n), (self.nms_local, 1))
         # Keep the read events until the slot's next use: pyopencl waits for a dropped read
         # event (it guards the host array) holding the GIL, which would stall this thread and
         # every other until the forward pass is done.
