@@ -20,13 +20,7 @@ from yolo_cl.planner import lifetimes, plan_memory
 SIZE = 128
 
 
-@pytest.fixture(scope="module", autouse=True)
-def launch_list_plans():
-    """Side branches cut the launch list: a device that offers command buffers (Debian's PoCL)
-    would record the plan whole, so these tests ask for the launch list."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("YOLO_CL_COMMAND_BUFFER", "0")
-        yield
+pytestmark = pytest.mark.usefixtures("launch_list_plans")      # see conftest.py
 
 
 # Two heads; the first head's 3x3 conv (layer 1) is also routed into the second head, so the

@@ -1,7 +1,7 @@
 """Replaying the plan through cl_khr_command_buffer (engine/cmdbuf.py) against the launch list.
 
 The pip PoCL that CI uses does not list the extension; Debian's PoCL (pocl-opencl-icd, 3.1 and
-later) does, so the replay test runs where such a device is visible and is skipped elsewhere.
+later) does, so the replay tests run where such a device is visible and are skipped elsewhere.
 """
 from __future__ import annotations
 
@@ -29,11 +29,17 @@ def tiny_default():
     return Detector("yolov3-tiny", input_size=96)
 
 
-def test_command_buffer_replay_equals_the_launch_list(monkeypatch):
+@pytest.fixture(scope="module")
+def det_with_command_buffers():
+    """yolov3-tiny at 96 on a device listing the extension (skipped where none does)."""
     dev = _device_with_command_buffers()
     if dev is None:
         pytest.skip("no OpenCL device here lists cl_khr_command_buffer (Debian's pocl-opencl-icd does)")
-    det = Detector("yolov3-tiny", input_size=96, device=dev)
+    return Detector("yolov3-tiny", input_size=96, device=dev)
+
+
+def test_command_buffer_replay_equals_the_launch_list(det_with_command_buffers, monkeypatch):
+    det = det_with_command_buffers
     graph = det.graph_for((96, 96))
     with_cb = Executor(det.runtime, graph, 2, FP32, det.tuning, command_buffer=True)
     without = Executor(det.runtime, graph, 2, FP32, det.tuning, command_buffer=False)
@@ -59,14 +65,11 @@ def test_a_device_without_the_extension_replays_the_launch_list(tiny_default, mo
         Executor(tiny_default.runtime, graph, 1, FP32, tiny_default.tuning, command_buffer=True)
 
 
-def test_a_pass_enqueued_while_the_last_replay_is_pending_takes_the_launch_list():
+def test_a_pass_enqueued_while_the_last_replay_is_pending_takes_the_launch_list(det_with_command_buffers):
     """Frames in flight enqueue a pass while the last one still runs; a buffer recorded without
     the simultaneous-use flag may not be replayed then (PoCL 3.1: CL_INVALID_OPERATION), so that
     pass goes launch by launch, and both passes compute what the launch list computes."""
-    dev = _device_with_command_buffers()
-    if dev is None:
-        pytest.skip("no OpenCL device here lists cl_khr_command_buffer (Debian's pocl-opencl-icd does)")
-    det = Detector("yolov3-tiny", input_size=96, device=dev)
+    det = det_with_command_buffers
     graph = det.graph_for((96, 96))
     ex = Executor(det.runtime, graph, 1, FP32, det.tuning, command_buffer=True)
     ref = Executor(det.runtime, graph, 1, FP32, det.tuning, command_buffer=False)

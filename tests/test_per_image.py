@@ -26,13 +26,7 @@ BATCH = 3
 MIN_BYTES = per_image.TAIL_MIN_BYTES
 
 
-@pytest.fixture(scope="module", autouse=True)
-def launch_list_plans():
-    """Per-image ends cut the launch list: a device that offers command buffers (Debian's PoCL)
-    would record the plan whole, so these tests ask for the launch list."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("YOLO_CL_COMMAND_BUFFER", "0")
-        yield
+pytestmark = pytest.mark.usefixtures("launch_list_plans")      # see conftest.py
 
 
 @pytest.fixture(autouse=True)
