@@ -103,8 +103,8 @@ class DeviceDecoder:
             host_count = host[:B * 4].view(np.int32)
             host_count[:] = 0
             # every sub-buffer kept here: a kernel argument does not keep its buffer alive
-            self._sets.append({"whole": whole, "count": count, "rows": rows, "listed": listed, "dets": dets, "done": done,
-                               "host": host, "host_count": host_count,
+            self._sets.append({"whole": whole, "count": count, "rows": rows, "listed": listed, "dets": dets,
+                               "done": done, "host": host, "host_count": host_count,
                                "host_listed": host[at_listed:at_listed + B * 8].view(np.int32).reshape(B, 2),
                                "host_dets": host[at_dets:at_dets + list_bytes].view(np.float32)
                                .reshape(B, LIST_MAX, LIST_COLS),
