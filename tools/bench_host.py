@@ -161,7 +161,8 @@ def run_steps(ex, blob: np.ndarray, reps: int) -> dict:
 def frame_launches(det: Detector, ex) -> dict:
     """Commands per frame: the network's launches, and the whole frame on the host path (upload,
     network, one read per head) and on the device path (per image upload + preprocess, network,
-    the decode and the NMS, and one candidate read per image, the first bringing the counters too)."""
+    the decode with the NMS (one launch), and one candidate read per image, the first bringing the
+    counters too)."""
     net = len(ex.launches)
     kinds: dict = {}
     for l in ex.launches:
@@ -169,7 +170,7 @@ def frame_launches(det: Detector, ex) -> dict:
     return {"network": net, "by_kind": kinds, "folded": sum(1 for l in ex.launches if l.config.get("through")),
             "command_buffer": ex.command_buffer is not None,
             "host_path_frame": 1 + net + len(ex.graph.outputs),
-            "device_path_frame": 2 * ex.batch + net + 2 + ex.batch}
+            "device_path_frame": 2 * ex.batch + net + 1 + ex.batch}
 
 
 def frame_1280x720(seed: int = 0) -> np.ndarray:
