@@ -808,8 +808,9 @@ def cmd_download(args) -> int:
 
 
 def cmd_devices(args) -> int:
-    """List every OpenCL device as P:D with its type, size and fp16 support; mark the default."""
-    from .runtime import INSTALL_HINT, list_devices, select_device
+    """List every OpenCL device as P:D with its type, size and fp16 support; mark the default; say
+    which ones build no kernel, and why (a one-line build each)."""
+    from .runtime import INSTALL_HINT, build_error, list_devices, select_device
     devices = list_devices()
     if not devices:
         _error(str(DeviceError(INSTALL_HINT)))
@@ -827,6 +828,10 @@ def cmd_devices(args) -> int:
         print(f"{mark} {f'{pi}:{di}':<5} {kind:<11} {dev.max_compute_units:>4} {mem:>10}  {fp16:<4}  "
               f"{dev.name.strip()} ({platform.name.strip()}, {dev.driver_version.strip()})")
     print("* default (set YOLO_CL_DEVICE or --device to choose another)" if not note else note)
+    for pi, di, _, dev in devices:
+        why = build_error(dev)
+        if why is not None:
+            print(f"  {pi}:{di} builds no kernel: {why}")
     return 0
 
 

@@ -93,21 +93,29 @@ def select_device(spec: Optional[Union[str, int]] = None):
     raise DeviceError(f"no OpenCL device matches '{s}'; run 'yolo-cl devices' to list them")
 
 
-def builds(device) -> bool:
-    """Whether ``device``'s compiler builds a one-line kernel: False for a PoCL that cannot target
-    the host CPU (``UNKNOWN_CPU``), so the default pick passes over it to a second CPU driver.
-    True without building where PoCL's kernel cache cannot be written: some PoCL builds end the
-    process on a full disk (LLVM's "IO failure on output stream"), and the build that the pick
-    leads to then reports the full disk in one line."""
+def build_error(device) -> Optional[str]:
+    """Why ``device``'s compiler does not build a one-line kernel (the compiler's error line, with
+    ``UNKNOWN_CPU_HINT`` for a PoCL that cannot target the host CPU), or None where it does. None
+    without building where PoCL's kernel cache cannot be written: some PoCL builds end the process
+    on a full disk (LLVM's "IO failure on output stream"), and the build that follows then reports
+    the full disk in one line."""
     cl = _cl()
     if is_pocl(device) and unwritable(pocl_cache_dir()) is not None:
-        return True
+        return None
     try:
         ctx = cl.Context([device])
         cl.Program(ctx, "__kernel void k(__global int *a) { a[0] = 1; }").build()
-        return True
-    except cl.Error:
-        return False
+        return None
+    except cl.Error as e:
+        log = str(e).strip().splitlines()
+        detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "").strip()[:200]
+        return detail + (f" ({UNKNOWN_CPU_HINT})" if UNKNOWN_CPU in detail else "")
+
+
+def builds(device) -> bool:
+    """Whether ``device``'s compiler builds a one-line kernel (:func:`build_error`): False for a
+    PoCL that cannot target the host CPU, so the default pick passes over it to a second CPU driver."""
+    return build_error(device) is None
 
 
 def cache_dir() -> Path:

@@ -199,6 +199,23 @@ def test_devices_lists_pocl_and_marks_default(capsys):
     assert any("Portable Computing Language" in l or "pthread" in l.lower() or "cpu" in l.lower() for l in rows)
 
 
+def test_devices_says_which_device_builds_no_kernel_and_why(capsys, monkeypatch):
+    """A PoCL that cannot target this CPU (pip's 3.0 on a Zen 5) is listed with its compiler's line
+    and what to install; a device that builds gets no such line."""
+    devices = runtime.list_devices()
+    broken = devices[-1][3]
+    monkeypatch.setattr(runtime, "build_error", lambda d: "error: unknown target CPU 'generic' (install "
+                        "a newer PoCL)" if d == broken else None)
+    rc, out, err = run(capsys, "devices")
+    assert rc == 0, err
+    notes = [l for l in out.splitlines() if "builds no kernel" in l]
+    p, d = devices[-1][:2]
+    assert notes == [f"  {p}:{d} builds no kernel: error: unknown target CPU 'generic' (install a newer PoCL)"]
+    monkeypatch.setattr(runtime, "build_error", lambda d: None)
+    rc, out, _ = run(capsys, "devices")
+    assert rc == 0 and "builds no kernel" not in out
+
+
 def test_devices_without_opencl_explains_how_to_install(capsys, monkeypatch):
     monkeypatch.setattr(runtime, "list_devices", lambda: [])
     rc, out, err = run(capsys, "devices")
