@@ -107,9 +107,15 @@ def build_error(device) -> Optional[str]:
         cl.Program(ctx, "__kernel void k(__global int *a) { a[0] = 1; }").build()
         return None
     except cl.Error as e:
-        log = str(e).strip().splitlines()
-        detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "").strip()[:200]
-        return detail + (f" ({UNKNOWN_CPU_HINT})" if UNKNOWN_CPU in detail else "")
+        return build_failure(e, 200)
+
+
+def build_failure(e: Exception, limit: int) -> str:
+    """The line of a failed build's log that names the error (up to ``limit`` characters), with
+    ``UNKNOWN_CPU_HINT`` where the compiler does not know the host CPU."""
+    log = str(e).strip().splitlines()
+    line = next((l for l in log if "error" in l.lower()), log[-1] if log else "").strip()
+    return line[:limit] + (f" ({UNKNOWN_CPU_HINT})" if UNKNOWN_CPU in line else "")
 
 
 def builds(device) -> bool:
@@ -433,10 +439,8 @@ class Runtime:
             full = None if self.export_binaries else unwritable(self.program_cache)
             if full is not None:
                 raise self._cache_full(source, full) from None
-            log = str(e).strip().splitlines()
-            detail = next((l for l in log if "error" in l.lower()), log[-1] if log else "")
-            raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: {detail.strip()[:300]}"
-                              + (f" ({UNKNOWN_CPU_HINT})" if UNKNOWN_CPU in detail else "")) from None
+            raise DeviceError(f"kernel {source} {opts} failed to build on {self.device_name}: "
+                              f"{build_failure(e, 300)}") from None
 
 
 BINARY_MAGIC = b"yolo-cl binary 1\n"
