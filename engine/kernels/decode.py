@@ -88,17 +88,17 @@ class DeviceDecoder:
             listed = whole.get_sub_region(at_listed, B * 8)
             dets = whole.get_sub_region(at_dets, list_bytes)
             rows = whole.get_sub_region(head, row_bytes)
+            # both kernels' first arguments (YC_DECODE_ARGS); the threshold, argument 8, set per frame
+            decode_args = (executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
+                           np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
             k = cl.Kernel(prg, "yc_decode_yolo")
-            k.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
-                       np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap))
+            k.set_args(*decode_args)
             # the decode and the NMS in one launch (yc_decode_nms): its per-image counts of finished
             # work-groups start at zero and are left at zero by every launch
             done = rt.alloc(B * 4, "decode work-group counts")
             nk = cl.Kernel(prg, "yc_decode_nms")
-            nk.set_args(executor.arena, *self._tables, np.int32(len(heads)), np.int32(self.classes),
-                        np.int32(g.input.w), np.int32(g.input.h), np.float32(0.0), count, rows, np.int32(self.cap),
-                        np.int32(base), np.float32(0), np.int32(0), np.float32(0), np.float32(1), np.float32(1),
-                        listed, dets, np.int32(LIST_MAX), done)
+            nk.set_args(*decode_args, np.int32(base), np.float32(0), np.int32(0), np.float32(0), np.float32(1),
+                        np.float32(1), listed, dets, np.int32(LIST_MAX), done)
             host = pinned(rt, (head + row_bytes,), np.uint8)[1]           # the same layout on the host
             host_count = host[:B * 4].view(np.int32)
             host_count[:] = 0
@@ -109,8 +109,8 @@ class DeviceDecoder:
                                "host_dets": host[at_dets:at_dets + list_bytes].view(np.float32)
                                .reshape(B, LIST_MAX, LIST_COLS),
                                "host_rows": host[head:].view(np.float32).reshape(B, self.cap, self.rowlen),
-                               "kernel": k, "thresh": None, "reads": [], "nms_kernel": nk, "nms": None,
-                               "nms_thresh": None, "nms_done": False})
+                               "kernel": k, "thresh": None, "reads": [], "decode_nms": nk, "nms": None,
+                               "decode_nms_thresh": None, "nms_done": False})
         self.nms_local = nms_local(rt)
         self._fused_cells = -(-base // self.nms_local) * self.nms_local   # the fused launch's first global size
 
@@ -144,10 +144,10 @@ class DeviceDecoder:
                 st["thresh"] = thresh
             cl.enqueue_nd_range_kernel(q, st["kernel"], (self.cells, n), None)
         else:                           # decode and NMS in one launch
-            nk = st["nms_kernel"]
-            if st["nms_thresh"] != thresh:
+            nk = st["decode_nms"]
+            if st["decode_nms_thresh"] != thresh:
                 nk.set_arg(8, np.float32(thresh))
-                st["nms_thresh"] = thresh
+                st["decode_nms_thresh"] = thresh
             if st["nms"] != nms:
                 iou, kind, beta, sx, sy = nms
                 for i, v in ((13, np.float32(iou)), (14, np.int32(NMS_KINDS[kind])), (15, np.float32(beta)),
