@@ -631,7 +631,8 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #define GEMM_PREFETCH_A()                                                                        \
     {                                                                                            \
         const int lines = (tiles * KT * ES + 127) / 128;                                          \
-        PREFETCH_SPREAD(MT * lines, (const __global uchar*)(Ag + (size_t)(v / lines) * lda + (size_t)kt0 * KT) + (v % lines) * 128) \
+        PREFETCH_SPREAD(MT * lines,                                                              \
+                        (const __global uchar*)(Ag + (size_t)(v / lines) * lda + (size_t)kt0 * KT) + (v % lines) * 128) \
     }
 #else
 #define GEMM_PREFETCH_A()

@@ -659,8 +659,8 @@ class Executor:
         return st["reads"][-1]
 
     def collect(self, slot: int = 0) -> list:
-        """The outputs (float32, or ``outputs_as``'s type) of the last ``submit`` to ``slot``, once they have arrived; the
-        same lifetime rule as ``run``'s."""
+        """The outputs (float32, or ``outputs_as``'s type) of the last ``submit`` to ``slot``, once
+        they have arrived; the same lifetime rule as ``run``'s."""
         st = self._slot(slot)
         if st["out"] is None:
             raise YoloClError(f"collect({slot}): nothing was submitted to slot {slot} since its last collect")
