@@ -6,8 +6,8 @@
  * in the built PTX and raises its target to sm_90a, and the runtime loads that PTX as a binary.
  *
  *   A   the packed weights [Mp][Kp] half (k contiguous, zero-padded: gemm_mma.pack_weights), with
- *       TF32 float rounded to TF32; or with A_REG (config key AR, half only) each work-item's wgmma
- *       A fragments, [Mp/MT][Kp/16][THREADS] uint4 (gemm_wgmma.pack_fragments), loaded straight
+ *       TF32 float rounded to TF32; or with A_REG (config key AR) each work-item's wgmma
+ *       A fragments, [Mp/MT][Kp/KSTEP][THREADS] uint4 (gemm_wgmma.pack_fragments), loaded straight
  *       into registers one k-tile ahead and read from there by the wgmma: the stages then hold B
  *       alone, and local memory carries only B's copies and reads (4096^3 on an H200: 412 TFLOP/s
  *       against 281 with A staged, BENCHMARKS.md twenty-fifth session)
@@ -48,8 +48,8 @@
  *           checks): with SK > 1 each stores its raw float sums to P = (float*)C as [SK][images][M][N]
  *           and gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. Grid z: images x SK
  *   PATCH   (config key PT; NHWC, KS 3, stride and dilation 1, A_REG, SWZ 128) a stride-1 3x3
- *           conv's B from one input patch per 64-channel slice: the tile is NT / 8 output rows of 8
- *           pixels, a stage holds the (NT / 8 + 2) x 10 input pixels under it (23 KB at NT 128), and
+ *           conv's B from one input patch per channel slice (KT: 64, or 32 with TF32): the tile is
+ *           NT / 8 output rows of 8 pixels, a stage holds the (NT / 8 + 2) x 10 input pixels under it (23 KB at NT 128), and
  *           each of the nine taps reads its B rows straight from that patch -- row group g (output row
  *           g) at patch line (g + ky) * 10 + kx, the descriptor's stride byte offset one patch row --
  *           so a slice's input is copied once instead of once per tap (16 KB per tap and 128
@@ -277,11 +277,16 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
                    "l"(db[0]), "l"(db[1]), "l"(db[2]), "l"(db[3]) : "memory")
 #ifdef A_REG
 /* A from registers: one m64nNTk16 per k-step j, its A fragment ar[j] (four registers of two halves:
- * rows g and g + 8 of the warp's 16, k 2t, 2t + 1 and 2t + 8, 2t + 9), B by descriptor db[j]. */
-#if defined(TF32) || NT > 128 || INFLIGHT
-#error "A_REG: half inputs, NT 64 or 128, each stage's wgmma waited for (its A registers are refilled)"
+ * rows g and g + 8 of the warp's 16, k 2t, 2t + 1 and 2t + 8, 2t + 9; with TF32 one m64nNTk8, four
+ * floats: rows g and g + 8 at k t, then at k t + 4), B by descriptor db[j]. */
+#if NT > 128 || INFLIGHT
+#error "A_REG: NT 64 or 128, each stage's wgmma waited for (its A registers are refilled)"
 #endif
+#ifdef TF32
+#define WGR_TAIL ", p, 1, 1; "
+#else
 #define WGR_TAIL ", p, 1, 1, " B_TRANS "; "
+#endif
 #if NT == 64
 #define WGR_AB0 ", {%32, %33, %34, %35}, %48" WGR_TAIL
 #define WGR_AB1 ", {%36, %37, %38, %39}, %49" WGR_TAIL
@@ -316,12 +321,22 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
 
 #if defined(A_REG) && defined(WGMMA_EMULATE)
 /* The emulated wgmma reads A from the stage's A tile: each work-item writes its fragments there
- * (ar[j].x: rows g, k 2t and 2t + 1; .y rows g + 8; .z and .w the same at k + 8), then a barrier.
+ * (ar[j].x: rows g, k 2t and 2t + 1; .y rows g + 8; .z and .w the same at k + 8; with TF32 one
+ * float each: rows g, g + 8 at k t, then at k t + 4), then a barrier.
  * PATCH has one A tile for every tap: the previous tap's reads of it must be done first. */
 #ifdef PATCH
 #define A_TILE_FREE() barrier(CLK_LOCAL_MEM_FENCE)
 #else
 #define A_TILE_FREE()
+#endif
+#ifdef TF32
+#define A_FRAGMENT_STORE(j, v, q)                                                                \
+    *(__local uint*)(smem_b + yc_operand_at(da[j], 16 * w + g + 8 * (q & 1), t + 4 * (q >> 1))) = v[q];
+#else
+#define A_FRAGMENT_STORE(j, v, q)                                                                \
+    for (int h = 0; h < 2; ++h)                                                                  \
+        *(__local ushort*)(smem_b + yc_operand_at(da[j], 16 * w + g + 8 * (q & 1), 2 * t + h + 8 * (q >> 1))) \
+            = (ushort)(v[q] >> (16 * h));
 #endif
 #define A_FRAGMENTS_TO_LOCAL()                                                                   \
     {                                                                                            \
@@ -329,11 +344,7 @@ inline void yc_wgmma(float* acc, __local const uchar* sm, const ulong da, const 
         const int w = wtid >> 5, g = (tid & 31) >> 2, t = tid & 3;                               \
         for (int j = 0; j < KSTEPS; ++j) {                                                       \
             const uint v[4] = {ar[j].x, ar[j].y, ar[j].z, ar[j].w};                              \
-            for (int q = 0; q < 4; ++q)                                                          \
-                for (int h = 0; h < 2; ++h)                                                      \
-                    *(__local ushort*)(smem_b + yc_operand_at(da[j], 16 * w + g + 8 * (q & 1),   \
-                                                              2 * t + h + 8 * (q >> 1)))         \
-                        = (ushort)(v[q] >> (16 * h));                                            \
+            for (int q = 0; q < 4; ++q) { A_FRAGMENT_STORE(j, v, q) }                            \
         }                                                                                        \
         barrier(CLK_LOCAL_MEM_FENCE);                                                            \
     }
@@ -474,7 +485,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #else
 #define TH (NT / 8)                    /* output rows of a tile, 8 pixels each */
 #define PC (8 + KS - 1)                /* patch columns */
-#define PLINES ((TH + KS - 1) * PC)    /* patch pixels: lines of SWZ bytes (a 64-channel slice) */
+#define PLINES ((TH + KS - 1) * PC)    /* patch pixels: lines of SWZ bytes (a slice of KT channels) */
 #endif
 #define PSTAGE ((PLINES * SWZ + 1023) / 1024 * 1024)     /* a stage, whole swizzle periods */
 #ifdef WGMMA_EMULATE
@@ -485,7 +496,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #define SMEM_BYTES (STAGES * PSTAGE)
 #endif
 
-/* Stage slot <- the input patch of 64-channel slice sl under this tile (zeros outside the input):
+/* Stage slot <- the input patch of channel slice sl under this tile (zeros outside the input):
  * patch pixel l = (row, column) at line l (PFLAT: grid pixel p0 + l, i.e. input pixel (row - 1,
  * column - 1) of the padded grid), its 16-byte chunks swizzled by the line. */
 #ifdef PFLAT
@@ -523,7 +534,7 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
 #define PATCH_PREFETCH_ALL()                                                                     \
     if (APREFETCH == 2) {                                                                        \
         const int per_tap = (s1 - s0) * KSTEPS * THREADS / 8;     /* lines of 8 fragments */     \
-        const __global uint4* a0 = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / 16) * THREADS; \
+        const __global uint4* a0 = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / KSTEP) * THREADS; \
         PREFETCH_SPREAD(taps * per_tap,                                                          \
                         a0 + (size_t)((v / per_tap) * slices + s0) * KSTEPS * THREADS + (size_t)(v % per_tap) * 8) \
     }
@@ -551,7 +562,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     const int per = (slices + SK - 1) / SK, s0 = ks * per, s1 = min(slices, s0 + per);
     const int lda = (K + KPAD - 1) / KPAD * KPAD;
     const __global yc_elem* Bg = (const __global yc_elem*)B + b_off + (size_t)b * b_bstride;
-    const __global uint4* Af = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / 16) * THREADS + tid;
+    const __global uint4* Af = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / KSTEP) * THREADS + tid;
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
@@ -624,7 +635,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #define GEMM_PREFETCH_A()                                                                        \
     {                                                                                            \
         const __global uchar* p0 = (const __global uchar*)((const __global uint4*)A              \
-            + ((size_t)get_group_id(1) * (lda / 16) + (size_t)kt0 * KSTEPS) * THREADS);          \
+            + ((size_t)get_group_id(1) * (lda / KSTEP) + (size_t)kt0 * KSTEPS) * THREADS);          \
         PREFETCH_SPREAD(tiles * KSTEPS * THREADS / 8, p0 + (size_t)v * 128)  /* 8 fragments a line */ \
     }
 #elif APREFETCH
@@ -663,7 +674,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #ifdef A_REG
     /* A packed as [m-tile][k-step][THREADS] fragments (gemm_wgmma.pack_fragments): a k-step's are
      * THREADS consecutive 16-byte loads; each tile's are loaded one tile ahead */
-    const __global uint4* Af = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / 16) * THREADS + tid;
+    const __global uint4* Af = (const __global uint4*)A + (size_t)get_group_id(1) * (lda / KSTEP) * THREADS + tid;
     uint4 ar[4], an[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) ar[j] = an[j] = (uint4)(0u);

@@ -97,11 +97,14 @@ def test_gemm_equals_numpy(rt, cfg, b_kn):
 
 
 @pytest.mark.parametrize("cfg", [{"MT": 64, "NT": 64, "SWZ": 32, "ST": 2}, {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3},
-                                 {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}])
+                                 {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2},
+                                 {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1},    # A in registers
+                                 {"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "AR": 1},
+                                 {"MT": 256, "NT": 128, "SWZ": 32, "ST": 2, "AR": 1}])
 def test_tf32_gemm_equals_numpy(rt, cfg):
-    """At tf32 (float operands read as TF32, B k-contiguous: k8 per wgmma, KT = SWZ / 4), ragged
-    sizes and the ring wrapping: within TF32's input rounding of the float64 product, the output
-    float; B given n-contiguous is refused by name."""
+    """At tf32 (float operands read as TF32, B k-contiguous: k8 per wgmma, KT = SWZ / 4; A staged
+    or in registers), ragged sizes and the ring wrapping: within TF32's input rounding of the
+    float64 product, the output float; B given n-contiguous is refused by name."""
     rng = np.random.default_rng(5)
     M, N, K = 197, 141, 5 * gw.k_tile(cfg, "tf32") + 9
     A = rng.standard_normal((M, K)).astype(np.float32)
@@ -149,15 +152,36 @@ def test_fragments_hold_each_weight_once_where_its_lane_reads_it():
     assert not rebuilt[200:].any() and not rebuilt[:, 100:].any()
 
 
-def test_a_in_registers_is_half_only_and_frees_the_stages():
+def test_tf32_fragments_hold_each_rounded_weight_once_where_its_lane_reads_it():
+    """pack_fragments at tf32: work-item (warpgroup wg, warp w, lane 4g + t) of m-tile i holds, per
+    k-step of 8, rows 64 wg + 16 w + g and + 8 at k t, then at k t + 4 (``m16n8k8``'s A per warp):
+    every weight exactly once, rounded to TF32, zeros in the padding."""
+    from yolo_cl.kernels.gemm_mma import tf32_round
+    rng = np.random.default_rng(10)
+    A = rng.standard_normal((100, 70)).astype(np.float32)
+    f = gw.pack_fragments(A, 64, "tf32")
+    assert f.shape == (2, 16, 128, 4) and f.dtype == np.float32
+    rebuilt = np.full((128, 128), np.nan, np.float32)
+    for tid in range(128):
+        w, lane = tid // 32, tid % 32
+        r, k = 16 * w + lane // 4, lane % 4
+        for i, (dr, dk) in enumerate([(0, 0), (8, 0), (0, 4), (8, 4)]):
+            for m in range(2):
+                for s in range(16):
+                    assert np.isnan(rebuilt[64 * m + r + dr, 8 * s + k + dk])     # once only
+                    rebuilt[64 * m + r + dr, 8 * s + k + dk] = f[m, s, tid, i]
+    assert np.array_equal(rebuilt[:100, :70], tf32_round(A)) and not np.array_equal(rebuilt[:100, :70], A)
+    assert not rebuilt[100:].any() and not rebuilt[:, 70:].any()
+
+
+def test_a_in_registers_frees_the_stages():
     ar = {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1}
     assert gw.local_bytes(ar) == 48 * 1024 and gw.why_illegal(ar) is None     # B alone: 3 x 16 KB
+    assert gw.why_illegal(ar, "tf32") is None
     assert gw.why_illegal({**ar, "AR": 0}).endswith("(at most 49152)")
     assert gw.why_illegal({**ar, "NT": 256, "ST": 1}) is not None
     assert "no WI" in gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "AR": 1, "WI": 1})
     assert "AR" in gw.why_illegal({**ar, "AR": 2})
-    with pytest.raises(ValueError, match="half only"):
-        gw.gemm(None, np.zeros((8, 8), np.float32), np.zeros((8, 8), np.float32), ar, mma="tf32")
 
 
 def test_illegal_configs_are_named():
@@ -366,51 +390,57 @@ def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):
     assert [n.attrs["in_c"] for n in nodes] == [16, 40, 24, 16, 12, 3]
 
 
-@pytest.mark.parametrize("tile", [{"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1},
-                                  {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 1},
-                                  {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2},
-                                  {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2}])
-def test_3x3_convs_from_an_input_patch(rt, tmp_path, tile):
-    """``PT``: a 3x3 conv's nine taps read one staged patch per 64-channel slice. Maps that the
-    tiles of NT / 8 rows of 8 (``PT`` 2: NT pixels of a grid two columns wider than the map) cover
-    exactly, with ragged edges, narrower than a tile, over one and two slices, a residual add, 70
-    filters (a partial M tile): each through the tuner's gate."""
+@pytest.mark.parametrize("tile,prec", [({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1}, FP16),
+                                       ({"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 1}, FP16),
+                                       ({"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2}, FP16),
+                                       ({"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2}, FP16),
+                                       ({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 1, "AP": 1}, TF32),
+                                       ({"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2}, TF32)])
+def test_3x3_convs_from_an_input_patch(rt, tmp_path, tile, prec):
+    """``PT``: a 3x3 conv's nine taps read one staged patch per channel slice (64 channels in half,
+    32 in TF32). Maps that the tiles of NT / 8 rows of 8 (``PT`` 2: NT pixels of a grid two columns
+    wider than the map) cover exactly, with ragged edges, narrower than a tile, over one to four
+    slices, a residual add, 70 filters (a partial M tile): each through the tuner's gate."""
     from tiny_graphs import conv_nodes
     from yolo_cl import tuner as tmod
-    tuner = tmod.Tuner(rt, FP16, reps=1)
+    tuner = tmod.Tuner(rt, prec, reps=1)
     nodes = []
-    for i, (w, h, c) in enumerate([(16, 16, 64), (13, 11, 128), (6, 19, 64), (24, 9, 64)]):
+    shapes = [(16, 16, 64), (13, 11, 128), (6, 19, 64), (24, 9, 64)] + ([(7, 5, 32)] if prec is TF32 else [])
+    for i, (w, h, c) in enumerate(shapes):
         text = net_header(w, h, c) + conv(70 if i == 1 else c, act="leaky")
         if i == 3:
             text += conv(c, act="linear") + shortcut(-2)
         nodes += conv_nodes(tmp_path / f"p{i}.cfg", text)
     for node in nodes:
         cfg = {"family": "wgmma", "algo": "nhwc", **tile}
-        assert gw.why_not_patch(node, cfg) is None, node.describe()
-        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
-        assert bench.check(bench.bind(cfg)) < FP16.tolerance, node.describe()
+        assert gw.why_not_patch(node, cfg, prec.mma) is None, node.describe()
+        bench = tmod.ConvBench(rt, node, 2, prec, tuner.queue, mma=prec.mma)
+        assert bench.check(bench.bind(cfg)) < prec.tolerance, node.describe()
     assert len(nodes) >= 5
 
 
-@pytest.mark.parametrize("sk", [2, 4])
-def test_3x3_convs_from_an_input_patch_split_by_slices(rt, tmp_path, sk):
-    """``PT`` with K split by 64-channel slices: each split's partial sums, added by the split-sum
-    kernel with the epilogue (a residual add too), equal the conv; slices that cannot give ``sk``
-    non-empty splits are refused by name."""
+@pytest.mark.parametrize("sk,prec", [(2, FP16), (4, FP16), (4, TF32)])
+def test_3x3_convs_from_an_input_patch_split_by_slices(rt, tmp_path, sk, prec):
+    """``PT`` with K split by channel slices (64 channels in half, 32 in TF32): each split's partial
+    sums, added by the split-sum kernel with the epilogue (a residual add too), equal the conv;
+    slices that cannot give ``sk`` non-empty splits are refused by name."""
     from tiny_graphs import conv_nodes
     from yolo_cl import tuner as tmod
-    tuner = tmod.Tuner(rt, FP16, reps=1)
+    tuner = tmod.Tuner(rt, prec, reps=1)
     cfg = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "SK": sk,
            "AP": sk // 2}      # the A prefetch of a split's slices: a slice ahead, or all at the start
     text = net_header(13, 13, 256) + conv(256, act="leaky") + conv(256, act="linear") + shortcut(-2)
     nodes = conv_nodes(tmp_path / "s.cfg", text) + conv_nodes(tmp_path / "t.cfg", net_header(10, 7, 448) + conv(64))
     for node in nodes:
-        assert gw.why_not_patch(node, cfg) is None, node.describe()
-        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
-        assert bench.check(bench.bind(cfg)) < FP16.tolerance, node.describe()
+        assert gw.why_not_patch(node, cfg, prec.mma) is None, node.describe()
+        bench = tmod.ConvBench(rt, node, 2, prec, tuner.queue, mma=prec.mma)
+        assert bench.check(bench.bind(cfg)) < prec.tolerance, node.describe()
     assert any(l.name == "splitk_sum" for l in bench.bind(cfg))
-    two_slices = conv_nodes(tmp_path / "u.cfg", net_header(9, 9, 128) + conv(64))[0]
-    assert (gw.why_not_patch(two_slices, cfg) is None) == (sk == 2)
+    slices = 2 if prec is FP16 else 3       # 128 channels in half, 96 in TF32
+    few = conv_nodes(tmp_path / "u.cfg", net_header(9, 9, slices * gw.k_tile(cfg, prec.mma)) + conv(64))[0]
+    assert (gw.why_not_patch(few, cfg, prec.mma) is None) == (sk == 2)
+    if prec is TF32:
+        assert "32-channel slices: 3 cannot give 4" in gw.why_not_patch(few, cfg, "tf32")
 
 
 def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
@@ -520,7 +550,7 @@ def test_tf32_net_on_the_family_stores_floats_channels_last(rt, tmp_path, monkey
     det = yolo_cl.Detector(str(cfg), weights, precision="tf32")
     assert det.mma == "tf32"
     nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
-    space = [c for c in gw.SPACE if gw.why_illegal(c, "tf32") is None]
+    space = [c for c in gw.SPACE if gw.why_illegal(c, "tf32") is None and not gw.from_patch(c)]    # PT: above
     configs = {shape_key(n, 2): {"family": "wgmma", "algo": "nhwc", **c} for n, c in zip(nodes, space * 3)}
     split = next(k for n, k in ((n, shape_key(n, 2)) for n in nodes) if n.attrs["size"] == 3 and n.attrs["in_c"] >= 16)
     configs[split] = {"family": "wgmma", "algo": "nhwc", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "SK": 2}

@@ -34,7 +34,7 @@ import numpy as np
 from . import TRANSPOSE, BindContext, Launch, conv_gemm_shape, epilogue_defines, i32, is_depthwise, \
     is_pointwise, marked, packed_upload, residual_args, write_target
 from .gemm_local import b_operand, conv_cost, k_chunk, partial_bytes, scratch_bytes, split_k, split_sum_spec
-from .gemm_mma import KPAD, compute_capability, pack_weights
+from .gemm_mma import KPAD, compute_capability, pack_weights, tf32_round
 from ..errors import YoloClError
 from ..graph import Node
 from ..ptx import raise_to_sm90a
@@ -145,8 +145,6 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
         return "WI (a stage's wgmma kept in flight) is 0 or 1, and 1 only with MT 64 (one warpgroup)"
     if a_in_registers(cfg) and (int(cfg["NT"]) > 128 or int(cfg.get("WI", 0))):
         return "AR (A in registers) runs NT 64 or 128 and waits for each stage's wgmma (no WI)"
-    if a_in_registers(cfg) and mma == "tf32":
-        return "AR (A in registers) is half only, not tf32"
     if int(cfg.get("PT", 0)) not in (0, 1, 2):
         return "PT (B from an input patch) is 0, 1 or 2 (flat tiles)"
     if from_patch(cfg) and (not a_in_registers(cfg) or int(cfg["SWZ"]) != 128 or int(cfg["NT"]) > 128):
@@ -156,19 +154,19 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
     return None
 
 
-def why_not_patch(node: Node, cfg: dict) -> Optional[str]:
+def why_not_patch(node: Node, cfg: dict, mma: str = "f16") -> Optional[str]:
     """Why ``node`` cannot run ``cfg``'s ``PT`` (B from an input patch), or None: a 3x3 conv of
-    stride and dilation 1 and padding 1 over 64n channels, ``nhwc``, its K split (``SK``) into
-    whole 64-channel slices, none empty."""
+    stride and dilation 1 and padding 1 over whole channel slices (a k-tile: 64 channels at f16, 32
+    at tf32), ``nhwc``, its K split (``SK``) into whole slices, none empty."""
     if not from_patch(cfg):
         return None
-    a = node.attrs
+    a, kt = node.attrs, k_tile(cfg, mma)
     if cfg.get("algo") != "nhwc" or a["size"] != 3 or a["stride_x"] != 1 or a["stride_y"] != 1 \
-            or a["dilation"] != 1 or a["pad"] != 1 or a["in_c"] % k_tile(cfg) or conv_gemm_shape(node)[3] != 1:
-        return "PT (B from an input patch) runs nhwc 3x3 convs of stride 1, padding 1 and 64n channels"
-    slices, sk = a["in_c"] // k_tile(cfg), split_k(cfg)
+            or a["dilation"] != 1 or a["pad"] != 1 or a["in_c"] % kt or conv_gemm_shape(node)[3] != 1:
+        return f"PT (B from an input patch) runs nhwc 3x3 convs of stride 1, padding 1 and {kt}n channels"
+    slices, sk = a["in_c"] // kt, split_k(cfg)
     if (sk - 1) * -(-slices // sk) >= slices:
-        return f"PT splits K by 64-channel slices: {slices} cannot give {sk} non-empty splits"
+        return f"PT splits K by {kt}-channel slices: {slices} cannot give {sk} non-empty splits"
     if local_bytes(cfg, node.output.w) > LOCAL_LIMIT:
         return f"PT 2's patches of a {node.output.w}-wide map take {local_bytes(cfg, node.output.w)} bytes of local memory"
     return None
@@ -260,31 +258,37 @@ def bound_gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool
     return BoundGemm(k, *launch(cfg, M, N, 1), c, (a, b, bias))
 
 
-def pack_fragments(w: np.ndarray, MT: int) -> np.ndarray:
-    """[M][K] weights -> each work-item's wgmma A fragments, [Mp/MT][Kp/16][2 MT][8] halves (M
-    padded to MT, K to KPAD with zeros): for m-tile i, k-step s, work-item (warpgroup wg, warp w,
-    lane 4g + t) the rows r = 64 wg + 16 w + g and r + 8, k 2t, 2t + 1 and the same at k + 8,
-    ordered (r, k), (r, k + 1), (r + 8, k), (r + 8, k + 1), then at k + 8 -- the register layout of
-    ``wgmma``'s A operand (that of ``mma.m16n8k16`` per warp), so a k-step of a tile is
-    2 MT consecutive 16-byte loads."""
+def pack_fragments(w: np.ndarray, MT: int, mma: str = "f16") -> np.ndarray:
+    """[M][K] weights -> each work-item's wgmma A fragments (M padded to MT, K to KPAD with zeros),
+    the register layout of ``wgmma``'s A operand (that of ``mma.m16n8k16`` / ``m16n8k8`` per warp),
+    so that a k-step of a tile is 2 MT consecutive 16-byte loads. For m-tile i, k-step s,
+    work-item (warpgroup wg, warp w, lane 4g + t), rows r = 64 wg + 16 w + g and r + 8:
+    f16, [Mp/MT][Kp/16][2 MT][8] halves: k 2t, 2t + 1 and the same at k + 8, ordered (r, k),
+    (r, k + 1), (r + 8, k), (r + 8, k + 1), then at k + 8;
+    tf32, [Mp/MT][Kp/8][2 MT][4] floats rounded to TF32: (r, t), (r + 8, t), (r, t + 4), (r + 8, t + 4)."""
     M, K = w.shape
     Mp, Kp = -(-M // MT) * MT, -(-K // KPAD) * KPAD
-    a = np.zeros((Mp, Kp), np.float16)
-    a[:M, :K] = w
+    half = mma == "f16"
+    a = np.zeros((Mp, Kp), np.float16 if half else np.float32)
+    a[:M, :K] = w if half else tf32_round(np.asarray(w, np.float32))
     tid = np.arange(2 * MT)
     wg, warp, lane = tid // 128, tid % 128 // 32, tid % 32
     r = 64 * wg + 16 * warp + lane // 4
-    k = 2 * (lane % 4)
-    rows = np.stack([r, r, r + 8, r + 8, r, r, r + 8, r + 8], 1)
-    cols = np.stack([k, k + 1, k, k + 1, k + 8, k + 9, k + 8, k + 9], 1)
-    tiles = a.reshape(Mp // MT, MT, Kp // 16, 16).transpose(0, 2, 1, 3)     # [m-tile][k-step][MT][16]
+    if half:
+        k, step = 2 * (lane % 4), 16
+        rows = np.stack([r, r, r + 8, r + 8, r, r, r + 8, r + 8], 1)
+        cols = np.stack([k, k + 1, k, k + 1, k + 8, k + 9, k + 8, k + 9], 1)
+    else:
+        k, step = lane % 4, 8
+        rows, cols = np.stack([r, r + 8, r, r + 8], 1), np.stack([k, k, k + 4, k + 4], 1)
+    tiles = a.reshape(Mp // MT, MT, Kp // step, step).transpose(0, 2, 1, 3)     # [m-tile][k-step][MT][step]
     return np.ascontiguousarray(tiles[:, :, rows, cols])
 
 
 def pack_a(w: np.ndarray, cfg: dict, mma: str) -> np.ndarray:
     """The weights [M][K] as ``cfg``'s kernel reads them: fragments with A in registers, else
     gemm_mma's padded rows."""
-    return pack_fragments(w, int(cfg["MT"])) if a_in_registers(cfg) else pack_weights(w, 1, mma)
+    return pack_fragments(w, int(cfg["MT"]), mma) if a_in_registers(cfg) else pack_weights(w, 1, mma)
 
 
 def gemm(rt, A: np.ndarray, B: np.ndarray, cfg: dict = DEFAULT, b_kn: bool = False, mma: str = "f16") -> np.ndarray:
@@ -438,7 +442,7 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
         raise YoloClError(f"algorithm '{algo}' cannot run this layer in the wgmma family at {ctx.mma}")
     M, N = conv_gemm_shape(node)[:2]
     K = gemm_k(node, algo)
-    why = why_illegal(cfg, ctx.mma) or why_not_split(cfg, K, algo, ctx.mma) or why_not_patch(node, cfg)
+    why = why_illegal(cfg, ctx.mma) or why_not_split(cfg, K, algo, ctx.mma) or why_not_patch(node, cfg, ctx.mma)
     if why is not None:
         raise YoloClError(f"wgmma config {cfg}: {why}")
     a = node.attrs
@@ -499,7 +503,7 @@ class WgmmaGemm:
         if not available(rt):
             return []
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE
-                if why_illegal(c, mma) is None and why_not_patch(node, {"algo": algo, **c}) is None]
+                if why_illegal(c, mma) is None and why_not_patch(node, {"algo": algo, **c}, mma) is None]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return heuristic_config(node, batch, mma, planes) if mma in MODES else None
