@@ -474,6 +474,14 @@ def test_patch_configs_are_named_where_they_cannot_run(rt, tmp_path):
     assert patched and {c["algo"] for c in patched} == {"nhwc"}
     assert not any(gw.from_patch(c) for n in (strided, narrow, pointwise)
                    for c in gw.KERNEL_FAMILY.candidates(n, rt, 1, FP16, "f16"))
+    # a slice is a k-tile: 32 channels at tf32, so a stored tf32 entry on 32 channels is legal there
+    # (the family's check is told the mode: without it the entry fell back to the heuristic)
+    thin = conv_nodes(tmp_path / "t.cfg", net_header(16, 16, 32) + conv(64))[0]
+    stored = {"algo": "nhwc", "family": "wgmma", **pt}
+    assert gw.KERNEL_FAMILY.why_illegal(thin, stored, rt, "tf32") is None
+    assert "32n channels" in gw.why_not_patch(narrow, stored, "tf32")       # 40 channels
+    assert "64n channels" in gw.KERNEL_FAMILY.why_illegal(thin, stored, rt, "f16")
+    assert any(gw.from_patch(c) for c in gw.KERNEL_FAMILY.candidates(thin, rt, 1, TF32, "tf32"))
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])

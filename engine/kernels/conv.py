@@ -55,7 +55,7 @@ def choose(ctx: BindContext, node: Node) -> tuple:
 def bound_config(ctx: BindContext, node: Node) -> dict:
     """The config ``node`` will bind (its tuned one where legal, else the heuristic's)."""
     config, fallback = choose(ctx, node)
-    return config if family.why_illegal(node, config, ctx.rt) is None else fallback
+    return config if family.why_illegal(node, config, ctx.rt, ctx.mma) is None else fallback
 
 
 def workspace_bytes(ctx: BindContext, node: Node) -> int:
@@ -63,7 +63,7 @@ def workspace_bytes(ctx: BindContext, node: Node) -> int:
     instead (a config that cannot run needs none: it will not be bound)."""
     need = 0
     for c in choose(ctx, node):
-        if family.why_illegal(node, c, ctx.rt) is None:
+        if family.why_illegal(node, c, ctx.rt, ctx.mma) is None:
             need = max(need, family.workspace_bytes(node, c, ctx.batch, ctx.precision))
     return need
 
@@ -79,7 +79,7 @@ def _bind_chosen(ctx: BindContext, node: Node) -> list:
     if config == fallback:
         return bind(ctx, node, fallback)
     try:
-        problem = family.why_illegal(node, config, ctx.rt)
+        problem = family.why_illegal(node, config, ctx.rt, ctx.mma)
         if problem is not None:
             raise ValueError(problem)
         return bind(ctx, node, config)

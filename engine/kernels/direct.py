@@ -53,7 +53,7 @@ class Direct:
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return {"algo": "depthwise"} if is_depthwise(node) else None
 
-    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+    def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         if cfg["algo"] not in ALGOS:
             return f"algorithm {cfg['algo']} is not one of {', '.join(ALGOS)}"
         if cfg["algo"] not in algorithms(node):

@@ -42,9 +42,10 @@ class KernelFamily(Protocol):
         """The untuned config for ``node`` (None if it does not run it); ``planes``: its input
         reaches it as NCHW planes whatever the configs (no producer can store it channels-last)."""
 
-    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
-        """Why ``cfg`` cannot run ``node`` on ``rt``'s device, or None (binding may still adapt a
-        legal config to the exact shape, e.g. re-derive vector widths)."""
+    def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
+        """Why ``cfg`` cannot run ``node`` on ``rt``'s device in tensor-core mode ``mma`` ("" for
+        none, "f16", "tf32": a tile's k depends on it), or None (binding may still adapt a legal
+        config to the exact shape, e.g. re-derive vector widths)."""
 
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
         """Relative time estimate of ``cfg`` (lower first), to order the tuner's search."""
@@ -104,7 +105,7 @@ def heuristic(node: Node, rt, batch: int, precision: Precision, mma: str, planes
     :meth:`KernelFamily.heuristic`."""
     for f in offered(rt, mma):
         cfg = f.heuristic(node, batch, precision, mma, planes)
-        if cfg is not None and f.why_illegal(node, cfg, rt) is None:
+        if cfg is not None and f.why_illegal(node, cfg, rt, mma) is None:
             return cfg
     raise ValueError(f"no kernel family runs {node.describe()}")
 
@@ -121,10 +122,10 @@ def competes(cfg: dict, mma: str) -> bool:
     return f.tensor_cores or f.timed_beside_tensor_cores
 
 
-def why_illegal(node: Node, cfg, rt) -> Optional[str]:
-    """Why a config (from a table or file: any value) cannot run ``node``, or None."""
+def why_illegal(node: Node, cfg, rt, mma: str = "") -> Optional[str]:
+    """Why a config (from a table or file: any value) cannot run ``node`` in mode ``mma``, or None."""
     try:
-        return family_of(cfg).why_illegal(node, cfg, rt)
+        return family_of(cfg).why_illegal(node, cfg, rt, mma)
     except (ValueError, KeyError, TypeError) as e:
         return str(e) or type(e).__name__
 
@@ -132,7 +133,7 @@ def why_illegal(node: Node, cfg, rt) -> Optional[str]:
 def stored_config_fits(rt, mma: str):
     """The check a tuning database applies to a stored config: legal for the node and worth using."""
     def fits(node: Node, cfg) -> bool:
-        return why_illegal(node, cfg, rt) is None and competes(cfg, mma)
+        return why_illegal(node, cfg, rt, mma) is None and competes(cfg, mma)
     return fits
 
 

@@ -557,7 +557,7 @@ class CpuGemm:
     def heuristic(self, node: Node, batch: int, precision: Precision, mma: str, planes: bool = False) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, batch, precision)
 
-    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+    def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         algo = cfg.get("algo")
         if algo not in conv_algos(node):
             return f"algorithm '{algo}' of the CPU GEMM family cannot run {node.describe()}"

@@ -491,7 +491,7 @@ class LocalGemm:
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, batch)
 
-    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+    def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         if cfg["algo"] not in conv_algos(node) + ["winograd"]:
             return f"algorithm {cfg['algo']} of the local GEMM family cannot run {node.describe()}"
         return None

@@ -545,7 +545,7 @@ class MmaGemm:
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, mma, batch)
 
-    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+    def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         if cfg["algo"] not in conv_algos(node):
             return f"algorithm '{cfg['algo']}' cannot run this layer in the mma family"
         if cfg["algo"] == "winograd" and int(cfg.get("m", 2)) not in winograd.TILE_SIZES:

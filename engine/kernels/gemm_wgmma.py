@@ -508,14 +508,15 @@ class WgmmaGemm:
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return heuristic_config(node, batch, mma, planes) if mma in MODES else None
 
-    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+    def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         if not available(rt):           # a stored entry on a device (or driver) where the probe fails
             return "wgmma does not run on this device"
-        if cfg.get("algo") not in conv_algos(node):
-            return f"algorithm '{cfg.get('algo')}' cannot run this layer in the wgmma family"
+        mma = mma if mma in MODES else "f16"
+        if cfg.get("algo") not in conv_algos(node, mma):
+            return f"algorithm '{cfg.get('algo')}' cannot run this layer in the wgmma family at {mma}"
         try:
-            return why_illegal(cfg) or why_not_split(cfg, gemm_k(node, cfg["algo"]), cfg["algo"]) \
-                or why_not_patch(node, cfg)
+            return why_illegal(cfg, mma) or why_not_split(cfg, gemm_k(node, cfg["algo"]), cfg["algo"], mma) \
+                or why_not_patch(node, cfg, mma)
         except (KeyError, TypeError, ValueError) as e:
             return f"wgmma config {cfg}: {e}"
 

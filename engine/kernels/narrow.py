@@ -96,7 +96,7 @@ class Narrow:
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
         return None
 
-    def why_illegal(self, node: Node, cfg: dict, rt) -> Optional[str]:
+    def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         return why_illegal(node, cfg)
 
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
