@@ -5,8 +5,9 @@ families pad it to a 32- or 64-wide k-tile, gather it element by element and are
 gather (yolov3 608 batch 8: 0.33 ms on an H100, of which its output's writes would take a fifth).
 Here a work-group keeps ``FPW`` filters' weights in local memory, each work-item reads its pixel's
 window once into registers and sums it with each filter by FMA, and the sums leave through local
-memory in the output's order (coalesced whether planes or channels-last), through the GEMM
-families' epilogue (bias, activation, shortcut, concat slice, an upsample written through,
+memory in the output's order (coalesced whether planes or channels-last), or with ``PX`` 1 or 2
+straight from the registers of a work-item summing PX pixels (16-byte stores where a pixel's
+channels are contiguous), through the GEMM families' epilogue (bias, activation, shortcut, concat slice, an upsample written through,
 channels-last for an ``nhwc`` reader; a max-pool is left to its own launch). Offered on GPUs at
 every precision, for convs of at most 4 input channels and one group; tuned in only
 (``heuristic`` None), measured against the others in BENCHMARKS.md (nineteenth session).
@@ -24,14 +25,21 @@ ALGOS = ("direct",)
 MAX_CHANNELS = 4
 MAX_K = 64                         # the window a work-item keeps in registers
 FPWS = (4, 8, 16, 32)              # filters per work-group (each work-item sums them all)
-WGS = (64, 128, 256)               # work-group sizes (pixels)
+WGS = (64, 128, 256)               # work-group sizes (work-items)
+PXS = (0, 1, 2)                    # pixels a work-item sums in registers (0: one, through local memory)
 LOCAL_LIMIT = 40 * 1024            # the weights and the sums a work-group stages
 
 
+def pixels(cfg: dict) -> int:
+    """Pixels a work-item sums in registers (config key ``PX``; 0 or absent: one, through local memory)."""
+    return int(cfg.get("PX", 0))
+
+
 def local_bytes(cfg: dict, K: int) -> int:
-    """Local memory of a work-group: FPW filters' weights (k padded to 4) and FPW x (WG + 1) sums."""
+    """Local memory of a work-group: FPW filters' weights (k padded to 4) and FPW x (WG + 1) sums,
+    or with ``PX`` the weights alone."""
     f, wg = int(cfg["FPW"]), int(cfg["WG"])
-    return 4 * f * (-(-K // 4) * 4 + wg + 1)
+    return 4 * f * K if pixels(cfg) else 4 * f * (-(-K // 4) * 4 + wg + 1)
 
 
 def runs(node: Node) -> bool:
@@ -47,8 +55,8 @@ def why_illegal(node: Node, cfg: dict) -> Optional[str]:
         return f"the narrow family runs convs of one group and at most {MAX_CHANNELS} input channels"
     if cfg.get("algo") not in ALGOS:
         return f"algorithm '{cfg.get('algo')}' is not the narrow family's (direct)"
-    if cfg.get("FPW") not in FPWS or cfg.get("WG") not in WGS:
-        return f"FPW is one of {FPWS} and WG one of {WGS}"
+    if cfg.get("FPW") not in FPWS or cfg.get("WG") not in WGS or cfg.get("PX", 0) not in PXS:
+        return f"FPW is one of {FPWS}, WG one of {WGS} and PX one of {PXS}"
     if local_bytes(cfg, conv_gemm_shape(node)[2]) > LOCAL_LIMIT:
         return f"{local_bytes(cfg, conv_gemm_shape(node)[2])} bytes of local memory (at most {LOCAL_LIMIT})"
     return None
@@ -63,12 +71,13 @@ def bind(ctx: BindContext, node: Node, cfg: dict) -> list:
                         lambda: a["weights"].reshape(M, K).astype(ctx.dtype))
     store = write_target(ctx, node)
     d = {**epilogue_defines(ctx, node), **store.defines, "CIN": a["in_c"], "KS": a["size"], "SX": a["stride_x"],
-         "SY": a["stride_y"], "PAD": a["pad"], "DIL": a["dilation"], "FPW": int(cfg["FPW"]), "WG": int(cfg["WG"])}
+         "SY": a["stride_y"], "PAD": a["pad"], "DIL": a["dilation"], "FPW": int(cfg["FPW"]), "WG": int(cfg["WG"]),
+         "PX": pixels(cfg)}
     xb, xoff, xbs = ctx.view(x)
     args = [wts["A"], wts["bias"], xb, xoff, xbs] + i32(0, 0) + store.c_args + residual_args(ctx, node) + \
         i32(M, N, K, 1, x.h, x.w, node.output.w)
     wg = int(cfg["WG"])
-    gs = (-(-N // wg) * wg, -(-M // int(cfg["FPW"])), ctx.batch)
+    gs = (-(-N // (wg * max(1, pixels(cfg)))) * wg, -(-M // int(cfg["FPW"])), ctx.batch)
     k = ctx.kernel("conv_narrow.cl", "yc_conv_narrow", d, args)
     return [Launch(k, gs, (wg, 1, 1), node, "conv_narrow", marked(cfg, store.writes, store.layout),
                    node.flops * ctx.batch)]
@@ -80,7 +89,7 @@ class Narrow:
     name = FAMILY
     tensor_cores = False
     timed_beside_tensor_cores = True
-    derived, schedule, block = (), ("WG",), ("FPW",)
+    derived, schedule, block = (), ("WG", "PX"), ("FPW",)
     stores_nhwc, reads_nhwc = ALGOS, ()
 
     def offered(self, rt, mma: str) -> bool:
@@ -90,7 +99,8 @@ class Narrow:
         if not runs(node):
             return []
         M = conv_gemm_shape(node)[0]
-        cands = [{"algo": "direct", "family": FAMILY, "FPW": f, "WG": w} for f in FPWS if f < 2 * M for w in WGS]
+        cands = [{"algo": "direct", "family": FAMILY, "FPW": f, "WG": w, **({"PX": px} if px else {})}
+                 for f in FPWS if f < 2 * M for w in WGS for px in PXS]
         return [c for c in cands if why_illegal(node, c) is None]
 
     def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
