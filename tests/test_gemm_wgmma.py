@@ -266,8 +266,9 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
 
 def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     """A 3x3 conv whose 128 x 128 tiles (over the batch) number one per Hopper SM or more: nhwc
-    on 64 x 128 tiles; fewer: 64 x 64 tiles, K split in four from K = 2304 on where the stride is
-    1, mma's where it is 2. A 1x1 conv of that many tiles: gemm1x1 on 128 x 64 tiles, fewer: mma's.
+    on 64 x 128 tiles; fewer: input patches where the stride is 1 and the channels whole k-tiles
+    (K split in four from 72 k-tiles on), else 64 x 64 tiles, K split in four from K = 2304 on
+    where the stride is 1, mma's where it is 2. A 1x1 conv of that many tiles: gemm1x1 on 128 x 64 tiles, fewer: mma's.
     Never channels that need padding or a conv writing a max-pool through. At tf32 the same
     spatial picks, strided deep ones split as well, and no 1x1 conv (gemm1x1 is f16's)."""
     from tiny_graphs import conv_nodes
@@ -277,10 +278,17 @@ def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     deep2 = conv_nodes(tmp_path / "d2.cfg", net_header(26, 26, 256) + conv(512, stride=2))[0]
     point = conv_nodes(tmp_path / "p.cfg", net_header(208, 208, 32) + conv(64, 1))[0]
     rgb = conv_nodes(tmp_path / "r.cfg", net_header(208, 208) + conv(64))[0]
+    odd = conv_nodes(tmp_path / "o.cfg", net_header(52, 52, 96) + conv(256))[0]             # 96 channels, K 864
+    odd_deep = conv_nodes(tmp_path / "od.cfg", net_header(26, 26, 288) + conv(512))[0]      # K 2592
     pick = gw.KERNEL_FAMILY.heuristic
     assert pick(wide, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED}
-    assert pick(mid, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_FEW}
-    assert pick(deep, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_DEEP}
+    # stride-1 3x3 convs over whole 64-channel slices stage input patches, split from 72 k-tiles on
+    assert pick(mid, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_PATCH}
+    assert pick(deep, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_PATCH}
+    big = conv_nodes(tmp_path / "b.cfg", net_header(13, 13, 512) + conv(1024))[0]            # K 4608
+    assert pick(big, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_PATCH_DEEP}
+    assert pick(odd, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_FEW}     # 1.5 slices
+    assert pick(odd_deep, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_DEEP}
     assert pick(deep, 8, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED}      # 192 tiles
     assert pick(deep2, 1, FP16, "f16") is None
     assert pick(point, 1, FP16, "f16") == {"algo": "gemm1x1", "family": "wgmma", **gw.UNTUNED_1X1}
@@ -289,12 +297,16 @@ def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     assert pick(rgb, 8, FP16, "f16") is None
     pooled = conv_nodes(tmp_path / "mp.cfg", net_header(208, 208, 32) + conv(64) + maxpool(2, 2))[0]
     assert pooled.attrs["write_through"].op == "maxpool" and pick(pooled, 8, FP16, "f16") is None
-    for n, tile in ((wide, gw.UNTUNED), (mid, gw.UNTUNED_FEW), (deep, gw.UNTUNED_DEEP), (deep2, gw.UNTUNED_DEEP)):
+    # at tf32 a k-tile is 32 channels: 26x26's 256 channels make 72 k-tiles, so that conv splits
+    for n, tile in ((wide, gw.UNTUNED), (mid, gw.UNTUNED_PATCH), (deep, gw.UNTUNED_PATCH_DEEP),
+                    (odd, gw.UNTUNED_PATCH), (deep2, gw.UNTUNED_DEEP)):
         assert pick(n, 1, TF32, "tf32") == {"algo": "nhwc", "family": "wgmma", **tile}     # strided deep too
     assert pick(point, 1, TF32, "tf32") is None and pick(rgb, 8, TF32, "tf32") is None      # no gemm1x1 at tf32
-    for n in (wide, mid, deep):             # legal picks: tiles, and a split of whole non-empty k-tiles
-        c = pick(n, 1, FP16, "f16")
-        assert gw.why_illegal(c) is None and gw.why_not_split(c, gw.gemm_k(n, "nhwc"), "nhwc") is None
+    for n in (wide, mid, deep, big, odd, odd_deep):     # legal picks: tiles, patches, whole non-empty splits
+        for mma, prec in (("f16", FP16), ("tf32", TF32)):
+            c = pick(n, 1, prec, mma)
+            assert gw.why_illegal(c, mma) is None and gw.why_not_patch(n, c, mma) is None
+            assert gw.why_not_split(c, gw.gemm_k(n, "nhwc"), "nhwc", mma) is None
 
 
 def test_untuned_convs_bind_the_pick_and_fall_back_where_the_probe_fails(rt, tmp_path, monkeypatch):

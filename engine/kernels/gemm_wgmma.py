@@ -52,6 +52,12 @@ UNTUNED_1X1 = {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2}    # ... and every gemm
 UNTUNED_FEW = {"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "WI": 1}   # yolov3 416 batch 1's 3x3 convs at 208-52
 UNTUNED_DEEP = {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "SK": 4}   # ... and at 26-13, K split in four
 DEEP_K = 2304                      # K from which a conv of few tiles splits it (3x3 of 256 channels)
+# ... and where its input patches can be staged (a stride-1 3x3 conv over whole channel slices):
+# the tiles yolov3 416's tuned entries took on an H200 at fp16 and tf32 (104x104 to 26x26 unsplit,
+# 13x13 split in four; at tf32, whose k-tiles are half as wide, 26x26 split too)
+UNTUNED_PATCH = {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 2}
+UNTUNED_PATCH_DEEP = {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 2, "SK": 4}
+PATCH_SPLIT_TILES = 72             # k-tiles from which an untuned patch conv splits K (K = 4608 at fp16)
 HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
 # "AR": A in registers (half only), B alone in the stages (H200, 4096^3: 412 against 281 TFLOP/s).
@@ -364,8 +370,10 @@ def heuristic_config(node: Node, batch: int, mma: str = "f16", planes: bool = Fa
     ``nhwc`` on 64 x 64 tiles, four stages, each stage's wgmma kept in flight while the next is
     staged (:data:`UNTUNED_FEW`: 2-5% faster so on an H200), or from K = 2304 on with K split in
     four (:data:`UNTUNED_DEEP`), except strided deep ones, where mma.sync's split-K was as fast
-    (yolov3 416 batch 1, BENCHMARKS.md, nineteenth session). A conv that writes a max-pool through
-    stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one). At tf32 (no
+    (yolov3 416 batch 1, BENCHMARKS.md, nineteenth session). Before those, a stride-1 3x3 conv of
+    few tiles whose input patches can be staged takes them (:data:`UNTUNED_PATCH`; from
+    :data:`PATCH_SPLIT_TILES` k-tiles on, split in four: :data:`UNTUNED_PATCH_DEEP`; BENCHMARKS.md,
+    thirtieth session). A conv that writes a max-pool through stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one). At tf32 (no
     ``gemm1x1``) the same spatial convs, the strided deep ones split too: mma.sync's tf32 runs at
     half its f16 rate, and every such yolov3 416 shape ran 1.2-1.8x faster so on an H200
     (BENCHMARKS.md, twentieth session). Where the conv's input reaches it as planes (``planes``: read
@@ -386,6 +394,10 @@ def heuristic_config(node: Node, batch: int, mma: str = "f16", planes: bool = Fa
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED}
     if planes:
         return None
+    deep = gemm_k(node, "nhwc") // k_tile(UNTUNED_PATCH, mma) >= PATCH_SPLIT_TILES
+    patch = {"algo": "nhwc", "family": FAMILY, **(UNTUNED_PATCH_DEEP if deep else UNTUNED_PATCH)}
+    if why_illegal(patch, mma) is None and why_not_patch(node, patch, mma) is None:
+        return patch
     if gemm_k(node, "nhwc") < DEEP_K:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED_FEW}
     strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
