@@ -340,6 +340,12 @@ def test_space_legality_and_heuristic():
     roomy = DeviceLimits(max_wg=1024, local_mem=64 * 1024, compute_units=132)    # room for 2 stages, emulated too
     ragged = gm.heuristic(512, 169, 1024, 1, "f16", False, roomy)      # a 13x13 1x1: rows by shifted chunks
     assert ragged.get("BS") == 1 and gm.stages(ragged) > 1
+    # few tiles, long K, B as it is: small unsplit tiles (32 x 16 where 32 x 32 leave SMs idle)
+    assert (ragged["MWG"], ragged["NWG"], gm.split_k(ragged)) == (32, 16, 1)
+    mid = gm.heuristic(256, 676, 512, 1, "tf32", False, lim)            # a 26x26 1x1: whole 4-float chunks
+    assert (mid["MWG"], mid["NWG"], mid["KWG"], gm.split_k(mid), mid.get("BS")) == (32, 32, 32, 1, None)
+    assert gm.heuristic(256, 676, 512, 1, "f16", False, lim).get("BS") == 1     # 676 halves: ragged chunks
+    assert gm.split_k(gm.heuristic(512, 169, 4608, 1, "f16", True, lim)) > 1     # a gathered B still splits
     assert "BS" not in gm.heuristic(512, 176, 1024, 1, "f16", False, roomy)
     assert "BS" not in gm.heuristic(512, 169, 1024, 1, "f16", True, roomy)     # an implicit B is gathered
     sp = gm.space(512, 169, 1024, "f16", False, lim)
