@@ -20,22 +20,12 @@
 #define PX 0
 #endif
 
-#if PX == 0
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void yc_conv_narrow(YC_GEMM_PARAMS, const int H, const int W, const int OW)
+/* Output pixel n's CIN x KS x KS window of the input X into x[0 .. NARROW_K), k = (c, ky, kx) as
+ * the weights are stored (zeros in the padding, and for n past N). */
+inline void yc_narrow_window(float* x, const __global dtype* X, const int n, const int N, const int H, const int W,
+                             const int OW)
 {
-    __local float w[FPW * NARROW_KP];
-    __local float sums[FPW][WG + 1];
-    const int t = get_local_id(0), n0 = get_group_id(0) * WG, m0 = get_group_id(1) * FPW, b = get_group_id(2);
-    for (int i = t; i < FPW * NARROW_KP; i += WG) {
-        const int j = i / NARROW_KP, k = i - j * NARROW_KP;
-        w[i] = m0 + j < M && k < NARROW_K ? LD(A, (m0 + j) * NARROW_K + k) : 0.0f;
-    }
-    const int n = n0 + t, oy = n / OW, ox = n - oy * OW;
-    const __global dtype* X = B + b_off + (size_t)b * b_bstride;
-    float x[NARROW_KP];
-#pragma unroll
-    for (int k = NARROW_K; k < NARROW_KP; ++k) x[k] = 0.0f;
+    const int oy = n / OW, ox = n - oy * OW;
 #pragma unroll
     for (int c = 0; c < CIN; ++c)
 #pragma unroll
@@ -48,6 +38,25 @@ void yc_conv_narrow(YC_GEMM_PARAMS, const int H, const int W, const int OW)
                                              ? LD(X, (c * H + iy) * W + ix) : 0.0f;
             }
         }
+}
+
+#if PX == 0
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void yc_conv_narrow(YC_GEMM_PARAMS, const int H, const int W, const int OW)
+{
+    __local float w[FPW * NARROW_KP];
+    __local float sums[FPW][WG + 1];
+    const int t = get_local_id(0), n0 = get_group_id(0) * WG, m0 = get_group_id(1) * FPW, b = get_group_id(2);
+    for (int i = t; i < FPW * NARROW_KP; i += WG) {
+        const int j = i / NARROW_KP, k = i - j * NARROW_KP;
+        w[i] = m0 + j < M && k < NARROW_K ? LD(A, (m0 + j) * NARROW_K + k) : 0.0f;
+    }
+    const int n = n0 + t;
+    const __global dtype* X = B + b_off + (size_t)b * b_bstride;
+    float x[NARROW_KP];
+#pragma unroll
+    for (int k = NARROW_K; k < NARROW_KP; ++k) x[k] = 0.0f;
+    yc_narrow_window(x, X, n, N, H, W, OW);
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int j = 0; j < FPW; ++j) {
@@ -104,21 +113,8 @@ void yc_conv_narrow(YC_GEMM_PARAMS, const int H, const int W, const int OW)
     const __global dtype* X = B + b_off + (size_t)b * b_bstride;
     float x[PX][NARROW_K];
 #pragma unroll
-    for (int p = 0; p < PX; ++p) {
-        const int n = n0 + t + p * WG, oy = n / OW, ox = n - oy * OW;
-#pragma unroll
-        for (int c = 0; c < CIN; ++c)
-#pragma unroll
-            for (int ky = 0; ky < KS; ++ky) {
-                const int iy = oy * SY - PAD + ky * DIL;
-#pragma unroll
-                for (int kx = 0; kx < KS; ++kx) {
-                    const int ix = ox * SX - PAD + kx * DIL;
-                    x[p][(c * KS + ky) * KS + kx] = n < N && iy >= 0 && iy < H && ix >= 0 && ix < W
-                                                    ? LD(X, (c * H + iy) * W + ix) : 0.0f;
-                }
-            }
-    }
+    for (int p = 0; p < PX; ++p)
+        yc_narrow_window(x[p], X, n0 + t + p * WG, N, H, W, OW);
     barrier(CLK_LOCAL_MEM_FENCE);
     float acc[PX][FPW];
 #pragma unroll
