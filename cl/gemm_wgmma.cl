@@ -49,11 +49,11 @@
  *           and gemm_local.cl's yc_gemm_splitk adds them and runs the epilogue. Grid z: images x SK
  *   PATCH   (config key PT; NHWC, KS 3, stride and dilation 1, A_REG, SWZ 128) a stride-1 3x3
  *           conv's B from one input patch per channel slice (KT: 64, or 32 with TF32): the tile is
- *           NT / 8 output rows of 8 pixels, a stage holds the (NT / 8 + 2) x 10 input pixels under it (23 KB at NT 128), and
- *           each of the nine taps reads its B rows straight from that patch -- row group g (output row
- *           g) at patch line (g + ky) * 10 + kx, the descriptor's stride byte offset one patch row --
- *           so a slice's input is copied once instead of once per tap (16 KB per tap and 128
- *           pixels otherwise). With PFLAT (PT 2; define PW = the map's width + 2) a tile is NT
+ *           NT / 8 output rows of 8 pixels, a stage holds the (NT / 8 + 2) x 10 input pixels under
+ *           it (23 KB at NT 128), and each of the nine taps reads its B rows straight from that
+ *           patch -- row group g (output row g) at patch line (g + ky) * 10 + kx, the descriptor's
+ *           stride byte offset one patch row -- so a slice's input is copied once instead of once
+ *           per tap (16 KB per tap and 128 pixels otherwise). With PFLAT (PT 2; define PW = the map's width + 2) a tile is NT
  *           consecutive pixels of the output on a grid of PW columns, each tap's B rows one run of
  *           the patch's NT + 2 PW + 2 lines
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
@@ -635,7 +635,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #define GEMM_PREFETCH_A()                                                                        \
     {                                                                                            \
         const __global uchar* p0 = (const __global uchar*)((const __global uint4*)A              \
-            + ((size_t)get_group_id(1) * (lda / KSTEP) + (size_t)kt0 * KSTEPS) * THREADS);          \
+            + ((size_t)get_group_id(1) * (lda / KSTEP) + (size_t)kt0 * KSTEPS) * THREADS);       \
         PREFETCH_SPREAD(tiles * KSTEPS * THREADS / 8, p0 + (size_t)v * 128)  /* 8 fragments a line */ \
     }
 #elif APREFETCH

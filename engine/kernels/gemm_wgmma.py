@@ -60,7 +60,7 @@ UNTUNED_PATCH_DEEP = {"MT": 128, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1
 PATCH_SPLIT_TILES = 72             # k-tiles from which an untuned patch conv splits K (K = 4608 at fp16)
 HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for every SM"
 # The tuner's space: the configs that led somewhere on the H100 (tools/probe_wgmma.py), 48 KB each at most.
-# "AR": A in registers (half only), B alone in the stages (H200, 4096^3: 412 against 281 TFLOP/s).
+# "AR": A in registers (fp16 and tf32), B alone in the stages (H200, 4096^3: 412 against 281 TFLOP/s).
 # "PT": a stride-1 3x3 conv's B from one input patch per channel slice (H200: yolov3 608 batch 8's
 # c256 f512 at 38x38 0.1089 -> 0.0939 ms, 416's at 26x26 0.0275 -> 0.0187; BENCHMARKS.md); "AP": A
 # prefetched into the L2: 1 the whole K range at the start (with PT a slice ahead), 2 (PT) every
@@ -373,8 +373,8 @@ def heuristic_config(node: Node, batch: int, mma: str = "f16", planes: bool = Fa
     (yolov3 416 batch 1, BENCHMARKS.md, nineteenth session). Before those, a stride-1 3x3 conv of
     few tiles whose input patches can be staged takes them (:data:`UNTUNED_PATCH`; from
     :data:`PATCH_SPLIT_TILES` k-tiles on, split in four: :data:`UNTUNED_PATCH_DEEP`; BENCHMARKS.md,
-    thirtieth session). A conv that writes a max-pool through stays with mma, whose epilogue computes the pool (yolov3-tiny's 208x208 one). At tf32 (no
-    ``gemm1x1``) the same spatial convs, the strided deep ones split too: mma.sync's tf32 runs at
+    thirtieth session). A conv that writes a max-pool through stays with mma, whose epilogue
+    computes the pool (yolov3-tiny's 208x208 one). At tf32 (no ``gemm1x1``) the same spatial convs, the strided deep ones split too: mma.sync's tf32 runs at
     half its f16 rate, and every such yolov3 416 shape ran 1.2-1.8x faster so on an H200
     (BENCHMARKS.md, twentieth session). Where the conv's input reaches it as planes (``planes``: read
     by another layer too, or a route's slice) and its tiles are few, the transpose it would need

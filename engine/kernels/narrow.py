@@ -7,10 +7,11 @@ Here a work-group keeps ``FPW`` filters' weights in local memory, each work-item
 window once into registers and sums it with each filter by FMA, and the sums leave through local
 memory in the output's order (coalesced whether planes or channels-last), or with ``PX`` 1 or 2
 straight from the registers of a work-item summing PX pixels (16-byte stores where a pixel's
-channels are contiguous), through the GEMM families' epilogue (bias, activation, shortcut, concat slice, an upsample written through,
-channels-last for an ``nhwc`` reader; a max-pool is left to its own launch). Offered on GPUs at
-every precision, for convs of at most 4 input channels and one group; tuned in only
-(``heuristic`` None), measured against the others in BENCHMARKS.md (nineteenth session).
+channels are contiguous), through the GEMM families' epilogue (bias, activation, shortcut, concat
+slice, an upsample written through, channels-last for an ``nhwc`` reader; a max-pool is left to
+its own launch). Offered on GPUs at every precision, for convs of at most 4 input channels and
+one group; tuned in only (``heuristic`` None), measured against the others in BENCHMARKS.md
+(nineteenth and thirtieth sessions).
 """
 from __future__ import annotations
 
