@@ -53,9 +53,9 @@
  *           it (23 KB at NT 128), and each of the nine taps reads its B rows straight from that
  *           patch -- row group g (output row g) at patch line (g + ky) * 10 + kx, the descriptor's
  *           stride byte offset one patch row -- so a slice's input is copied once instead of once
- *           per tap (16 KB per tap and 128 pixels otherwise). With PFLAT (PT 2; define PW = the map's width + 2) a tile is NT
- *           consecutive pixels of the output on a grid of PW columns, each tap's B rows one run of
- *           the patch's NT + 2 PW + 2 lines
+ *           per tap (16 KB per tap and 128 pixels otherwise). With PFLAT (PT 2; define PW = the
+ *           map's width + 2) a tile is NT consecutive pixels of the output on a grid of PW columns,
+ *           each tap's B rows one run of the patch's NT + 2 PW + 2 lines
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
  */
