@@ -3,8 +3,12 @@
 One run reports, for a model at a size, batch and precision on one device:
 - per launch: device time (OpenCL profiling events, median over the runs), the algorithm and
   kernel config chosen, GFLOP/s and the share of the device's FMA peak;
-- end to end: the wall time of ``Executor.run`` (upload, kernels, download), its device part
-  and the host overhead per frame (wall minus device time);
+- end to end: the wall time of ``Executor.run`` (upload, kernels, download) on the default path
+  (a second executor of the same plan on a queue without profiling: a profiling queue and its
+  per-launch events cost the host several microseconds a launch), the host overhead per frame
+  (wall minus device time), and ``resident``: the plan alone with its input already on the device,
+  enqueued and waited for -- what a CUDA graph's replay times, the like-for-like figure for a
+  PyTorch peer;
 - with ``compare="opencv"``: OpenCV DNN on the same network and weights in the same process,
   repetitions interleaved with ours (its OpenCL target on a GPU, its CPU backend on a CPU);
   ``compare="opencv-opencl"`` always uses its OpenCL target (on a CPU device: OpenCV's OpenCL
@@ -206,6 +210,7 @@ class BenchReport:
     tuned: dict = field(default_factory=dict)       # origin level -> conv node count
     opencv: Optional[dict] = None
     span_ms: list = field(default_factory=list)     # first kernel's start to last kernel's end, per run
+    resident_ms: list = field(default_factory=list)  # the plan alone, input on the device, no profiling
     bandwidth: Optional[float] = None                # device memory GB/s (copy), for the roofline
     side: list = field(default_factory=list)         # layers the wall runs on a second queue (branches.py)
 
@@ -234,14 +239,17 @@ class BenchReport:
                   f"device time (sum of kernels, median): {dev:.2f} ms (convolutions {conv:.2f} ms, other "
                   f"{dev - conv:.2f} ms); {self.gflop / dev * 1e3 if dev else 0:.1f} GFLOP/s = "
                   f"{100 * self.gflop / dev * 1e3 / self.peak if dev else 0:.1f}% of peak",
-                  f"end to end (Executor.run wall, {len(self.wall_ms)} runs): median {wall:.2f} ms, min "
-                  f"{min(self.wall_ms):.2f} ms; host overhead {float(np.median(np.subtract(self.wall_ms, self.device_ms))):.2f} "
-                  f"ms/frame (wall - device)"]
+                  f"end to end (Executor.run wall on the default queue, {len(self.wall_ms)} runs): median {wall:.2f} "
+                  f"ms, min {min(self.wall_ms):.2f} ms; host overhead "
+                  f"{float(np.median(np.subtract(self.wall_ms, self.device_ms))):.2f} ms/frame (wall - device)"]
         if self.span_ms:
             span = float(np.median(self.span_ms))
             lines.append(f"  of which between kernels (the driver starting each one): {span - dev:.2f} ms over "
                          f"{len(self.launches)} launches; outside the kernels' span (enqueue, copies, Python): "
                          f"{wall - span:.2f} ms")
+        if self.resident_ms:
+            lines.append(f"  resident (the plan alone, its input on the device: enqueue + wait, no profiling; what a "
+                         f"CUDA graph's replay times): median {float(np.median(self.resident_ms)):.2f} ms")
         if self.side:
             lines.append(f"  the wall runs layers {', '.join(self.side)} (side branches) on a second queue beside "
                          "the rest; the device time is of one queue (YOLO_CL_BRANCHES=0 runs one queue)")
@@ -325,7 +333,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
     cfg_path, weights_path, net, layers, params, graph = m.cfg_path, m.weights_path, m.net, m.layers, m.params, m.graph
     wdesc = str(weights_path) if weights_path is not None else "random (bench.random_params, in memory)"
 
-    rt = Runtime(device, profiling=True)
+    rt = Runtime(device)                         # the wall: the default path, no profiling
     mma = mode_for(rt, precision)
     db = tuning_database(rt, precision, mma)
     ex = Executor(rt, graph, batch, precision, db, mma=mma)
@@ -344,31 +352,47 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
             ocv.run(blob)
     if ocv is not None:
         ocv.reset()
-    wall, dev, cpu, per, span = [], [], [], [], []
-    for i in range(repeat):
+    wall, cpu, resident = [], [], []
+    for i in range(repeat):                      # the wall, interleaved with OpenCV
         c0, t0 = time.process_time(), time.perf_counter()
-        ex.run(blob, profile=True)
+        ex.run(blob)
         wall.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
-        times = ex.layer_times()
-        if ex.events:
-            span.append((ex.events[-1].profile.end - ex.events[0].profile.start) * 1e-6)   # first start to last end
-        per.append([t.ms for t in times])
-        dev.append(sum(t.ms for t in times))
+        t0 = time.perf_counter()
+        ex.enqueue()                             # the input is the run's: already in the arena
+        rt.queue.finish()
+        resident.append((time.perf_counter() - t0) * 1e3)
         if ocv is not None:
             ocv.run(blob)
         if progress:
-            progress(i + 1, repeat)
+            progress(i + 1, 2 * repeat)
+    side = ex.side_layers
+    del ex                                       # its memory, before the profiled plan's
+    # Device times: the same plan again on a profiling queue, every launch with its event.
+    prt = Runtime(rt.device, profiling=True)
+    pex = Executor(prt, graph, batch, precision, tuning_database(prt, precision, mma), mma=mma)
+    for _ in range(warmup):
+        pex.run(blob)
+    dev, per, span = [], [], []
+    for i in range(repeat):
+        pex.run(blob, profile=True)
+        times = pex.layer_times()
+        if pex.events:
+            span.append((pex.events[-1].profile.end - pex.events[0].profile.start) * 1e-6)   # first start to last end
+        per.append([t.ms for t in times])
+        dev.append(sum(t.ms for t in times))
+        if progress:
+            progress(repeat + i + 1, 2 * repeat)
     med = np.median(np.array(per), axis=0)
     item = precision.itemsize
     launches = [LaunchStat(t.label, t.op, t.name, float(m), t.flops, t.config, node_bytes(l.node, item))
-                for t, m, l in zip(ex.layer_times(), med, ex.launches)]
+                for t, m, l in zip(pex.layer_times(), med, pex.launches)]
     plat = rt.device.platform.name.strip()
     report = BenchReport(str(model), (net.width, net.height), batch, precision.name, rt.device_name, plat, rt.driver,
                          rt.device_type, the_peak, peak_src, wdesc, launches, wall, dev,
-                         cpu if rt.is_cpu else [], tuned, span_ms=span, side=ex.side_layers)
+                         cpu if rt.is_cpu else [], tuned, span_ms=span, side=side, resident_ms=resident)
     if plot:
-        report.bandwidth = memory_bandwidth(rt)
+        report.bandwidth = memory_bandwidth(prt)
     if ocv is not None:
         report.opencv = ocv.summary(rt.is_cpu and ocv.target == "CPU backend")
         ocv.close()

@@ -382,11 +382,32 @@ def test_tune_and_bench_commands(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "conv configs: 4 device+driver" in out          # the user cache (YOLO_CL_CACHE) was read
     assert "OpenCV DNN" in out and "yolo-cl / OpenCV latency" in out and "host overhead" in out
+    assert "default queue" in out and "resident (the plan alone" in out
     assert out.count("conv ") >= 4 and "peak 100.0 GFLOP/s (given)" in out
     table = out[out.index("per node against OpenCV"):].splitlines()
     rows = [l.split() for l in table[2:] if l.split() and l.split()[0][0].isdigit()]
     assert len(rows) >= 4 and all(float(r[-2]) > 0 for r in rows), table   # OpenCV's ms per node
     assert "total" in table[-1]
+
+
+def test_bench_times_the_wall_on_the_default_path_and_the_device_on_a_profiled_one(tmp_path, monkeypatch):
+    """The wall (and the resident figure) come from an executor on a queue without profiling, the
+    device times from a second, profiled one of the same plan: a profiling queue and its
+    per-launch events would add their own cost to the wall (issue 14)."""
+    from yolo_cl import bench, runtime
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    made, real = [], runtime.Runtime.__init__
+
+    def spy(self, device=None, profiling=False, **kw):
+        made.append(profiling)
+        real(self, device, profiling, **kw)
+    monkeypatch.setattr(runtime.Runtime, "__init__", spy)
+    cfg = tmp_path / "net.cfg"
+    cfg.write_text(net_cfg(16, 16))
+    rep = bench.run_bench(str(cfg), repeat=3, peak=100.0)
+    assert made[0] is False and made.count(True) == 1           # the wall's runtime first, then the profiled one
+    assert len(rep.wall_ms) == len(rep.resident_ms) == len(rep.device_ms) == 3
+    assert all(t > 0 for t in rep.resident_ms + rep.device_ms) and len(rep.launches) >= 4
 
 
 def test_bench_report_says_the_peak_is_the_fma_units_where_tensor_cores_ran():
