@@ -370,7 +370,7 @@ def run_bench(model: str, size=None, batch: int = 1, precision: str = "fp32", de
     del ex                                       # its memory, before the profiled plan's
     # Device times: the same plan again on a profiling queue, every launch with its event.
     prt = Runtime(rt.device, profiling=True)
-    pex = Executor(prt, graph, batch, precision, tuning_database(prt, precision, mma), mma=mma)
+    pex = Executor(prt, graph, batch, precision, db, mma=mma)       # the same records: the same plan
     for _ in range(warmup):
         pex.run(blob)
     dev, per, span = [], [], []
