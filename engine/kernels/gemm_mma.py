@@ -419,18 +419,19 @@ def heuristic(M: int, N: int, K: int, Z: int, mode: str, implicit: bool = False,
         if HEURISTIC_GATHER and why_illegal({**best, "GA": HEURISTIC_GATHER}, M, N, K, mode, implicit, lim) is None:
             best = {**best, "GA": HEURISTIC_GATHER}
     groups = -(-M // best["MWG"]) * -(-N // best["NWG"]) * Z
-    if groups < 4 * lim.compute_units and K >= 512 and not implicit:
-        # a 1x1 conv of few tiles reading its input as it is: small unsplit tiles instead of a K
-        # split and its sum launch (every tuned H200 yolov3 416 1x1 conv at 26x26 and 13x13, fp16
-        # and tf32: untuned yolov3 416 on an H200, BENCHMARKS.md thirtieth session)
-        small = {"MWG": 32, "NWG": 32, "KWG": kwg, "WM": 1, "WN": 2, "ST": 3}      # the tuned ones' 3-4 stages
-        if -(-M // 32) * -(-N // 32) * Z < lim.compute_units:
-            small["NWG"] = 16
-        if N % chunk_elems(mode):
-            small["BS"] = 1
-        if why_illegal(small, M, N, K, mode, implicit, lim) is None:
-            return small
-    if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K: share K out
+    if groups < 4 * lim.compute_units and K >= 512:       # few tiles, long K
+        if not implicit:
+            # a 1x1 conv reading its input as it is: small unsplit tiles instead of a K split and
+            # its sum launch (every tuned H200 yolov3 416 1x1 conv at 26x26 and 13x13, fp16 and
+            # tf32: untuned yolov3 416 on an H200, BENCHMARKS.md thirtieth session)
+            small = {"MWG": 32, "NWG": 32, "KWG": kwg, "WM": 1, "WN": 2, "ST": 3}      # the tuned ones' 3-4 stages
+            if -(-M // 32) * -(-N // 32) * Z < lim.compute_units:
+                small["NWG"] = 16
+            if N % chunk_elems(mode):
+                small["BS"] = 1
+            if why_illegal(small, M, N, K, mode, implicit, lim) is None:
+                return small
+        # a gathered B (or no small tile fits): share K out
         splits = [sk for sk in SPLITS if why_illegal({**best, "SK": sk}, M, N, K, mode, implicit, lim) is None]
         if splits:
             return {**best, "SK": next((sk for sk in splits if groups * sk >= 4 * lim.compute_units), splits[-1])}
