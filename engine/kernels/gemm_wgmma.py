@@ -394,14 +394,15 @@ def heuristic_config(node: Node, batch: int, mma: str = "f16", planes: bool = Fa
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED}
     if planes:
         return None
-    deep = gemm_k(node, "nhwc") // k_tile(UNTUNED_PATCH, mma) >= PATCH_SPLIT_TILES
+    K = gemm_k(node, "nhwc")
+    deep = K // k_tile(UNTUNED_PATCH, mma) >= PATCH_SPLIT_TILES
     patch = {"algo": "nhwc", "family": FAMILY, **(UNTUNED_PATCH_DEEP if deep else UNTUNED_PATCH)}
     if why_illegal(patch, mma) is None and why_not_patch(node, patch, mma) is None:
         return patch
-    if gemm_k(node, "nhwc") < DEEP_K:
+    if K < DEEP_K:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED_FEW}
     strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
-    if (mma == "tf32" or not strided) and why_not_split(UNTUNED_DEEP, gemm_k(node, "nhwc"), "nhwc", mma) is None:
+    if (mma == "tf32" or not strided) and why_not_split(UNTUNED_DEEP, K, "nhwc", mma) is None:
         return {"algo": "nhwc", "family": FAMILY, **UNTUNED_DEEP}
     return None
 
