@@ -347,11 +347,14 @@ def test_cpu_clock_sees_a_core_left_idle(rt, monkeypatch):
     assert charged >= 0.98e-6 * min(busiest)            # the busy thread's time ...
     assert charged > 1.5e-6 * min(total) / units        # ... not the process's share per unit
 
-    charged, runs = charged_and_runs(wide)
-    busiest = [max(r.values()) for r in runs]
-    total = [sum(r.values()) for r in runs]
-    assert any(sum(v > 0.05 * t for v in r.values()) >= 2 for r, t in zip(runs, total)), \
-        "the spread launch ran on one thread"
+    for _ in range(5):      # a loaded machine may run every work-item on one thread: then again
+        charged, runs = charged_and_runs(wide)
+        busiest = [max(r.values()) for r in runs]
+        total = [sum(r.values()) for r in runs]
+        if any(sum(v > 0.05 * t for v in r.values()) >= 2 for r, t in zip(runs, total)):
+            break
+    else:
+        pytest.fail("the spread launch ran on one thread in five tries")
     per_run = [max(b, t / units) * 1e-6 for b, t in zip(busiest, total)]
     assert 0.98e-6 * min(busiest) <= charged <= 1.02 * min(per_run)     # not the threads' total
 
