@@ -80,4 +80,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from yolo_cl import YoloClError
+    try:
+        sys.exit(main())
+    except YoloClError as e:            # a model or peer that cannot run: one line, not a traceback
+        sys.exit(f"bench_untuned: {e}")
