@@ -56,6 +56,9 @@
  *           per tap (16 KB per tap and 128 pixels otherwise). With PFLAT (PT 2; define PW = the
  *           map's width + 2) a tile is NT consecutive pixels of the output on a grid of PW columns,
  *           each tap's B rows one run of the patch's NT + 2 PW + 2 lines
+ *   PERSIST (config key TP > 1; not with PATCH) a work-group computes N tiles get_group_id(0),
+ *           + get_num_groups(0), ... in turn, one stream of stages over (tile, k-tile): the next
+ *           tile is staged while this one's last stages run and its sums are stored
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
  */
