@@ -472,11 +472,16 @@ def _detect(args, out_file: Optional[Path], frames: list) -> int:
     if out_file is not None and (len(items) != 1 or items[0][0] == "image"):
         raise YoloClError(f"--out {display(out_file)}: a video file name needs exactly one video, camera or stream "
                           "source; give a folder for images or several sources")
+    streams = sum(kind != "image" for kind, _ in items)
+    if args.jsonl and streams > 1:      # each stream would rewrite the one file: only the last would stay
+        raise YoloClError(f"--jsonl {args.jsonl}: one file takes one video, camera or stream source; with "
+                          f"{streams} of them use --jsonl-dir DIR (a file per source)")
     out_names = _OutputNames(Path(args.out)) if args.out and out_file is None else None
     detector = _make_detector(args)
-    for flag, on in (("--show", args.show), ("--track", args.track)):
+    for flag, on, hint in (("--show", args.show, ""), ("--track", args.track, ""),
+                           ("--jsonl", args.jsonl, " (images: --json)")):
         if on and any(kind == "image" for kind, _ in items):
-            print(f"yolo-cl: note: {flag} applies to video and camera sources only", file=sys.stderr)
+            print(f"yolo-cl: note: {flag} applies to video and camera sources only{hint}", file=sys.stderr)
     pending: list = []            # consecutive image paths, run args.batch at a time
 
     def flush_images() -> None:

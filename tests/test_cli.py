@@ -229,14 +229,17 @@ def test_stream_sources_go_to_the_video_module(capsys, monkeypatch, tmp_path):
     fake.run_detect_stream = lambda det, src, args: calls.append((det, src, args)) or 0
     monkeypatch.setitem(sys.modules, "yolo_cl.video_cli", fake)
     rc, _, err = run(capsys, "detect", "0", "rtsp://cam/live", "--size", "96", "--batch", "2",
-                     "--jsonl", tmp_path / "f.jsonl", "--out", tmp_path, "--reconnect", "3")
+                     "--out", tmp_path, "--reconnect", "3")
     assert rc == 0, err
     assert [c[1] for c in calls] == ["0", "rtsp://cam/live"]
     args = calls[0][2]
-    assert args.batch == 2 and args.reconnect == 3 and args.jsonl == str(tmp_path / "f.jsonl")
+    assert args.batch == 2 and args.reconnect == 3 and args.jsonl is None
     assert args.show is False and args.live is None
     assert Path(calls[0][2].out) == tmp_path / "camera0.mp4" and Path(calls[1][2].out) == tmp_path / "stream.mp4"
     assert calls[0][0].input_size == (96, 96)
+    rc, _, err = run(capsys, "detect", "rtsp://cam/live", "--size", "96", "--jsonl", tmp_path / "f.jsonl")
+    assert rc == 0, err
+    assert calls[-1][1] == "rtsp://cam/live" and calls[-1][2].jsonl == str(tmp_path / "f.jsonl")
 
 
 def test_format_detections_follows_darknet():
@@ -298,6 +301,20 @@ def test_detect_video_to_named_file_and_jsonl(capsys, tmp_path):
 def test_video_file_out_needs_one_stream_source(capsys, tmp_path):
     rc, _, err = run(capsys, "detect", DOG, "--out", tmp_path / "x.mp4")
     assert rc == 2 and "needs exactly one video" in err
+
+
+def test_jsonl_file_takes_one_stream_and_says_images_are_not_in_it(capsys, tmp_path):
+    """One --jsonl file for two videos: each would rewrite it and only the last video's lines would
+    stay, so the run stops before any frame and names --jsonl-dir; images with --jsonl get a note
+    (their detections print, the file is not theirs)."""
+    jsonl = tmp_path / "dets.jsonl"
+    video = SHARED / "videos" / "library1.mp4"
+    rc, out, err = run(capsys, "detect", video, video, "--size", "64", "--jsonl", jsonl)
+    assert rc == 2 and "--jsonl-dir" in err and "2 of them" in err and not out
+    assert not jsonl.exists()
+    rc, out, err = run(capsys, "detect", DOG, "--size", "64", "--jsonl", jsonl)
+    assert rc == 0 and "note: --jsonl applies to video and camera sources only (images: --json)" in err
+    assert "Predicted in" in out and not jsonl.exists()
 
 
 def test_draw_keeps_labels_of_overlapping_boxes_apart():
