@@ -169,6 +169,10 @@ def _avgpool(s, i, c, h, w, prev):
     return [prev], c, 1, 1, {}
 
 
+class RouteSizeError(CfgError):
+    """A [route] joins maps of different sizes (often an input size the network's strides do not divide)."""
+
+
 def _route(s, i, c, h, w, prev, layers):
     idx = _refs(s, i, "layers")
     groups = s.int("groups", 1, 1, MAX_CHANNELS)
@@ -178,8 +182,8 @@ def _route(s, i, c, h, w, prev, layers):
     for j in idx:
         lj = layers[j]
         if (lj.h, lj.w) != (first.h, first.w):
-            raise s.error(f"layer {j} is {lj.w}x{lj.h} but layer {idx[0]} is {first.w}x{first.h}; "
-                          "routed layers must share a size", "layers")
+            raise RouteSizeError(str(s.error(f"layer {j} is {lj.w}x{lj.h} but layer {idx[0]} is "
+                                             f"{first.w}x{first.h}; routed layers must share a size", "layers")))
         if lj.c % groups:
             raise s.error(f"groups={groups} does not divide layer {j}'s {lj.c} channels", "groups")
         total += lj.c // groups
@@ -491,7 +495,13 @@ def build_layers(sections: list, net: NetInfo) -> list:
         if s.kind in _SIMPLE:
             inputs, oc, oh, ow, p = _SIMPLE[s.kind](s, i, c, h, w, prev)
         else:
-            inputs, oc, oh, ow, p = _WITH_LAYERS[s.kind](s, i, c, h, w, prev, layers)
+            try:
+                inputs, oc, oh, ow, p = _WITH_LAYERS[s.kind](s, i, c, h, w, prev, layers)
+            except RouteSizeError as e:
+                if net.width % 32 == 0 and net.height % 32 == 0:
+                    raise
+                raise CfgError(f"{e} (the input size {net.width}x{net.height} is not a multiple of 32, "
+                               "which YOLO networks' strides need)") from None
         if not (1 <= oc <= MAX_CHANNELS * 64 and 1 <= oh <= MAX_SIDE * 4 and 1 <= ow <= MAX_SIDE * 4):
             raise s.error(f"output shape {oc}x{oh}x{ow} is not valid")
         layer = Layer(i, s.kind, s, inputs, oc, oh, ow, p)

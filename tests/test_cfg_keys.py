@@ -163,3 +163,24 @@ def test_keys_match_case_sensitively_and_blanks_vanish(tmp_path):
     assert [l.c for l in layers] == [1, 3]
     assert unheard(sections) == [f"{p}:9: warning: layer 0 [convolutional]: unused key 'Filters=16' (Darknet "
                                  "matches keys case-sensitively: 'filters'?)"]
+
+
+def test_route_of_unequal_maps_names_an_input_size_the_strides_do_not_divide(tmp_path):
+    """A [route] of a stride-16 map and the stride-32 one upsampled: equal at a multiple of 32, not at
+    100 (7 and 8 pixels); the error names the route's line and sizes, and where the input is not a
+    multiple of 32 says so. A cfg whose own layers disagree at a good size gets no such hint."""
+    net = "[net]\nwidth=32\nheight=32\nchannels=3\n"
+    body = (net + "\n[convolutional]\nfilters=4\nsize=3\nstride=2\npad=1\n" * 5 + "\n[upsample]\nstride=2\n"
+            "\n[route]\nlayers=-1,-3\n")
+    p = write(tmp_path, body)
+    for size in (96, 128):
+        sections = parse_cfg(p)
+        build_layers(sections, parse_net(sections[0], (size, size)))
+    sections = parse_cfg(p)
+    with pytest.raises(CfgError, match=r"t\.cfg:\d+: \[route\]: layer 3 is 7x7 but layer 5 is 8x8.*"
+                                       r"input size 100x100 is not a multiple of 32"):
+        build_layers(sections, parse_net(sections[0], (100, 100)))
+    p = write(tmp_path, body.replace("layers=-1,-3", "layers=-1,-4"))
+    sections = parse_cfg(p)
+    with pytest.raises(CfgError, match=r"share a size$"):
+        build_layers(sections, parse_net(sections[0], (128, 128)))
