@@ -17,6 +17,40 @@ from yolo_cl.precision import FP16, FP32, TF32, precision_named
 from yolo_cl.runtime import Runtime
 
 
+def test_a_cpu_heuristic_takes_the_devices_vector_width():
+    """A CPU device reporting 16-float native vectors (AVX-512) gets register blocks of 16-float
+    vectors untuned, as 31 of the 33 GEMM entries tuned on such a CPU have (configs/pocl-cpu.yaml,
+    the Zen 5 record); one reporting 8 (AVX2) the blocks it had, 8-float vectors."""
+    nodes = [n for size in (160, 256) for n in load_model("yolov3-tiny", None, size, params="made",
+                                                           make_params=random_params).graph.nodes if n.op == "conv"]
+    wide, narrow = fake_rt(), fake_rt()
+    wide.device.native_vector_width_float = 16
+    picks16 = [family.heuristic(n, wide, 1, FP32, "") for n in nodes]
+    picks8 = [family.heuristic(n, narrow, 1, FP32, "") for n in nodes]
+    gemms16 = [(n, c) for n, c in zip(nodes, picks16) if c.get("kernel") in ("nv", "mv")]
+    assert len(gemms16) >= 5 and all(c["VW"] == 16 and c["NV"] == 1 for _, c in gemms16), gemms16
+    for n, c in gemms16:        # six vectors: 6 x 16 where N is whole vectors, 16 x 6 where it is ragged
+        if c["algo"] != "implicit":
+            N = gemm_cpu.gemm_shape(n, c)[1]
+            assert (c["kernel"], c.get("TM", c.get("TN"))) == (("nv", 6) if N % 16 == 0 else ("mv", 6)), (N, c)
+            assert (c["KU"], c["WG"], c["ORD"]) == (1, 1, 0 if c["algo"] == "winograd" else 1)
+    assert {gemm_cpu.gemm_shape(n, c)[1] % 16 == 0 for n, c in gemms16} == {True, False}
+    assert all(c["VW"] == 8 for c in picks8 if c.get("kernel") in ("nv", "mv"))
+    assert picks8 == [gemm_cpu.heuristic_config(n, 1, FP32) for n in nodes]
+
+
+def test_cpu_cost_model_counts_a_narrow_vector_as_part_of_a_wide_unit():
+    """On a 16-float SIMD unit an 8-float vector does half a vector instruction's work, so the same
+    6 x 16 block costs more as two 8-float vectors than as one 16-float one; on an 8-float unit the
+    two are alike (a 16-float vector is two instructions there)."""
+    narrow = {"kernel": "nv", "TM": 6, "VW": 8, "NV": 2, "KU": 1, "WG": 1, "ORD": 1}
+    wide = {**narrow, "VW": 16, "NV": 1}
+    M, N, K = 256, 4096, 512
+    assert gemm_cpu.cost(narrow, M, N, K, lanes=16, registers=32) > 1.5 * gemm_cpu.cost(wide, M, N, K, lanes=16,
+                                                                                         registers=32)
+    assert gemm_cpu.cost(narrow, M, N, K) == pytest.approx(gemm_cpu.cost(wide, M, N, K), rel=0.1)
+
+
 def test_family_of_names_the_family_or_refuses():
     assert family.family_of({"algo": "implicit", "family": "local"}) is gemm_local.KERNEL_FAMILY
     assert family.family_of({"algo": "depthwise"}).name is None

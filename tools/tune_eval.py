@@ -218,15 +218,19 @@ def device_limits(rt) -> dict:
     another machine replays with that machine's space)."""
     d = rt.device
     return {"max_work_group_size": int(d.max_work_group_size), "local_mem_size": int(d.local_mem_size),
-            "max_compute_units": int(d.max_compute_units)}
+            "max_compute_units": int(d.max_compute_units),
+            "native_vector_width_float": int(d.native_vector_width_float)}
 
 
 class RecordedDevice:
     """The device of a recording, as far as candidate enumeration and the cost model ask."""
 
     def __init__(self, report: dict, rt) -> None:
-        self.rt, self.is_cpu = rt, report["is_cpu"]
-        self.device = type("Device", (), dict(report["limits"]))()
+        self.rt, self.is_cpu = rt, report.get("is_cpu", rt.is_cpu)
+        # recordings before the vector width was kept: 8 floats, the AVX2 CPU of the PoCL ones
+        # and what the CPU cost model then assumed on every device
+        limits = {**device_limits(rt), "native_vector_width_float": 8, **report.get("limits", {})}
+        self.device = type("Device", (), limits)()
 
     def __getattr__(self, name: str):
         return getattr(self.rt, name)
@@ -283,7 +287,7 @@ def replay(report: dict, args) -> int:
     from yolo_cl.search import config_key
     rt = Runtime(args.device)
     tuner = tmod.Tuner(rt, precision_named(report["precision"]), report["batch"], clock=report["clock"], jobs=1)
-    if "limits" in report and (report["device"] != rt.device_name or report["is_cpu"] != rt.is_cpu):
+    if report["device"] != rt.device_name or report.get("is_cpu", rt.is_cpu) != rt.is_cpu:
         tuner.rt = RecordedDevice(report, rt)     # e.g. a GPU recording replayed on a CPU
     out = dict(report, clock=report["clock"] + " (replayed)", models={})
     for spec, rows in report["models"].items():

@@ -50,7 +50,8 @@ class Direct:
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
         return [{"algo": "depthwise"}] if is_depthwise(node) else []
 
-    def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
+    def heuristic(self, node: Node, rt, batch: int, precision, mma: str,
+                  planes: bool = False) -> Optional[dict]:
         return {"algo": "depthwise"} if is_depthwise(node) else None
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:

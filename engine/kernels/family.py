@@ -38,9 +38,11 @@ class KernelFamily(Protocol):
     def candidates(self, node: Node, rt, batch: int, precision: Precision, mma: str) -> list:
         """Every legal config for ``node`` on ``rt``'s device, for the tuner ([] if it cannot run it)."""
 
-    def heuristic(self, node: Node, batch: int, precision: Precision, mma: str, planes: bool = False) -> Optional[dict]:
-        """The untuned config for ``node`` (None if it does not run it); ``planes``: its input
-        reaches it as NCHW planes whatever the configs (no producer can store it channels-last)."""
+    def heuristic(self, node: Node, rt, batch: int, precision: Precision, mma: str,
+                  planes: bool = False) -> Optional[dict]:
+        """The untuned config for ``node`` on ``rt``'s device (None if it does not run it; the
+        device says e.g. how wide a CPU's vectors are); ``planes``: its input reaches it as NCHW
+        planes whatever the configs (no producer can store it channels-last)."""
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         """Why ``cfg`` cannot run ``node`` on ``rt``'s device in tensor-core mode ``mma`` ("" for
@@ -104,7 +106,7 @@ def heuristic(node: Node, rt, batch: int, precision: Precision, mma: str, planes
     pick cannot run here -- its probe failed -- passes the layer on to the next). ``planes``: see
     :meth:`KernelFamily.heuristic`."""
     for f in offered(rt, mma):
-        cfg = f.heuristic(node, batch, precision, mma, planes)
+        cfg = f.heuristic(node, rt, batch, precision, mma, planes)
         if cfg is not None and f.why_illegal(node, cfg, rt, mma) is None:
             return cfg
     raise ValueError(f"no kernel family runs {node.describe()}")

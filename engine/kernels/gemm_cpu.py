@@ -164,7 +164,7 @@ def registers_needed(cfg: dict, lanes: int = 8) -> int:
     """SIMD registers one k step keeps live: accumulators, the loaded vectors, one broadcast."""
     rows, cols = block(cfg)
     per_vec = max(1, cfg["VW"] // lanes)
-    return -(-rows * cols // max(lanes, 1)) + cfg["NV"] * per_vec + 1
+    return -(-rows * cols // max(min(cfg["VW"], lanes), 1)) + cfg["NV"] * per_vec + 1
 
 
 def simd(rt) -> tuple:
@@ -206,10 +206,11 @@ def cost(cfg: dict, M: int, N: int, K: int, Z: int = 1, threads: int = 2, lanes:
     """
     rows, cols = block(cfg)
     vw = cfg["VW"]
-    fma = rows * cols / max(vw, lanes) * max(1, vw // lanes)
+    width = min(vw, lanes)                           # floats one vector instruction works on
+    fma = rows * cols / width
     loads = (cols / vw + rows) if cfg["kernel"] == "nv" else (rows / vw + cols)
     per_step = max(fma, 0.75 * loads) + 1.5          # + loop and address overhead
-    live = rows * cols / lanes + cfg["NV"] * max(1, vw // lanes) + 1
+    live = rows * cols / width + cfg["NV"] * max(1, vw // lanes) + 1
     if live > registers:
         per_step *= 1.0 + 0.15 * (live - registers)   # spills: a load and a store per extra register
     if cfg["kernel"] == "mv" and N % cols:
@@ -243,15 +244,17 @@ HEURISTIC_FIXED = {"KU": 4, "WG": 1, "ORD": 0}
 HEURISTIC_ORD = {"im2col": 1}          # for strided convs (a stride-1 one has the implicit GEMM)
 
 
-def heuristic(M: int, N: int, K: int, Z: int = 1, fits=None, order: int = HEURISTIC_FIXED["ORD"]) -> dict:
+def heuristic(M: int, N: int, K: int, Z: int = 1, fits=None, order: int = HEURISTIC_FIXED["ORD"],
+              lanes: int = 8, registers: int = 16) -> dict:
     """An untuned pick: the cost model's best register block with ``HEURISTIC_FIXED`` tunables
-    and grid ``order`` (and, given ``fits``, only blocks it accepts)."""
+    and grid ``order`` (and, given ``fits``, only blocks it accepts), for a SIMD unit of
+    ``registers`` registers of ``lanes`` floats (:func:`simd`)."""
     best, best_cost = None, None
-    for c in space(M, N, K):
+    for c in space(M, N, K, lanes=lanes, registers=registers):
         c = {**c, **HEURISTIC_FIXED, "ORD": order}
         if why_illegal(c, M, N, K) is not None or (fits is not None and not fits(c)):
             continue
-        e = cost(c, M, N, K, Z)
+        e = cost(c, M, N, K, Z, lanes=lanes, registers=registers)
         if best_cost is None or e < best_cost:
             best, best_cost = c, e
     return best or {"kernel": "nv", "TM": 1, "VW": 1, "NV": 1, "KU": 1, "WG": 0}
@@ -385,7 +388,36 @@ FUSED_WIDE_C, FUSED_WIDE_MIN_N = 128, 1024
 FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
 
 
-def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) -> dict:
+# On a SIMD unit of 16 floats (AVX-512; PoCL reports native float vectors of 16) the untuned pick
+# takes a block of six 16-float vectors: 6 rows x 16 columns (``nv``) where the GEMM's N is a
+# multiple of 16, else 16 rows x 6 columns (``mv``: a ragged N, e.g. 13x13 or 26x26 maps, or
+# Winograd's few tiles), k unrolled once, one work-item a work-group, row blocks first (column
+# blocks first for Winograd's batched GEMM). Timed on a Zen 5 (Debian's PoCL 3.1) over the 101
+# conv shapes of eight networks and sizes, weighted by how often each occurs: 523 ms against 640
+# with the cost model's blocks and the 8-lane tunables, and 509 for the tuned entries
+# (BENCHMARKS.md, thirty-first session).
+WIDE_LANES = 16
+WIDE_FIXED = {"VW": 16, "NV": 1, "KU": 1, "WG": 1}
+WIDE_ORD = {"winograd": 0}             # else 1
+
+
+def wide_block(cfg: dict, N: int) -> dict:
+    """``cfg`` (a GEMM config of the family) with the 16-lane unit's block and tunables for a GEMM
+    of N columns (see ``WIDE_FIXED``)."""
+    head = {k: v for k, v in cfg.items() if k not in ("kernel", "TM", "TN", "VW", "NV", "KU", "WG", "ORD")}
+    block = {"kernel": "nv", "TM": 6} if N % 16 == 0 else {"kernel": "mv", "TN": 6}
+    return {**head, **block, **WIDE_FIXED, "ORD": WIDE_ORD.get(cfg.get("algo"), 1)}
+
+
+def widened(block: dict, lanes: int) -> dict:
+    """A rule's register block of 8-float vectors on a SIMD unit of ``lanes`` floats: the same
+    rows and columns in 16-float vectors where the unit has them (NV 2 of 8 -> NV 1 of 16)."""
+    if lanes >= 16 and block.get("VW") == 8 and block.get("NV", 1) % 2 == 0:
+        return {**block, "VW": 16, "NV": block["NV"] // 2}
+    return block
+
+
+def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32, simd_unit: tuple = (8, 16)) -> dict:
     """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MAX_C``,
     ``FUSED_WIDE_C``), the fixed rules below, else the cost model's best algorithm and block
     (Winograd with the tile sizes ``precision`` allows, as in the tuner's candidates)."""
@@ -397,14 +429,18 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) ->
         cfg = {"family": FAMILY, "algo": "winograd", "m": max(precision.winograd_tiles), **FUSED_BLOCK}
         if fused_illegal(node, cfg) is None:
             return cfg
-    if algos == ["gemm1x1"] and N >= POINTWISE_MIN_N:
+    lanes, registers = simd_unit
+    if algos == ["gemm1x1"] and (N >= POINTWISE_MIN_N or lanes >= WIDE_LANES):
         cfg = {"family": FAMILY, "algo": "gemm1x1", **POINTWISE_BLOCK}
+        cfg = wide_block(cfg, N) if lanes >= WIDE_LANES else cfg
         if why_illegal(cfg, M, N, K) is None:
             return cfg
     if "implicit" in algos and (K <= IMPLICIT_MAX_K or (N >= IMPLICIT_LARGE_N and K <= IMPLICIT_LARGE_MAX_K)):
         head = {"family": FAMILY, "algo": "implicit"}
-        for cfg in ({**head, **IMPLICIT_BLOCK, **HEURISTIC_FIXED},
-                    {**head, **heuristic(M, N, K, batch * G, lambda c: conv_illegal(node, {**head, **c}) is None)}):
+        fits = lambda c: conv_illegal(node, {**head, **c}) is None       # noqa: E731
+        for cfg in ({**head, **widened(IMPLICIT_BLOCK, lanes), **HEURISTIC_FIXED},
+                    {**head, **IMPLICIT_BLOCK, **HEURISTIC_FIXED},
+                    {**head, **heuristic(M, N, K, batch * G, fits, lanes=lanes, registers=registers)}):
             if why_illegal(cfg, M, N, K) is None and conv_illegal(node, cfg) is None:
                 return cfg
     for algo in algos:
@@ -414,10 +450,13 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32) ->
             fits = lambda c, head=head: conv_illegal(node, {**head, **c}) is None   # noqa: E731
             strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
             order = HEURISTIC_ORD.get(algo, HEURISTIC_FIXED["ORD"]) if strided else HEURISTIC_FIXED["ORD"]
-            cfg = {**head, **heuristic(M, N, K, batch * G, fits, order)}
+            cfg = {**head, **heuristic(M, N, K, batch * G, fits, order, lanes, registers)}
             if conv_illegal(node, cfg) is not None:
                 continue
-            c = conv_cost(node, cfg, batch)
+            if lanes >= WIDE_LANES and algo != "implicit":
+                wide = wide_block(cfg, N)
+                cfg = wide if why_illegal(wide, M, N, K) is None and conv_illegal(node, wide) is None else cfg
+            c = conv_cost(node, cfg, batch, simd_unit)
             if best_cost is None or c < best_cost:
                 best, best_cost = cfg, c
     return best
@@ -436,13 +475,14 @@ def fused_cost(node: Node, cfg: dict, batch: int = 1, threads: int = 2) -> float
     return work / min(1.0, items / (4 * threads))
 
 
-def conv_cost(node: Node, cfg: dict, batch: int = 1) -> float:
-    """``cost`` for a conv config, plus the passes around the GEMM: im2col (a K x N write and
-    read), Winograd's transforms (T2 x (K + M) x N values, each several adds)."""
+def conv_cost(node: Node, cfg: dict, batch: int = 1, simd_unit: tuple = (8, 16)) -> float:
+    """``cost`` for a conv config on a SIMD unit of (lanes, registers), plus the passes around the
+    GEMM: im2col (a K x N write and read), Winograd's transforms (T2 x (K + M) x N values, each
+    several adds)."""
     if cfg.get("kernel") == "fused":
         return fused_cost(node, cfg, batch)
     M, N, K, G = gemm_shape(node, cfg)
-    c = cost(cfg, M, N, K, batch * G)
+    c = cost(cfg, M, N, K, batch * G, lanes=simd_unit[0], registers=simd_unit[1])
     if cfg["algo"] == "implicit":
         c *= 1.05                    # edge runs and row bookkeeping
     elif cfg["algo"] == "im2col":
@@ -554,8 +594,9 @@ class CpuGemm:
     def candidates(self, node: Node, rt, batch: int, precision: Precision, mma: str) -> list:
         return [] if is_depthwise(node) else candidates(node, rt, batch, precision)
 
-    def heuristic(self, node: Node, batch: int, precision: Precision, mma: str, planes: bool = False) -> Optional[dict]:
-        return None if is_depthwise(node) else heuristic_config(node, batch, precision)
+    def heuristic(self, node: Node, rt, batch: int, precision: Precision, mma: str,
+                  planes: bool = False) -> Optional[dict]:
+        return None if is_depthwise(node) else heuristic_config(node, batch, precision, simd(rt))
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         algo = cfg.get("algo")
@@ -572,7 +613,7 @@ class CpuGemm:
         return None if reason is None else f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}"
 
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
-        return conv_cost(node, cfg, batch)
+        return conv_cost(node, cfg, batch, simd(rt))
 
     def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision: Precision) -> int:
         return winograd.scratch_elems(node, batch, cfg) * precision.itemsize

@@ -488,7 +488,8 @@ class LocalGemm:
             return []
         return candidates(node, rt, batch) + wino_candidates(node, rt, precision.winograd_tiles)
 
-    def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
+    def heuristic(self, node: Node, rt, batch: int, precision, mma: str,
+                  planes: bool = False) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, batch)
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:

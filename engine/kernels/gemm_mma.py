@@ -555,7 +555,8 @@ class MmaGemm:
     def candidates(self, node: Node, rt, batch: int, precision, mma: str) -> list:
         return [] if is_depthwise(node) else candidates(node, rt, mma, batch)
 
-    def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
+    def heuristic(self, node: Node, rt, batch: int, precision, mma: str,
+                  planes: bool = False) -> Optional[dict]:
         return None if is_depthwise(node) else heuristic_config(node, mma, batch)
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:

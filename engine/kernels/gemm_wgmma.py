@@ -533,7 +533,8 @@ class WgmmaGemm:
         return [{"algo": algo, "family": FAMILY, **c} for algo in conv_algos(node, mma) for c in SPACE
                 if why_illegal(c, mma) is None and why_not_patch(node, {"algo": algo, **c}, mma) is None]
 
-    def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
+    def heuristic(self, node: Node, rt, batch: int, precision, mma: str,
+                  planes: bool = False) -> Optional[dict]:
         return heuristic_config(node, batch, mma, planes) if mma in MODES else None
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:

@@ -104,7 +104,8 @@ class Narrow:
                  for f in FPWS if f < 2 * M for w in WGS for px in PXS]
         return [c for c in cands if why_illegal(node, c) is None]
 
-    def heuristic(self, node: Node, batch: int, precision, mma: str, planes: bool = False) -> Optional[dict]:
+    def heuristic(self, node: Node, rt, batch: int, precision, mma: str,
+                  planes: bool = False) -> Optional[dict]:
         return None
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
