@@ -418,9 +418,11 @@ def widened(block: dict, lanes: int) -> dict:
 
 
 def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32, simd_unit: tuple = (8, 16)) -> dict:
-    """The untuned choice for a conv on a CPU: the fused Winograd by rule (``FUSED_MAX_C``,
-    ``FUSED_WIDE_C``), the fixed rules below, else the cost model's best algorithm and block
-    (Winograd with the tile sizes ``precision`` allows, as in the tuner's candidates)."""
+    """The untuned choice for a conv on a CPU whose SIMD unit is ``simd_unit`` (lanes, registers:
+    :func:`simd`): the fused Winograd by rule (``FUSED_MAX_C``, ``FUSED_WIDE_C``), the fixed rules
+    below, else the cost model's best algorithm and block (Winograd with the tile sizes
+    ``precision`` allows, as in the tuner's candidates); on a 16-lane unit the GEMMs' blocks and
+    tunables by :func:`wide_block`."""
     best, best_cost = None, None
     algos = conv_algos(node)
     M, N, K, G = conv_gemm_shape(node)
