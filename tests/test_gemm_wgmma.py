@@ -291,7 +291,7 @@ def test_family_offered_with_fp16_tensor_cores_only(rt, tmp_path):
     assert not any(gw.from_patch(c) for c in cands)                 # 3 channels: no patch slices
     assert gw.conv_algos(pointwise[0], "tf32") == ["nhwc"]          # tf32 reads B k-contiguous only
     assert {c["algo"] for c in gw.KERNEL_FAMILY.candidates(pointwise[0], rt, 1, TF32, "tf32")} == {"nhwc"}
-    assert gw.KERNEL_FAMILY.heuristic(spatial[0], 1, FP16, "f16") is None       # 3 channels: mma's
+    assert gw.KERNEL_FAMILY.heuristic(spatial[0], rt, 1, FP16, "f16") is None       # 3 channels: mma's
 
 
 def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
@@ -310,7 +310,8 @@ def test_untuned_pick_claims_spatial_convs_with_work_for_every_sm(tmp_path):
     rgb = conv_nodes(tmp_path / "r.cfg", net_header(208, 208) + conv(64))[0]
     odd = conv_nodes(tmp_path / "o.cfg", net_header(52, 52, 96) + conv(256))[0]             # 96 channels, K 864
     odd_deep = conv_nodes(tmp_path / "od.cfg", net_header(26, 26, 288) + conv(512))[0]      # K 2592
-    pick = gw.KERNEL_FAMILY.heuristic
+    def pick(node, batch, precision, mma):
+        return gw.KERNEL_FAMILY.heuristic(node, None, batch, precision, mma)      # the pick asks no device
     assert pick(wide, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED}
     # stride-1 3x3 convs over whole 64-channel slices stage input patches, split from 72 k-tiles on
     assert pick(mid, 1, FP16, "f16") == {"algo": "nhwc", "family": "wgmma", **gw.UNTUNED_PATCH}

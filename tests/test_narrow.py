@@ -56,7 +56,8 @@ def test_which_convs_and_configs(tmp_path):
 
     class Dev:
         is_cpu = True
-    assert not narrow.KERNEL_FAMILY.offered(Dev(), "") and narrow.KERNEL_FAMILY.heuristic(rgb, 1, FP32, "") is None
+    assert not narrow.KERNEL_FAMILY.offered(Dev(), "")
+    assert narrow.KERNEL_FAMILY.heuristic(rgb, Dev(), 1, FP32, "") is None
     assert family.competes(cands[0], "f16")        # tuned beside the tensor cores: its fp16 entries count
 
 
