@@ -20,7 +20,8 @@ from yolo_cl.runtime import Runtime
 def test_a_cpu_heuristic_takes_the_devices_vector_width():
     """A CPU device reporting 16-float native vectors (AVX-512) gets register blocks of 16-float
     vectors untuned, as 31 of the 33 GEMM entries tuned on such a CPU have (configs/pocl-cpu.yaml,
-    the Zen 5 record); one reporting 8 (AVX2) the blocks it had, 8-float vectors."""
+    the Zen 5 record), at fp32; one reporting 8 (AVX2) the blocks it had, 8-float vectors, and so
+    does half storage on either."""
     nodes = [n for size in (160, 256) for n in load_model("yolov3-tiny", None, size, params="made",
                                                            make_params=random_params).graph.nodes if n.op == "conv"]
     wide, narrow = fake_rt(), fake_rt()
@@ -37,6 +38,9 @@ def test_a_cpu_heuristic_takes_the_devices_vector_width():
     assert {gemm_cpu.gemm_shape(n, c)[1] % 16 == 0 for n, c in gemms16} == {True, False}
     assert all(c["VW"] == 8 for c in picks8 if c.get("kernel") in ("nv", "mv"))
     assert picks8 == [gemm_cpu.heuristic_config(n, 1, FP32) for n in nodes]
+    # half storage converts every load, and there the 8-float picks ran faster: kept on any unit
+    assert [family.heuristic(n, wide, 1, FP16, "") for n in nodes] == [gemm_cpu.heuristic_config(n, 1, FP16)
+                                                                      for n in nodes]
 
 
 def test_cpu_cost_model_counts_a_narrow_vector_as_part_of_a_wide_unit():
