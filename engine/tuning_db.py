@@ -15,6 +15,12 @@ level:
     3 device type
     -> no entry
 
+A CPU record also says how wide its device's float vectors were (``lanes``: 8 for AVX2, 16 for
+AVX-512, as OpenCL reports them), and a CPU takes entries only from a record of its own width (or
+one that does not say): blocks tuned for the other width ran slower than the untuned pick (AVX2
+entries on an AVX-512 CPU: 9-15%), and PoCL names different CPUs alike ("pthread-AMD EPYC" on a
+Zen 3 and a Zen 5).
+
 Within a level the user cache wins over the shipped files. Spatial size is bucketed (N, the
 output pixels, rounded up to a power of two) and a miss tries the neighbouring buckets, so a
 new input size does not force a retune. A config ``fits`` rejects for the actual shape (e.g. a
@@ -82,14 +88,18 @@ class DeviceId:
     vendor: str
     type: str
     precision: str
+    lanes: int = 0              # a CPU's native float vector width; 0: not a CPU
 
     @classmethod
     def of(cls, rt, precision: Precision) -> "DeviceId":
-        return cls(rt.device_name, rt.driver, rt.vendor, rt.device_type, precision.name)
+        lanes = int(getattr(rt.device, "native_vector_width_float", 0) or 0) if rt.is_cpu else 0
+        return cls(rt.device_name, rt.driver, rt.vendor, rt.device_type, precision.name, lanes)
 
     def matches(self, rec: dict, level: int) -> bool:
         if rec.get("precision") != self.precision or rec.get("type") != self.type:
             return False
+        if self.lanes and rec.get("lanes", self.lanes) != self.lanes:
+            return False            # blocks tuned for another vector width (even under this name)
         if level == 0:
             return rec.get("device") == self.device and rec.get("driver") == self.driver
         if level == 1:
@@ -99,8 +109,9 @@ class DeviceId:
         return rec.get("vendor") != self.vendor
 
     def header(self) -> dict:
-        return {"device": self.device, "driver": self.driver, "vendor": self.vendor, "type": self.type,
-                "precision": self.precision}
+        out = {"device": self.device, "driver": self.driver, "vendor": self.vendor, "type": self.type,
+               "precision": self.precision}
+        return {**out, "lanes": self.lanes} if self.lanes else out
 
 
 # -- files --------------------------------------------------------------------------------
@@ -177,6 +188,8 @@ def merge_records(old: list, new: list) -> list:
             out.append(copy.deepcopy(rec))
         else:
             same["configs"].update(copy.deepcopy(rec["configs"]))
+            if "lanes" in rec:
+                same["lanes"] = rec["lanes"]
     return out
 
 
