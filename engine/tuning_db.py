@@ -16,10 +16,10 @@ level:
     -> no entry
 
 A CPU record also says how wide its device's float vectors were (``lanes``: 8 for AVX2, 16 for
-AVX-512, as OpenCL reports them), and a CPU takes entries only from a record of its own width (or
-one that does not say): blocks tuned for the other width ran slower than the untuned pick (AVX2
-entries on an AVX-512 CPU: 9-15%), and PoCL names different CPUs alike ("pthread-AMD EPYC" on a
-Zen 3 and a Zen 5).
+AVX-512, as OpenCL reports them), and a CPU with 16-float vectors takes entries only from a
+record of such a device, a narrower CPU only from a record of a narrower one (a record that does
+not say serves both): AVX2 entries ran 9-15% slower than the untuned pick on an AVX-512 CPU, and
+PoCL names different CPUs alike ("pthread-AMD EPYC" on a Zen 3 and a Zen 5).
 
 Within a level the user cache wins over the shipped files. Spatial size is bucketed (N, the
 output pixels, rounded up to a power of two) and a miss tries the neighbouring buckets, so a
@@ -79,6 +79,12 @@ def _neighbour_keys(node: Node, batch: int) -> list:
     return list(dict.fromkeys(k for k in keys if k != shape_key(node, batch)))
 
 
+def wide(lanes) -> bool:
+    """Whether a CPU of ``lanes`` float lanes has 16-float vectors (AVX-512): the one line between
+    vector widths the records are kept apart by (AVX2 and narrower units share records as before)."""
+    return isinstance(lanes, int) and lanes >= 16
+
+
 @dataclass(frozen=True)
 class DeviceId:
     """The identity a record is filed under."""
@@ -98,7 +104,7 @@ class DeviceId:
     def matches(self, rec: dict, level: int) -> bool:
         if rec.get("precision") != self.precision or rec.get("type") != self.type:
             return False
-        if self.lanes and rec.get("lanes", self.lanes) != self.lanes:
+        if self.lanes and wide(rec.get("lanes", self.lanes)) != wide(self.lanes):
             return False            # blocks tuned for another vector width (even under this name)
         if level == 0:
             return rec.get("device") == self.device and rec.get("driver") == self.driver

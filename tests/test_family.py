@@ -38,6 +38,9 @@ def test_a_cpu_heuristic_takes_the_devices_vector_width():
     assert {gemm_cpu.gemm_shape(n, c)[1] % 16 == 0 for n, c in gemms16} == {True, False}
     assert all(c["VW"] == 8 for c in picks8 if c.get("kernel") in ("nv", "mv"))
     assert picks8 == [gemm_cpu.heuristic_config(n, 1, FP32) for n in nodes]
+    sse = fake_rt()
+    sse.device.native_vector_width_float = 4       # narrower still: the 8-float rules, as before
+    assert [family.heuristic(n, sse, 1, FP32, "") for n in nodes] == picks8
     # half storage converts every load, and there the 8-float picks ran faster: kept on any unit
     assert [family.heuristic(n, wide, 1, FP16, "") for n in nodes] == [gemm_cpu.heuristic_config(n, 1, FP16)
                                                                       for n in nodes]

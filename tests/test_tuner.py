@@ -105,10 +105,11 @@ def test_fallback_order(tmp_path):
 
 
 def test_a_cpu_takes_entries_of_its_own_vector_width_only(tmp_path):
-    """A CPU record says how wide its device's float vectors were; a CPU of another width skips it
-    at every level (PoCL names a Zen 3 and a Zen 5 alike, and AVX2 blocks ran 9-15% slower than the
-    untuned pick on an AVX-512 CPU), takes a record of its width or one that does not say, and
-    files what it tunes with its width. A GPU has no width and takes any record."""
+    """A CPU record says how wide its device's float vectors were; a CPU with 16-float vectors skips
+    a narrower device's record at every level and a narrower CPU an AVX-512 one (PoCL names a Zen 3
+    and a Zen 5 alike, and AVX2 blocks ran 9-15% slower than the untuned pick on an AVX-512 CPU),
+    either takes a record that does not say, and files what it tunes with its width. A GPU has no
+    width and takes any record."""
     node = convs(tmp_path)[0]
     key = dbm.shape_key(node)
     user, shipped = tmp_path / "user.yaml", tmp_path / "shipped.yaml"
@@ -123,6 +124,9 @@ def test_a_cpu_takes_entries_of_its_own_vector_width_only(tmp_path):
     assert found([avx2, avx512], wide) == CFG_C and found([avx2], wide) is None
     assert found([avx2, avx512], fake_rt()) == CFG_A                         # an 8-float CPU: its own
     assert found([record(device="Dev Y", configs={key: CFG_D})], wide) == CFG_D    # a record that does not say
+    neon = fake_rt()
+    neon.device.native_vector_width_float = 4      # narrower than AVX-512: the narrow records, as before
+    assert found([avx2, avx512], neon) == CFG_A
     gpu = fake_rt(kind="GPU")
     assert found([{**record(kind="GPU", configs={key: CFG_B}), "lanes": 8}], gpu) == CFG_B
     db = database(wide, paths=[], user_path=user)

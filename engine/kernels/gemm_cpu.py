@@ -173,6 +173,14 @@ def simd(rt) -> tuple:
     return (16, 32) if lanes >= 16 else (max(lanes, 4), 16)
 
 
+def modelled_unit(rt) -> tuple:
+    """(lanes, registers) the untuned pick and the search's cost model assume for ``rt``'s CPU: its
+    own where it has 16-float vectors (AVX-512, measured on a Zen 5), else the 8-float unit their
+    rules were measured on (AVX2; narrower units too, as before: no data says otherwise)."""
+    lanes, registers = simd(rt)
+    return (lanes, registers) if lanes >= WIDE_LANES else (8, 16)
+
+
 def space(M: int, N: int, K: int, max_wg: int = 4096, lanes: int = 8, registers: int = 16) -> list:
     """Every legal (kernel, block, KU, WG) of the family for this shape: blocks whose accumulators
     fit the register file, minus those that pad more than they compute (e.g. 16 rows for M = 3)."""
@@ -600,7 +608,7 @@ class CpuGemm:
 
     def heuristic(self, node: Node, rt, batch: int, precision: Precision, mma: str,
                   planes: bool = False) -> Optional[dict]:
-        return None if is_depthwise(node) else heuristic_config(node, batch, precision, simd(rt))
+        return None if is_depthwise(node) else heuristic_config(node, batch, precision, modelled_unit(rt))
 
     def why_illegal(self, node: Node, cfg: dict, rt, mma: str = "") -> Optional[str]:
         algo = cfg.get("algo")
@@ -617,7 +625,7 @@ class CpuGemm:
         return None if reason is None else f"GEMM config {cfg} cannot run M={M} N={N} K={K}: {reason}"
 
     def cost(self, node: Node, cfg: dict, batch: int, rt) -> float:
-        return conv_cost(node, cfg, batch, simd(rt))
+        return conv_cost(node, cfg, batch, modelled_unit(rt))
 
     def workspace_bytes(self, node: Node, cfg: dict, batch: int, precision: Precision) -> int:
         return winograd.scratch_elems(node, batch, cfg) * precision.itemsize
