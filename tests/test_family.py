@@ -17,7 +17,7 @@ from yolo_cl.precision import FP16, FP32, TF32, precision_named
 from yolo_cl.runtime import Runtime
 
 
-def test_a_cpu_heuristic_takes_the_devices_vector_width():
+def test_a_cpu_heuristic_takes_the_devices_vector_width(tmp_path):
     """A CPU device reporting 16-float native vectors (AVX-512) gets register blocks of 16-float
     vectors untuned, as 31 of the 33 GEMM entries tuned on such a CPU have (configs/pocl-cpu.yaml,
     the Zen 5 record), at fp32; one reporting 8 (AVX2) the blocks it had, 8-float vectors, and so
@@ -41,6 +41,12 @@ def test_a_cpu_heuristic_takes_the_devices_vector_width():
     sse = fake_rt()
     sse.device.native_vector_width_float = 4       # narrower still: the 8-float rules, as before
     assert [family.heuristic(n, sse, 1, FP32, "") for n in nodes] == picks8
+    # 128 channels at 52x52: the fused Winograd on 8-float units, the unfused one on 16-float blocks
+    from tiny_graphs import conv_nodes
+    c128 = conv_nodes(tmp_path / "c128.cfg", net_header(52, 52, 128) + conv(128))[0]
+    assert family.heuristic(c128, narrow, 1, FP32, "")["kernel"] == "fused"
+    assert family.heuristic(c128, wide, 1, FP32, "") == {"family": "cpu", "algo": "winograd", "m": 4, "kernel": "mv",
+                                                         "TN": 6, "VW": 16, "NV": 1, "KU": 1, "WG": 1, "ORD": 0}
     # half storage converts every load, and there the 8-float picks ran faster: kept on any unit
     assert [family.heuristic(n, wide, 1, FP16, "") for n in nodes] == [gemm_cpu.heuristic_config(n, 1, FP16)
                                                                       for n in nodes]
