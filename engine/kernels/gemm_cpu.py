@@ -403,7 +403,7 @@ FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
 # blocks first for Winograd's batched GEMM). Timed on a Zen 5 (Debian's PoCL 3.1) over the 101
 # conv shapes of eight networks and sizes, weighted by how often each occurs: 523 ms against 640
 # with the cost model's blocks and the 8-lane tunables, and 509 for the tuned entries
-# (BENCHMARKS.md, thirty-first session).
+# (BENCHMARKS.md, thirty-first session). There the fused Winograd stops at FUSED_MAX_C channels.
 WIDE_LANES = 16
 WIDE_FIXED = {"VW": 16, "NV": 1, "KU": 1, "WG": 1}
 WIDE_ORD = {"winograd": 0}             # else 1
@@ -420,7 +420,7 @@ def wide_block(cfg: dict, N: int) -> dict:
 def widened(block: dict, lanes: int) -> dict:
     """A rule's register block of 8-float vectors on a SIMD unit of ``lanes`` floats: the same
     rows and columns in 16-float vectors where the unit has them (NV 2 of 8 -> NV 1 of 16)."""
-    if lanes >= 16 and block.get("VW") == 8 and block.get("NV", 1) % 2 == 0:
+    if lanes >= WIDE_LANES and block.get("VW") == 8 and block.get("NV", 1) % 2 == 0:
         return {**block, "VW": 16, "NV": block["NV"] // 2}
     return block
 
