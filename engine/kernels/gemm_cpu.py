@@ -465,12 +465,13 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32, si
             fits = lambda c, head=head: conv_illegal(node, {**head, **c}) is None   # noqa: E731
             strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
             order = HEURISTIC_ORD.get(algo, HEURISTIC_FIXED["ORD"]) if strided else HEURISTIC_FIXED["ORD"]
-            cfg = {**head, **heuristic(M, N, K, batch * G, fits, order, lanes, registers)}
-            if conv_illegal(node, cfg) is not None:
-                continue
-            if lanes >= WIDE_LANES and algo != "implicit":
-                wide = wide_block(cfg, N)
-                cfg = wide if why_illegal(wide, M, N, K) is None and conv_illegal(node, wide) is None else cfg
+            wide = wide_block(head, N) if lanes >= WIDE_LANES and algo != "implicit" else None
+            if wide is not None and why_illegal(wide, M, N, K) is None and conv_illegal(node, wide) is None:
+                cfg = wide              # the 16-lane rule's block: no search
+            else:
+                cfg = {**head, **heuristic(M, N, K, batch * G, fits, order, lanes, registers)}
+                if conv_illegal(node, cfg) is not None:
+                    continue
             c = conv_cost(node, cfg, batch, (lanes, registers))
             if best_cost is None or c < best_cost:
                 best, best_cost = cfg, c
