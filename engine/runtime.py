@@ -131,6 +131,13 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def wide_vectors(lanes) -> bool:
+    """Whether a CPU whose OpenCL device reports ``lanes`` native float lanes has 16-float vectors
+    (AVX-512): the line the CPU family's untuned pick and the tuning database's CPU records are
+    drawn at (AVX2 and narrower units keep the 8-float rules and share records)."""
+    return isinstance(lanes, int) and lanes >= 16
+
+
 def atomic_write(path: Union[str, Path], data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file + rename, so readers never see half a file."""
     path = Path(path)

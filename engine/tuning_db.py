@@ -41,7 +41,7 @@ from .errors import YoloClError
 from .graph import Node
 from .precision import Precision
 from .resources import resource_dir
-from .runtime import atomic_write, cache_dir
+from .runtime import atomic_write, cache_dir, wide_vectors
 
 log = logging.getLogger("yolo_cl.tuner")
 
@@ -79,12 +79,6 @@ def _neighbour_keys(node: Node, batch: int) -> list:
     return list(dict.fromkeys(k for k in keys if k != shape_key(node, batch)))
 
 
-def wide(lanes) -> bool:
-    """Whether a CPU of ``lanes`` float lanes has 16-float vectors (AVX-512): the one line between
-    vector widths the records are kept apart by (AVX2 and narrower units share records as before)."""
-    return isinstance(lanes, int) and lanes >= 16
-
-
 @dataclass(frozen=True)
 class DeviceId:
     """The identity a record is filed under."""
@@ -104,7 +98,7 @@ class DeviceId:
     def matches(self, rec: dict, level: int) -> bool:
         if rec.get("precision") != self.precision or rec.get("type") != self.type:
             return False
-        if self.lanes and wide(rec.get("lanes", self.lanes)) != wide(self.lanes):
+        if self.lanes and wide_vectors(rec.get("lanes", self.lanes)) != wide_vectors(self.lanes):
             return False            # blocks tuned for another vector width (even under this name)
         if level == 0:
             return rec.get("device") == self.device and rec.get("driver") == self.driver

@@ -43,6 +43,7 @@ from . import winograd
 from ..errors import YoloClError
 from ..graph import Node
 from ..precision import FP32, Precision
+from ..runtime import wide_vectors
 
 FAMILY = "cpu"
 ALGOS = ("gemm1x1", "im2col", "implicit", "winograd")
@@ -170,7 +171,7 @@ def registers_needed(cfg: dict, lanes: int = 8) -> int:
 def simd(rt) -> tuple:
     """(lanes, registers) of the device's SIMD unit: 16 x 8 floats (AVX2), 32 x 16 (AVX-512)."""
     lanes = int(getattr(rt.device, "native_vector_width_float", 8) or 8)
-    return (16, 32) if lanes >= 16 else (max(lanes, 4), 16)
+    return (16, 32) if wide_vectors(lanes) else (max(lanes, 4), 16)
 
 
 def modelled_unit(rt) -> tuple:
@@ -178,7 +179,7 @@ def modelled_unit(rt) -> tuple:
     own where it has 16-float vectors (AVX-512, measured on a Zen 5), else the 8-float unit their
     rules were measured on (AVX2; narrower units too, as before: no data says otherwise)."""
     lanes, registers = simd(rt)
-    return (lanes, registers) if lanes >= WIDE_LANES else (8, 16)
+    return (lanes, registers) if wide_vectors(lanes) else (8, 16)
 
 
 def space(M: int, N: int, K: int, max_wg: int = 4096, lanes: int = 8, registers: int = 16) -> list:
@@ -404,7 +405,6 @@ FUSED_BLOCK = {"kernel": "fused", "KB": 8, "KS": 1}
 # conv shapes of eight networks and sizes, weighted by how often each occurs: 523 ms against 640
 # with the cost model's blocks and the 8-lane tunables, and 509 for the tuned entries
 # (BENCHMARKS.md, thirty-first session). There the fused Winograd stops at FUSED_MAX_C channels.
-WIDE_LANES = 16
 WIDE_FIXED = {"VW": 16, "NV": 1, "KU": 1, "WG": 1}
 WIDE_ORD = {"winograd": 0}             # else 1
 
@@ -420,7 +420,7 @@ def wide_block(cfg: dict, N: int) -> dict:
 def widened(block: dict, lanes: int) -> dict:
     """A rule's register block of 8-float vectors on a SIMD unit of ``lanes`` floats: the same
     rows and columns in 16-float vectors where the unit has them (NV 2 of 8 -> NV 1 of 16)."""
-    if lanes >= WIDE_LANES and block.get("VW") == 8 and block.get("NV", 1) % 2 == 0:
+    if wide_vectors(lanes) and block.get("VW") == 8 and block.get("NV", 1) % 2 == 0:
         return {**block, "VW": 16, "NV": block["NV"] // 2}
     return block
 
@@ -440,14 +440,14 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32, si
     lanes, registers = (8, 16) if precision.half else simd_unit
     # on a 16-float unit the unfused Winograd's GEMM on 16-float blocks beats the fused one from
     # 128 channels on: at 52x52 and 64x64 0.72-1.29 against 0.92-1.40 ms (thirty-first session)
-    wide_fused = lanes < WIDE_LANES and cin <= FUSED_WIDE_C and N >= FUSED_WIDE_MIN_N
+    wide_fused = not wide_vectors(lanes) and cin <= FUSED_WIDE_C and N >= FUSED_WIDE_MIN_N
     if "winograd" in algos and (cin <= FUSED_MAX_C or wide_fused):
         cfg = {"family": FAMILY, "algo": "winograd", "m": max(precision.winograd_tiles), **FUSED_BLOCK}
         if fused_illegal(node, cfg) is None:
             return cfg
-    if algos == ["gemm1x1"] and (N >= POINTWISE_MIN_N or lanes >= WIDE_LANES):
+    if algos == ["gemm1x1"] and (N >= POINTWISE_MIN_N or wide_vectors(lanes)):
         cfg = {"family": FAMILY, "algo": "gemm1x1", **POINTWISE_BLOCK}
-        cfg = wide_block(cfg, N) if lanes >= WIDE_LANES else cfg
+        cfg = wide_block(cfg, N) if wide_vectors(lanes) else cfg
         if why_illegal(cfg, M, N, K) is None:
             return cfg
     if "implicit" in algos and (K <= IMPLICIT_MAX_K or (N >= IMPLICIT_LARGE_N and K <= IMPLICIT_LARGE_MAX_K)):
@@ -465,7 +465,7 @@ def heuristic_config(node: Node, batch: int = 1, precision: Precision = FP32, si
             fits = lambda c, head=head: conv_illegal(node, {**head, **c}) is None   # noqa: E731
             strided = node.attrs["stride_x"] > 1 or node.attrs["stride_y"] > 1
             order = HEURISTIC_ORD.get(algo, HEURISTIC_FIXED["ORD"]) if strided else HEURISTIC_FIXED["ORD"]
-            wide = wide_block(head, N) if lanes >= WIDE_LANES and algo != "implicit" else None
+            wide = wide_block(head, N) if wide_vectors(lanes) and algo != "implicit" else None
             if wide is not None and why_illegal(wide, M, N, K) is None and conv_illegal(node, wide) is None:
                 cfg = wide              # the 16-lane rule's block: no search
             else:
