@@ -56,9 +56,6 @@
  *           per tap (16 KB per tap and 128 pixels otherwise). With PFLAT (PT 2; define PW = the
  *           map's width + 2) a tile is NT consecutive pixels of the output on a grid of PW columns,
  *           each tap's B rows one run of the patch's NT + 2 PW + 2 lines
- *   PERSIST (config key TP > 1; not with PATCH) a work-group computes N tiles get_group_id(0),
- *           + get_num_groups(0), ... in turn, one stream of stages over (tile, k-tile): the next
- *           tile is staged while this one's last stages run and its sums are stored
  *   WGMMA_EMULATE  each wgmma computed in plain OpenCL C from the same descriptors and local
  *           layout, cp.async as plain copies (CI on PoCL, which has no PTX)
  */
@@ -400,14 +397,14 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     {                                                                                            \
         const int k = (q) / (NT / 8), c8 = (q) - k * (NT / 8), na = c8 / (NA / 8);               \
         B_CHUNK((s) * STAGE + AROWS * SWZ + (na * (KT / 8) + (k >> 3)) * 8 * SWZ                    \
-                + CHUNK_AT(k & 7, c8 - na * (NA / 8)), (kt) * KT + k, ln0 + 8 * c8)              \
+                + CHUNK_AT(k & 7, c8 - na * (NA / 8)), (kt) * KT + k, n0 + 8 * c8)               \
     }
 #else
 #define LOAD_B(s, kt, q)                                                                         \
     {                                                                                            \
         const int r = (q) / CHUNKS, c = (q) - r * CHUNKS, k = (kt) * KT + c * EPC;               \
-        const bool ok = ln0 + r < N && k < K;                                                    \
-        CP_ASYNC16((s) * STAGE + CHUNK_AT(AROWS + r, c), ok ? Bg + (size_t)(ln0 + r) * ldb + k : Bg, ok); \
+        const bool ok = n0 + r < N && k < K;                                                     \
+        CP_ASYNC16((s) * STAGE + CHUNK_AT(AROWS + r, c), ok ? Bg + (size_t)(n0 + r) * ldb + k : Bg, ok); \
     }
 #endif
 #ifdef NHWC
@@ -421,13 +418,9 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     while (cc >= cin) { cc -= cin; if (++kx == KS) { kx = 0; ++ky; } }
 #define NHWC_START()                                                                             \
     const int cin = K / (KS * KS), kfirst = kt0 * KT + (tid % CHUNKS) * EPC, tap0 = kfirst / cin; \
-    int cc, ky, kx, iy0[BROWS], ix0[BROWS];                                                      \
-    NHWC_TILE()
-/* ... and again for each tile the load cursor (ln0) moves to, with PERSIST */
-#define NHWC_TILE()                                                                              \
-    cc = kfirst - tap0 * cin, ky = tap0 / KS, kx = tap0 - ky * KS;                               \
+    int cc = kfirst - tap0 * cin, ky = tap0 / KS, kx = tap0 - ky * KS, iy0[BROWS], ix0[BROWS];   \
     for (int i = 0; i < BROWS; ++i) {                                                            \
-        const int n = ln0 + (tid + i * THREADS) / CHUNKS, oy = n / OW, ox = n - oy * OW;         \
+        const int n = n0 + (tid + i * THREADS) / CHUNKS, oy = n / OW, ox = n - oy * OW;          \
         iy0[i] = n < N ? oy * SY - PAD : -(1 << 28);                                             \
         ix0[i] = ox * SX - PAD;                                                                  \
     }
@@ -448,7 +441,6 @@ inline ushort yc_im2col(const __global ushort* Bg, const int k, const int n, con
     NHWC_NEXT_TAP()
 #else
 #define NHWC_START()
-#define NHWC_TILE()
 #define LOAD_STAGE(s, kt)                                                                        \
     for (int q = tid; q < (ACOPY + NT) * CHUNKS; q += THREADS) {                                 \
         if (q < ACOPY * CHUNKS) {                                                                \
@@ -657,42 +649,9 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #define GEMM_PREFETCH_A()
 #endif
 
-/* Where a tile's sums go: work-item (warpgroup wg, warp w, lane 4g + t) holds rows
- * m0 + 64 wg + 16 w + g (+ 8) and columns n + 8 i + 2 t (+ 1) of the tile at column n. */
-#define STORE_TILE(n)                                                                            \
-    {                                                                                            \
-        const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;                   \
-        _Pragma("unroll")                                                                        \
-        for (int i = 0; i < NT / 8; ++i)                                                         \
-            _Pragma("unroll")                                                                    \
-            for (int q = 0; q < 4; ++q) {                                                        \
-                const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), nn = (n) + 8 * i + 2 * t + (q & 1); \
-                if (m < M && nn < N)                                                             \
-                    STORE_C(acc[4 * i + q], m, nn);                                              \
-            }                                                                                    \
-    }
-
-/* With PERSIST (config key TP > 1) a work-group computes N tiles get_group_id(0), + get_num_groups(0),
- * ... one after another as one stream of stages over (tile, k-tile): the next tile's first stages
- * are staged while this tile's last are computed and its sums stored, so a conv of short K (a
- * 3x3 of 32 channels: 5 k-tiles) does not wait for its pipeline to fill once per tile. */
-#ifdef PERSIST
-/* stage u (of the stream) into slot s: the load cursor's tile and k-tile, then the cursor on */
-#define LOAD_NEXT(s, u)                                                                          \
-    {                                                                                            \
-        LOAD_STAGE(s, kt0 + lk)                                                                  \
-        if (++lk == tiles) { lk = 0; ln0 += nstep; NHWC_TILE() }                                 \
-    }
-#define A_NEXT (ck + 1 < tiles ? ck + 1 : 0)        /* the k-tile whose A the next stage reads */
-#else
-#define LOAD_NEXT(s, u) LOAD_STAGE(s, kt0 + (u))
-#define A_NEXT (u + 1)
-#endif
-
 /* The GEMM families' arguments (cl/common.h): A the packed weights [Mp][Kp] (engine/kernels/
  * gemm_mma.pack_weights: rows padded to MPAD, k to KPAD with zeros), B at b_off + b * b_bstride,
- * C and R as gemm_epilogue.h stores them; G is 1. Grid: (N tiles x THREADS, or with PERSIST
- * fewer, M tiles, images). */
+ * C and R as gemm_epilogue.h stores them; G is 1. Grid: (N tiles x THREADS, M tiles, images). */
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void yc_gemm_wgmma(YC_GEMM_PARAMS)
 {
@@ -700,7 +659,7 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     __local uchar* smem_b = (__local uchar*)smem;
     const uint base = SMEM_BASE(smem);
     const int tid = get_local_id(0), wg = tid >> 7, wtid = tid & 127;
-    const int m0 = get_group_id(1) * MT;
+    const int m0 = get_group_id(1) * MT, n0 = get_group_id(0) * NT;
     const int b = get_group_id(2) / SK, ks = get_group_id(2) - b * SK;
     /* this work-group's k-tiles [kt0, kt0 + tiles): all of them, or one split's */
     const int per = ((K + SK - 1) / SK + KT - 1) / KT, kt0 = ks * per;
@@ -708,18 +667,6 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
     const int lda = (K + KPAD - 1) / KPAD * KPAD;
     const __global yc_elem* Ag = (const __global yc_elem*)A + (size_t)m0 * lda;
     const __global yc_elem* Bg = (const __global yc_elem*)B + b_off + (size_t)b * b_bstride;
-#ifdef PERSIST
-    const int groups = get_num_groups(0), nstep = groups * NT;
-    const int total = ((N + NT - 1) / NT - (int)get_group_id(0) + groups - 1) / groups * tiles;
-#else
-    const int total = tiles;
-#endif
-#ifdef PERSIST
-    int ln0 = get_group_id(0) * NT, lk = 0;      /* the tile and k-tile the next LOAD_NEXT stages */
-    int cn0 = ln0, ck = 0;                        /* ... and those the next stage's wgmma computes */
-#else
-    const int ln0 = get_group_id(0) * NT, cn0 = ln0;
-#endif
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
@@ -734,18 +681,15 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #pragma unroll
     for (int j = 0; j < KSTEPS; ++j) ar[j] = Af[(size_t)(kt0 * KSTEPS + j) * THREADS];
 #endif
-#ifdef PERSIST
-    SUMS_SETUP()
-#endif
     NHWC_START()
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) { LOAD_NEXT(s, s) } else { CP_COMMIT(); }
+        if (s < tiles) { LOAD_STAGE(s, kt0 + s) } else { CP_COMMIT(); }
     }
-    for (int u = 0; u < total; ++u) {
+    for (int kt = 0; kt < tiles; ++kt) {
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);
         PROXY_FENCE();
-        const uint sb = base + (uint)((u % STAGES) * STAGE);
+        const uint sb = base + (uint)((kt % STAGES) * STAGE);
         ulong da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int j = 0; j < KSTEPS; ++j) {
@@ -756,23 +700,23 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
             db[j] = yc_desc(sb + (uint)(AROWS * SWZ + 32 * j), B_LBO);
 #endif
         }
-        const int next = u + STAGES - 1;
+        const int next = kt + STAGES - 1;
 #ifdef A_REG
-        if (u + 1 < total) {
+        if (kt + 1 < tiles) {
 #pragma unroll
-            for (int j = 0; j < KSTEPS; ++j) an[j] = Af[(size_t)((kt0 + A_NEXT) * KSTEPS + j) * THREADS];
+            for (int j = 0; j < KSTEPS; ++j) an[j] = Af[(size_t)((kt0 + kt + 1) * KSTEPS + j) * THREADS];
         }
 #endif
 #if INFLIGHT
         WG_FENCE();
         WGMMA_STAGE();
         WG_COMMIT_WAIT(1);      /* the last stage's wgmma done: its slot is the one refilled below */
-        if (next < total) { LOAD_NEXT(next % STAGES, next) } else { CP_COMMIT(); }
+        if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
 #else
         /* the slot refilled is the last stage's, whose wgmma every warpgroup finished before this
          * stage's barrier: staged first, its copies run beside this stage's wgmma (with two
          * stages, staging after the wgmma left the copies and the tensor cores taking turns) */
-        if (next < total) { LOAD_NEXT(next % STAGES, next) } else { CP_COMMIT(); }
+        if (next < tiles) { LOAD_STAGE(next % STAGES, kt0 + next) } else { CP_COMMIT(); }
         A_FRAGMENTS_TO_LOCAL();
         WG_FENCE();
         WGMMA_STAGE();
@@ -782,25 +726,19 @@ void yc_gemm_wgmma(YC_GEMM_PARAMS)
 #pragma unroll
         for (int j = 0; j < KSTEPS; ++j) ar[j] = an[j];
 #endif
-#ifdef PERSIST
-        if (++ck == tiles) {    /* the tile's last k-tile: its sums out, the next tile's from zero */
-#if INFLIGHT
-            WG_WAIT_ALL();
-#endif
-            STORE_TILE(cn0)
-#pragma unroll
-            for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
-            cn0 += nstep;
-            ck = 0;
-        }
-#endif
     }
-#ifndef PERSIST
 #if INFLIGHT
     WG_WAIT_ALL();              /* the last stage's wgmma, before its sums are read */
 #endif
     SUMS_SETUP()
-    STORE_TILE(cn0)
-#endif
+    const int w = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = m0 + wg * 64 + 16 * w + g + 8 * (q >> 1), n = n0 + 8 * i + 2 * t + (q & 1);
+            if (m < M && n < N)
+                STORE_C(acc[4 * i + q], m, n);
+        }
 }
 #endif

@@ -96,33 +96,6 @@ def test_gemm_equals_numpy(rt, cfg, b_kn):
     assert float(err.max()) < 2e-3          # half output rounding: 2^-11 relative
 
 
-@pytest.mark.parametrize("cfg", [
-    {"MT": 64, "NT": 64, "SWZ": 32, "ST": 4, "TP": 3},
-    {"MT": 128, "NT": 64, "SWZ": 64, "ST": 3, "AR": 1, "TP": 2},
-    {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "WI": 1, "TP": 16},
-])
-@pytest.mark.parametrize("ktiles", [1, 2, 5])
-@pytest.mark.parametrize("b_kn", [False, True], ids=["B k-contiguous", "B n-contiguous"])
-def test_tiles_in_turn_equal_numpy(rt, cfg, ktiles, b_kn):
-    """``TP``: each work-group computes several N tiles one after another as one stream of stages
-    (9 tiles of 64 over 3, 5 or 1 work-groups, some with fewer tiles than others), K of one k-tile
-    (the prologue's stages then belong to three different tiles), two or five k-tiles (the ring
-    wrapping inside and across tiles): A @ B as the one-tile-a-work-group kernel computes it."""
-    rng = np.random.default_rng(7)
-    M, N, K = 141, 9 * 64 - 13, ktiles * gw.k_tile(cfg) - 5
-    A = rng.standard_normal((M, K)).astype(np.float16)
-    B = rng.standard_normal((K, N)).astype(np.float16)
-    ref = A.astype(np.float64) @ B.astype(np.float64)
-    C = gw.gemm(rt, A, B if b_kn else B.T, cfg, b_kn=b_kn)
-    assert gw.launch(cfg, M, N, 1)[0][0] == -(-9 // cfg["TP"]) * 2 * cfg["MT"]
-    err = np.abs(C - ref) / (np.abs(ref) + 1.0)
-    assert float(err.max()) < 2e-3
-    if not b_kn:        # floats, whose TF32 rounding shows
-        A, B = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
-        C = gw.gemm(rt, A, B.T, cfg, mma="tf32")
-        assert 1e-5 < rel_err(C, A.astype(np.float64) @ B.astype(np.float64)) < 2e-3
-
-
 @pytest.mark.parametrize("cfg", [{"MT": 64, "NT": 64, "SWZ": 32, "ST": 2}, {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3},
                                  {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2},
                                  {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1},    # A in registers
@@ -220,9 +193,6 @@ def test_illegal_configs_are_named():
     assert "one warpgroup" in gw.why_illegal({**gw.DEFAULT, "WI": 1})       # MT 128: two warpgroups
     assert gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "WI": 2}) is not None
     assert gw.why_illegal({"MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "WI": 1}) is None
-    assert "TP" in gw.why_illegal({**gw.DEFAULT, "TP": 0}) and "TP" in gw.why_illegal({**gw.DEFAULT, "TP": 17})
-    assert "1 with PT" in gw.why_illegal({**gw.UNTUNED_PATCH, "TP": 2})      # the patch kernel: a tile each
-    assert gw.why_illegal({**gw.DEFAULT, "TP": 16}) is None
     with pytest.raises(ValueError, match="ST is 2"):
         gw.gemm(None, np.zeros((8, 8)), np.zeros((8, 8)), {"MT": 64, "NT": 64, "SWZ": 64, "ST": 1})
     with pytest.raises(ValueError, match="sum launch"):       # a bare GEMM would return one split's sums
@@ -401,10 +371,9 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
     checked = 0
     for node in convs(tmp_path, 12, 10) + dilated:
         for algo in gw.conv_algos(node):
+            cfg = {"family": "wgmma", "algo": algo, "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}
             bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
-            for tp in (1, 2):           # one N tile a work-group, or two in turn
-                cfg = {"family": "wgmma", "algo": algo, "MT": 64, "NT": 64, "SWZ": 64, "ST": 2, "TP": tp}
-                assert bench.check(bench.bind(cfg)) < FP16.tolerance, (node.describe(), algo, tp)
+            assert bench.check(bench.bind(cfg)) < FP16.tolerance, (node.describe(), algo)
             checked += 1
     assert checked >= 11
 
@@ -416,9 +385,7 @@ def test_each_conv_passes_the_tuners_gate(rt, tmp_path):
                                        ({"MT": 128, "NT": 64, "SWZ": 128, "ST": 6, "AR": 1, "AP": 1}, FP16),
                                        ({"MT": 64, "NT": 128, "SWZ": 64, "ST": 3, "AR": 1}, FP16),
                                        ({"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "AP": 1}, TF32),
-                                       ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, TF32),
-                                       ({"MT": 64, "NT": 64, "SWZ": 64, "ST": 4, "TP": 3}, FP16),  # tiles in turn
-                                       ({"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "TP": 2}, TF32)])
+                                       ({"MT": 128, "NT": 64, "SWZ": 32, "ST": 3}, TF32)])
 def test_nhwc_convs_walk_the_window_across_tiles(rt, tmp_path, tile, prec):
     """nhwc convs whose k-tiles hold several taps (16 channels, 64 of k a tile at fp16, 32 at
     tf32), a tap split across tiles (40 channels), strides, padding, a 5x5 and a 1x1 conv, channels
@@ -557,7 +524,7 @@ def test_nchw_to_nhwc_equals_numpy(rt, half):
 def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     """A net whose every conv is tuned to the wgmma family (a user database), its algorithms taken
     in turn (a 1x1 conv from its input, convs gathered on the fly, after im2col, from the input
-    transposed to NHWC), A in registers on some, N tiles in turn on others, a fused shortcut,
+    transposed to NHWC), a fused shortcut,
     concat slices, an upsample written through, and B both 16-byte aligned (20x20: cp.async) and
     not (10x10 planes: element by element). Two images; against the NumPy Darknet forward pass."""
     import yolo_cl
@@ -571,9 +538,8 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
     pending, configs = list(gw.ALGOS), []
     space = [c for c in gw.SPACE if not gw.from_patch(c)]   # PT: test_3x3_convs_from_an_input_patch
-    ar = [c for c in space if gw.a_in_registers(c)][:3]     # A in registers first, tiles in turn, the rest
-    turn = [c for c in space if gw.tiles_per_group(c) > 1 and c not in ar]
-    for n, c in zip(nodes, ar + turn + [c for c in space if c not in ar + turn]):   # each algorithm once, then nhwc
+    ar = [c for c in space if gw.a_in_registers(c)]      # A in registers first, then the rest
+    for n, c in zip(nodes, ar + [c for c in space if c not in ar]):   # each algorithm once, then nhwc
         algo = next((a for a in pending if a in gw.conv_algos(n)), gw.conv_algos(n)[-1])
         pending = [a for a in pending if a != algo]
         configs.append({"family": "wgmma", "algo": algo, **c})
@@ -586,7 +552,6 @@ def test_conv_net_end_to_end_on_the_family(rt, tmp_path, monkeypatch):
     assert {l.config["algo"] for l in convs} == set(gw.ALGOS)
     assert any(l.config.get("writes") == "upsample" and l.config["algo"] == "nhwc" for l in convs)
     assert any(gw.a_in_registers(l.config) for l in convs) and not all(gw.a_in_registers(l.config) for l in convs)
-    assert any(gw.tiles_per_group(l.config) > 1 for l in convs)
     assert any(l.node.attrs.get("residual") is not None and l.config["algo"] == "nhwc" for l in convs)
     assert rel_err(det.forward(blob)[0], ref) < 1e-2
 

@@ -68,9 +68,10 @@ HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for 
 # 52x52 0.020 -> 0.017 ms, 608 batch 8's at 38x38 0.101 -> 0.096; a conv timed alone cannot see it).
 # "PT" 2: the patch's tiles NT consecutive pixels of a grid two columns wider than the map, not rows
 # of 8 (608 batch 8's c512 f1024 at 19x19 0.1025 -> 0.0932 ms, 38x38 0.0912 -> 0.0879).
-# "TP": N tiles a work-group computes in turn, one stream of stages (the next tile staged while
-# this one's last stages run and its sums are stored), for convs of short K and many tiles (608
-# batch 8's 3x3 convs of 32 and 64 channels ran at 113-175 TFLOP/s); not yet timed on a GPU.
+# Tried and dropped: a work-group computing several N tiles in turn as one stream of stages
+# (thirty-first session): slower on every yolov3 608 batch 8 and 416 shape timed (thirty-second
+# session; two tiles 1-41% slower at batch 8, 27-200% at 416): the resident work-groups of an SM
+# already overlap one's pipeline fill with another's drain.
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
          {"MT": 256, "NT": 128, "SWZ": 32, "ST": 4}, {"MT": 128, "NT": 128, "SWZ": 32, "ST": 4},
@@ -83,9 +84,7 @@ SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ"
          {"MT": 64, "NT": 64, "SWZ": 128, "ST": 3, "AR": 1, "PT": 1, "AP": 2},
          {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2},
          {"MT": 64, "NT": 64, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2, "AP": 2},
-         {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2},
-         {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2, "TP": 4}, {"MT": 128, "NT": 128, "SWZ": 64, "ST": 3, "TP": 4},
-         {"MT": 128, "NT": 128, "SWZ": 128, "ST": 3, "AR": 1, "TP": 4}]
+         {"MT": 128, "NT": 128, "SWZ": 128, "ST": 2, "AR": 1, "PT": 2}]
 _PROBED: dict = {}                 # (device, driver, emulated) -> bool (f16 and tf32 probed together)
 
 
@@ -128,12 +127,6 @@ def patch_lines(cfg: dict, width: int = 0) -> int:
     return (int(cfg["NT"]) // 8 + 2) * 10
 
 
-def tiles_per_group(cfg: dict) -> int:
-    """N tiles a work-group computes one after another (config key ``TP``; 1: one, the grid one
-    work-group a tile)."""
-    return int(cfg.get("TP", 1))
-
-
 def local_bytes(cfg: dict, width: int = 0) -> int:
     """Local memory of a work-group: ``ST`` stages of (MT + NT) rows of ``SWZ`` bytes, NT with A
     in registers; with ``PT`` ``ST`` patches, each rounded up to the swizzle's 1024-byte period
@@ -168,8 +161,6 @@ def why_illegal(cfg: dict, mma: str = "f16") -> Optional[str]:
         return "PT (B from an input patch) needs AR 1, SWZ 128 and NT 64 or 128"
     if int(cfg.get("AP", 0)) not in (0, 1, 2) or (int(cfg.get("AP", 0)) == 2 and not from_patch(cfg)):
         return "AP (A prefetched into the L2) is 0, 1, or with PT 2"
-    if not 1 <= tiles_per_group(cfg) <= 16 or (tiles_per_group(cfg) > 1 and from_patch(cfg)):
-        return "TP (N tiles a work-group computes in turn) is 1 to 16, and 1 with PT"
     return None
 
 
@@ -216,7 +207,7 @@ def defines(cfg: dict, b_kn: bool = False, mma: str = "f16") -> dict:
     d = {k: int(cfg[k]) for k in ("MT", "NT", "SWZ")}
     d.update(STAGES=int(cfg["ST"]), SK=split_k(cfg), KPAD=KPAD, B_KN=b_kn, TF32=mma == "tf32",
              INFLIGHT=int(cfg.get("WI", 0)), A_REG=a_in_registers(cfg), PATCH=from_patch(cfg),
-             APREFETCH=int(cfg.get("AP", 0)), PERSIST=tiles_per_group(cfg) > 1, WGMMA_EMULATE=emulated())
+             APREFETCH=int(cfg.get("AP", 0)), WGMMA_EMULATE=emulated())
     return d
 
 
@@ -231,16 +222,14 @@ def aligned(*ints) -> bool:
 
 
 def launch(cfg: dict, M: int, N: int, Z: int, out=None) -> tuple:
-    """(global size, local size) over Z images, each split SK ways: N / NT tiles of output pixels
-    (``TP`` of them a work-group), or with ``PT`` tiles of NT / 8 rows of 8 over the output tensor
-    ``out`` (``PT`` 2: of NT pixels of its grid padded to ``out.w`` + 2 columns)."""
+    """(global size, local size) over Z images, each split SK ways: N / NT tiles of output pixels,
+    or with ``PT`` tiles of NT / 8 rows of 8 over the output tensor ``out`` (``PT`` 2: of NT pixels
+    of its grid padded to ``out.w`` + 2 columns)."""
     threads = 2 * int(cfg["MT"])
     if flat_patch(cfg):
         tiles = -(-out.h * (out.w + 2) // int(cfg["NT"]))
-    elif from_patch(cfg):
-        tiles = -(-out.h // (int(cfg["NT"]) // 8)) * -(-out.w // 8)
     else:
-        tiles = -(-N // (int(cfg["NT"]) * tiles_per_group(cfg)))
+        tiles = -(-out.h // (int(cfg["NT"]) // 8)) * -(-out.w // 8) if from_patch(cfg) else -(-N // int(cfg["NT"]))
     return (tiles * threads, -(-M // int(cfg["MT"])), Z * split_k(cfg)), (threads, 1, 1)
 
 
@@ -519,7 +508,7 @@ class WgmmaGemm:
     name = FAMILY
     tensor_cores = True
     timed_beside_tensor_cores = False
-    derived, schedule, block = (), ("WI", "AR", "PT", "AP", "TP"), ("MT", "NT")
+    derived, schedule, block = (), ("WI", "AR", "PT", "AP"), ("MT", "NT")
     stores_nhwc, reads_nhwc = ALGOS, ("nhwc",)
 
     # The probe runs only where the family is asked for configs (the tuner) or a stored config
