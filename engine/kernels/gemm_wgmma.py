@@ -70,7 +70,7 @@ HOPPER_SMS = 132                   # H100 / H200 SXM: the heuristic's "work for 
 # of 8 (608 batch 8's c512 f1024 at 19x19 0.1025 -> 0.0932 ms, 38x38 0.0912 -> 0.0879).
 # Tried and dropped: a work-group computing several N tiles in turn as one stream of stages
 # (thirty-first session): slower on every yolov3 608 batch 8 and 416 shape timed (thirty-second
-# session; two tiles 1-41% slower at batch 8, 27-200% at 416): the resident work-groups of an SM
+# session; two tiles 0.3-73% slower at batch 8, 28-202% at 416): the resident work-groups of an SM
 # already overlap one's pipeline fill with another's drain.
 SPACE = [{"MT": 128, "NT": 128, "SWZ": 64, "ST": 3}, {"MT": 128, "NT": 64, "SWZ": 128, "ST": 2},
          {"MT": 64, "NT": 128, "SWZ": 128, "ST": 2}, {"MT": 128, "NT": 256, "SWZ": 32, "ST": 4},
