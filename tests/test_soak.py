@@ -27,6 +27,7 @@ FRAMES = int(os.environ.get("YOLO_CL_SOAK_FRAMES", "2000"))
 THRESH = 0.6          # random weights are confident everywhere: keep NMS to a few dozen boxes
 RSS_SLACK = 3 << 20   # growth allowed over a whole soak after warm-up; a 2 KiB-per-frame leak exceeds it
 ROUNDS = 8            # RSS samples after warm-up: a leak grows in most rounds, allocator noise in one or two
+ROUND_NOISE = 128 << 10   # a round's rise counted as growth only above this (pages: 4-112 KiB seen in most rounds)
 
 HEAD = dict(size=1, bn=0, act="linear")   # 21 = 3 anchors x (2 classes + 5)
 TINY_CFG = (net_header(64, 64)
@@ -44,11 +45,13 @@ def leak_growth(samples: list) -> float:
     another; 9.4 MiB in three steps inside the whole suite's 3 GB process on a third) is a step
     in a few rounds. The estimate is the growth from the first to the last sample, counted when
     more than half of the rounds grew, or when it is over four times the slack and the second
-    half of the rounds still grew by more than the slack (not one step that then stays)."""
+    half of the rounds still grew by more than the slack (not one step that then stays). A round
+    grew when its rise is over ``ROUND_NOISE``: the allocator also maps a page or a few (4-112 KiB)
+    in most rounds, which alone once made two steps of allocator noise read as a leak on CI."""
     steps = np.diff(np.asarray(samples, np.float64))
     total = float(samples[-1] - samples[0])
     late = float(samples[-1] - samples[len(samples) // 2])
-    if (steps > 0).sum() > len(steps) / 2 or (total > 4 * RSS_SLACK and late > RSS_SLACK):
+    if (steps > ROUND_NOISE).sum() > len(steps) / 2 or (total > 4 * RSS_SLACK and late > RSS_SLACK):
         return total
     return 0.0
 
@@ -76,6 +79,12 @@ def test_leak_growth_tells_a_leak_from_noise():
     assert leak_growth([int(v * mib) for v in suite]) == 0
     burst = [100 * mib] * 3 + [110 * mib] * 3 + [120 * mib] * (ROUNDS - 5)          # grows in bursts
     assert leak_growth(burst) > RSS_SLACK
+    kib = 1 << 10                                     # a CI failure: two steps and a page or a few in most rounds
+    pages = [268.3 * mib, 268.3 * mib + 40 * kib, 268.3 * mib + 52 * kib, 270.4 * mib + 52 * kib,
+             270.4 * mib + 56 * kib, 270.4 * mib + 168 * kib, 272.0 * mib, 272.0 * mib + 4 * kib, 272.0 * mib + 8 * kib]
+    assert len(pages) == ROUNDS + 1 and leak_growth([int(v) for v in pages]) == 0
+    slow = [100 * mib + k * 250 * kib for k in range(ROUNDS + 1)]                   # 2 KiB a frame, 125 frames a round
+    assert leak_growth(slow) == slow[-1] - slow[0]
 
 
 @pytest.fixture(scope="module")
