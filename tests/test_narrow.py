@@ -12,7 +12,7 @@ from tiny_graphs import conv_nodes
 from yolo_cl import tuner as tmod
 from yolo_cl.kernels import family
 from yolo_cl.kernels import narrow
-from yolo_cl.precision import FP16, FP32
+from yolo_cl.precision import FP16, FP32, TF32
 
 
 @pytest.fixture(autouse=True)
@@ -89,13 +89,14 @@ def test_in_a_network_beside_the_tensor_cores(rt, tmp_path, monkeypatch):
     assert rel_err(det.forward(blob)[0], ref) < 1e-2
 
 
-@pytest.mark.parametrize("precision", [FP32, FP16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("precision", [FP32, FP16, TF32], ids=["fp32", "fp16", "tf32"])
 @pytest.mark.parametrize("px", [1, 2])
 def test_sums_from_registers_stored_channels_last(rt, tmp_path, monkeypatch, precision, px):
     """``PX``: a work-item's pixels' sums leave from its registers. A first conv of 16 filters on a
     ragged map (pixels not a multiple of WG x PX) stores channels-last for the wgmma nhwc conv that
-    alone reads it -- with FPW 16 every filter is the work-group's, so a pixel's channels leave as
-    16-byte stores; with FPW 8 through the epilogue one by one -- and the net equals NumPy's."""
+    alone reads it (fp16: half, tf32: floats) -- with FPW 16 every filter is the work-group's, so a
+    pixel's channels leave as 16-byte stores; with FPW 8 through the epilogue one by one -- and the
+    net equals NumPy's."""
     import yolo_cl
     from test_gemm_mma import net_and_reference
     from yolo_cl.kernels.family import tuning_database
@@ -104,16 +105,16 @@ def test_sums_from_registers_stored_channels_last(rt, tmp_path, monkeypatch, pre
     monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
     net = net_header(19, 13) + conv(16) + conv(24) + conv(16, stride=2) + conv(18, 1, bn=0, act="linear")
     cfg, weights, blob, ref = net_and_reference(tmp_path, net, (13, 19), 3, batch=2)
-    mma = "f16" if precision is FP16 else ""
+    mma = precision.mma
     for fpw in (16, 8):
         det = yolo_cl.Detector(str(cfg), weights, precision=precision.name)
         nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
         picks = {0: {"algo": "direct", "family": "narrow", "FPW": fpw, "WG": 64, "PX": px}}
-        if precision is FP16:
+        if mma:
             picks[1] = {"algo": "nhwc", "family": "wgmma", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}
         tuning_database(rt, precision, mma).record({shape_key(nodes[i], 2): c for i, c in picks.items()})
         det = yolo_cl.Detector(str(cfg), weights, precision=precision.name)
         first = next(l for l in det.executor(2).launches if l.name == "conv_narrow")
         assert first.config.get("PX") == px and first.config.get("FPW") == fpw
-        assert (first.config.get("stores") == "nhwc") == (precision is FP16)
+        assert (first.config.get("stores") == "nhwc") == bool(mma)
         assert rel_err(det.forward(blob)[0], ref) < precision.tolerance, fpw
