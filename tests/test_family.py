@@ -100,7 +100,7 @@ def test_tensor_cores_set_fma_configs_aside():
 def test_search_keys_come_from_the_families():
     keys = family.space_keys()
     assert set(gemm_local.DERIVED) <= set(keys.fixed) and "family" in keys.fixed
-    assert {"KU", "WG", "ORD", "KS", "PF", "GA", "SS", "WI", "AR", "PT", "AP", "BS", "PX"} == set(keys.schedule)
+    assert {"KU", "WG", "ORD", "KS", "PF", "GA", "SS", "WI", "AR", "PT", "AP", "BS", "PX", "NB"} == set(keys.schedule)
 
 
 def test_precision_is_one_value():

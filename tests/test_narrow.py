@@ -40,6 +40,25 @@ def test_every_config_passes_the_tuners_gate(rt, tmp_path, precision):
     assert checked >= 45        # PX 0 at every WG, 1 and 2 at 64
 
 
+def test_tensor_core_sums_pass_the_tuners_gate(rt, tmp_path):
+    """``TC``: the same convs (3x3 of 3 channels at strides 1 and 2, a 5x5 of 1, a dilated 3x3 of 4:
+    K of 27, 25 and 36, so 2 and 3 k-steps of 16; 20, 8, 6 and 10 filters, so partial M-tiles; maps
+    not a multiple of a warp's 8 x NB pixels) summed by f16 mma (emulated on PoCL), each config
+    through the tuner's gate."""
+    nets = [net_header(13, 11) + conv(20) + conv(8, stride=2), net_header(9, 10, 1) + conv(6, size=5),
+            net_header(12, 7, 4) + conv(10, dilation=2, act="linear")]
+    nodes = [n for i, t in enumerate(nets) for n in conv_nodes(tmp_path / f"n{i}.cfg", t) if n.attrs["in_c"] <= 4]
+    tuner = tmod.Tuner(rt, FP16, reps=1)
+    checked = 0
+    for node in nodes:
+        bench = tmod.ConvBench(rt, node, 2, FP16, tuner.queue, mma="f16")
+        for cfg in narrow.KERNEL_FAMILY.candidates(node, rt, 2, FP16, "f16"):
+            if cfg.get("TC") and cfg["WG"] != 256:
+                assert bench.check(bench.bind(cfg)) < FP16.tolerance, (node.describe(), cfg)
+                checked += 1
+    assert checked >= 3 * 4 + 3         # NB 1, 2, 4 at FPW 16 (and 32 where M > 16)
+
+
 def test_which_convs_and_configs(tmp_path):
     """Candidates only for one group and at most 4 channels (filters per work-item below twice the
     filters); a wider input, an unknown key or algorithm refused by name; GPUs only."""
@@ -49,6 +68,13 @@ def test_which_convs_and_configs(tmp_path):
     assert {c["FPW"] for c in cands} == {4, 8} and len(cands) == 2 * len(narrow.WGS) * len(narrow.PXS)
     assert {c.get("PX", 0) for c in cands} == {0, 1, 2} and "PX" in narrow.why_illegal(rgb, {**cands[0], "PX": 3})
     assert narrow.local_bytes({**cands[0], "PX": 1}, 27) == 4 * cands[0]["FPW"] * 27   # the weights alone
+    assert not any(c.get("TC") for c in cands)                                       # no tensor cores asked
+    tc = [c for c in narrow.KERNEL_FAMILY.candidates(rgb, None, 1, FP16, "f16") if c.get("TC")]
+    assert {(c["FPW"], c["NB"]) for c in tc} == {(16, 1), (16, 2), (16, 4)}            # 6 filters: one M-tile
+    assert narrow.why_illegal(rgb, tc[0], "f16") is None and "TC" in narrow.why_illegal(rgb, tc[0], "")
+    assert "TC" in narrow.why_illegal(rgb, {**tc[0], "FPW": 8}, "f16")
+    assert "NB" in narrow.why_illegal(rgb, {**cands[0], "NB": 2})
+    assert not any(c.get("TC") for c in narrow.KERNEL_FAMILY.candidates(rgb, None, 1, FP32, "f16"))
     assert narrow.KERNEL_FAMILY.candidates(wide, None, 1, FP32, "") == []
     assert "4 input channels" in narrow.why_illegal(wide, cands[0])
     assert "FPW" in narrow.why_illegal(rgb, {**cands[0], "FPW": 3})
@@ -87,6 +113,30 @@ def test_in_a_network_beside_the_tensor_cores(rt, tmp_path, monkeypatch):
     assert mine[0].config.get("stores") == "nhwc" and mine[1].config.get("writes") == "upsample"
     assert not any(l.name == "nchw_to_nhwc" for l in launches)
     assert rel_err(det.forward(blob)[0], ref) < 1e-2
+
+
+@pytest.mark.parametrize("nb", [1, 4])
+def test_tensor_core_sums_in_a_network_stored_channels_last(rt, tmp_path, monkeypatch, nb):
+    """``TC``: a first conv of 16 filters on a ragged map (13 x 19 pixels: not whole blocks of a
+    warp's 8 x NB) summed by mma stores channels-last for the wgmma nhwc conv that alone reads it,
+    and the net equals NumPy's."""
+    import yolo_cl
+    from test_gemm_mma import net_and_reference
+    from yolo_cl.kernels.family import tuning_database
+    from yolo_cl.tuning_db import shape_key
+    monkeypatch.setenv("YOLO_CL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("YOLO_CL_NO_SHIPPED_TUNING", "1")
+    net = net_header(19, 13) + conv(16) + conv(24) + conv(16, stride=2) + conv(18, 1, bn=0, act="linear")
+    cfg, weights, blob, ref = net_and_reference(tmp_path, net, (13, 19), 3, batch=2)
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    nodes = list(dict.fromkeys(l.node for l in det.executor(2).launches if l.node.op == "conv"))
+    picks = {0: {"algo": "direct", "family": "narrow", "FPW": 16, "WG": 64, "TC": 1, "NB": nb},
+             1: {"algo": "nhwc", "family": "wgmma", "MT": 64, "NT": 64, "SWZ": 64, "ST": 2}}
+    tuning_database(rt, FP16, "f16").record({shape_key(nodes[i], 2): c for i, c in picks.items()})
+    det = yolo_cl.Detector(str(cfg), weights, precision="fp16")
+    first = next(l for l in det.executor(2).launches if l.name == "conv_narrow")
+    assert first.config.get("TC") == 1 and first.config.get("NB") == nb and first.config.get("stores") == "nhwc"
+    assert rel_err(det.forward(blob)[0], ref) < FP16.tolerance
 
 
 @pytest.mark.parametrize("precision", [FP32, FP16, TF32], ids=["fp32", "fp16", "tf32"])
