@@ -27,6 +27,12 @@ the user database). Each config's time is its best over ``--rounds`` round-robin
 
 ``--untuned`` also times the convs that have no stored entry, against the heuristic's pick as the
 baseline; ``--batch`` times the shapes at that batch (their own keys in the database).
+``--in-network`` times each config (after the same gate) bound into the whole network instead of
+alone: the network's convs of that shape, their transposes and sums, from the profiled run of a
+plan whose database holds that config for that shape (the shipped records for the rest). A conv
+timed alone stores its output as planes; in the network it may store channels-last for an
+``nhwc`` reader (``narrow``'s ``TC``, on an H200 0.217 ms in the network against 0.246 for the
+stored config, timed alone slower), and only this sees that. Slower: a plan is bound per config.
 ``--only NAME`` times only each config's launches of that name and writes nothing: with
 ``--only gemm_mma`` an ``algo=im2col`` variant's time is its GEMM alone, i.e. what a conv whose
 B needs no gather could take.
@@ -40,10 +46,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import tempfile
 import time
+from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from yolo_cl.bench import random_params
+from yolo_cl.executor import Executor
 from yolo_cl.kernels.conv import heuristic_config
 from yolo_cl.kernels import winograd
 from yolo_cl.kernels.family import tuning_database
@@ -102,9 +113,44 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
     raise SystemExit(f"retime: unknown variant '{name}' (heuristic, fp32, gather:G, wg:N, fused:KB, set:K=V/...)")
 
 
+def network_times(rt, model, batch: int, precision, mma: str, key: str, configs: dict, reps: int,
+                  rounds: int, log=print) -> dict:
+    """{name: ms}: each of ``configs`` ({name: config}) bound for shape ``key`` into the whole
+    network (a database whose user file holds that config alone, the shipped records behind it),
+    the device time of the network's launches of that shape's convs (their transposes and split
+    sums too): the median of ``reps`` profiled runs, the best of ``rounds`` round-robin rounds. A
+    config the network did not bind as asked (another family or algorithm: a fallback) is left
+    out, with a line to ``log``."""
+    net = model.net
+    blob = np.random.default_rng(0).random((batch, net.channels, net.height, net.width), dtype=np.float32)
+    plans, out = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, cfg) in enumerate(configs.items()):
+            db = tuning_database(rt, precision, mma, user_path=Path(tmp) / f"{i}.yaml")
+            db.record({key: cfg})
+            ex = Executor(rt, model.graph, batch, precision, db, mma=mma)
+            mine = [j for j, l in enumerate(ex.launches) if l.node.op == "conv" and shape_key(l.node, batch) == key]
+            asked = {k: cfg.get(k) for k in ("family", "algo")}
+            if not mine or any(any(l.config.get(k) != v for k, v in asked.items())
+                               for l in (ex.launches[j] for j in mine) if l.config.get("family")):
+                log(f"{key}: {name} not bound as asked in the network: left out")
+                continue
+            ex.run(blob)
+            plans[name] = (ex, mine)
+    for _ in range(rounds):
+        for name, (ex, mine) in plans.items():
+            runs = []
+            for _ in range(reps):
+                ex.run(blob, profile=True)
+                times = ex.layer_times()
+                runs.append(sum(times[j].ms for j in mine))
+            out[name] = min(float(np.median(runs)), out.get(name, np.inf))
+    return out
+
+
 def retime(models: list, size: int, precision_name: str, variants: list, reps: int, margin: float,
            clock: str, batch: int = 1, untuned: bool = False, budget: float = 0.0, rounds: int = 3,
-           log=print, only: str = "", layers: Optional[set] = None) -> tuple:
+           log=print, only: str = "", layers: Optional[set] = None, in_network: bool = False) -> tuple:
     """(entries {shape key: config + ms}, the database); each shape's line goes to ``log`` as it is timed.
 
     Each config's time is its best over ``rounds`` round-robin timings. Batches above 2 are gated
@@ -113,14 +159,16 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
     not take minutes per shape. ``budget`` > 0 stops starting new shapes after that many seconds.
     ``only``: time only each config's launches of that name (e.g. ``gemm_mma``: an im2col
     variant's GEMM without its im2col), a measurement: no entries are returned. ``layers``: the
-    cfg layer numbers (a conv's first layer, as ``yolo-cl bench`` numbers its rows) to time, or all."""
+    cfg layer numbers (a conv's first layer, as ``yolo-cl bench`` numbers its rows) to time, or all.
+    ``in_network``: time each gated config in the whole network (:func:`network_times`)."""
     rt = Runtime(None, profiling=True)
     precision = precision_named(precision_name)
     mma = mode_for(rt, precision)
     db = tuning_database(rt, precision, mma)
     entries, seen, t0 = {}, set(), time.monotonic()
     for model in models:
-        graph = load_model(model, None, size, params="optional", make_params=random_params).graph
+        loaded = load_model(model, None, size, params="optional", make_params=random_params)
+        graph = loaded.graph
         last = inputs_channels_last(graph, batch)       # no transpose charged where the network skips it
         for node in graph.nodes:
             if node.op != "conv" or (layers and node.layers[0] not in layers):
@@ -159,7 +207,11 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
             # Round-robin rounds, each config's best kept: on a CPU a config timed once, right
             # after binding, read up to 2x slower than the same config a few rounds later.
             timed = {}
-            for _ in range(rounds):
+            if in_network:
+                ms = network_times(rt, loaded, batch, precision, mma, key, {n: c for n, (_, c) in bound.items()},
+                                   reps, rounds, log)
+                timed = {n: (t, bound[n][1]) for n, t in ms.items()}
+            for _ in range(0 if in_network else rounds):
                 for name, (launches, c) in bound.items():
                     t = bench.time([l for l in launches if l.name == only] if only else launches, reps, clock)
                     timed[name] = (min(t, timed.get(name, (t,))[0]), c)
@@ -167,7 +219,7 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
                 continue
             best = min(timed, key=lambda n: timed[n][0])
             base = timed["stored"][0]
-            log(f"{model} {key}: stored {base:.4f} ms; " +
+            log(f"{model} {key}: stored {base:.4f} ms{' in the network' if in_network else ''}; " +
                 ", ".join(f"{n} {t:.4f}" for n, (t, _) in timed.items() if n != "stored"))
             if best != "stored" and timed[best][0] < base * (1 - margin) and not only:
                 ms, c = timed[best]
@@ -193,11 +245,13 @@ def main(argv=None) -> int:
                     "variant's GEMM alone, the bound of a gather-free conv); writes nothing")
     ap.add_argument("--layers", default="", help="comma-separated layer numbers (bench's node column): "
                     "time only these convs")
+    ap.add_argument("--in-network", action="store_true", help="time each config bound into the whole network "
+                    "(its shape's launches there), not alone: sees channels-last stores for an nhwc reader")
     a = ap.parse_args(argv)
     layers = {int(v) for v in a.layers.split(",") if v.strip()}
     entries, db = retime(a.models, a.size, a.precision, a.variants.split(","), a.reps, a.margin, a.clock,
                          a.batch, a.untuned, a.budget, a.rounds, lambda line: print(line, flush=True), a.only,
-                         layers)
+                         layers, a.in_network)
     if entries:
         path = db.record(entries, a.out or None)
         print(f"{len(entries)} shapes re-timed faster, written to {path}")
