@@ -1,6 +1,7 @@
 """tools/retime.py --in-network: each config gated alone, then timed bound into the whole network."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,8 @@ def test_in_network_times_each_shape_in_the_bound_plan(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "tools" / "retime.py"), str(cfg), "--size", "48", "--untuned",
                         "--variants", "set:KU=2", "--in-network", "--reps", "3", "--rounds", "1",
                         "--margin", "-1", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600, env={"YOLO_CL_CACHE": str(tmp_path / "cache"),
-                                                                        "PATH": "/usr/bin:/bin"})
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "YOLO_CL_CACHE": str(tmp_path / "cache")})
     assert p.returncode == 0, p.stderr[-2000:]
     timed = [l for l in p.stdout.splitlines() if ": stored " in l]
     assert len(timed) == 3 and all(" ms in the network; set:KU=2 " in l for l in timed), p.stdout
