@@ -31,8 +31,9 @@ baseline; ``--batch`` times the shapes at that batch (their own keys in the data
 alone: the network's convs of that shape, their transposes and sums, from the profiled run of a
 plan whose database holds that config for that shape (the shipped records for the rest). A conv
 timed alone stores its output as planes; in the network it may store channels-last for an
-``nhwc`` reader (``narrow``'s ``TC``, on an H200 0.217 ms in the network against 0.246 for the
-stored config, timed alone slower), and only this sees that. Slower: a plan is bound per config.
+``nhwc`` reader (``narrow``'s ``TC``: on an H200 0.217 ms in the network against 0.246 for the
+stored config, yet the slower of the two timed alone), and only this sees that. Slower: a plan
+is bound per config. With ``--only NAME`` only that shape's launches of that name count.
 ``--only NAME`` times only each config's launches of that name and writes nothing: with
 ``--only gemm_mma`` an ``algo=im2col`` variant's time is its GEMM alone, i.e. what a conv whose
 B needs no gather could take.
@@ -114,13 +115,13 @@ def variant(name: str, node, cfg: dict, rt, precision, mma: str, batch: int = 1)
 
 
 def network_times(rt, model, batch: int, precision, mma: str, key: str, configs: dict, reps: int,
-                  rounds: int, log=print) -> dict:
+                  rounds: int, log=print, only: str = "") -> dict:
     """{name: ms}: each of ``configs`` ({name: config}) bound for shape ``key`` into the whole
     network (a database whose user file holds that config alone, the shipped records behind it),
     the device time of the network's launches of that shape's convs (their transposes and split
     sums too): the median of ``reps`` profiled runs, the best of ``rounds`` round-robin rounds. A
     config the network did not bind as asked (another family or algorithm: a fallback) is left
-    out, with a line to ``log``."""
+    out, with a line to ``log``. ``only``: count only the launches of that name."""
     net = model.net
     blob = np.random.default_rng(0).random((batch, net.channels, net.height, net.width), dtype=np.float32)
     plans, out = {}, {}
@@ -136,7 +137,7 @@ def network_times(rt, model, batch: int, precision, mma: str, key: str, configs:
                 log(f"{key}: {name} not bound as asked in the network: left out")
                 continue
             ex.run(blob)
-            plans[name] = (ex, mine)
+            plans[name] = (ex, [j for j in mine if not only or ex.launches[j].name == only])
     for _ in range(rounds):
         for name, (ex, mine) in plans.items():
             runs = []
@@ -209,7 +210,7 @@ def retime(models: list, size: int, precision_name: str, variants: list, reps: i
             timed = {}
             if in_network:
                 ms = network_times(rt, loaded, batch, precision, mma, key, {n: c for n, (_, c) in bound.items()},
-                                   reps, rounds, log)
+                                   reps, rounds, log, only)
                 timed = {n: (t, bound[n][1]) for n, t in ms.items()}
             for _ in range(0 if in_network else rounds):
                 for name, (launches, c) in bound.items():
