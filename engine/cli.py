@@ -366,7 +366,23 @@ def _fit(args) -> Optional[str]:
 
 def _make_detector(args):
     from .detector import Detector
-    return Detector(**_detector_options(args), device=args.device, progress=True)
+    det = Detector(**_detector_options(args), device=args.device, progress=True)
+    note = half_storage_note(det)
+    if note:
+        print(f"yolo-cl: note: {note}", file=sys.stderr)
+    return det
+
+
+def half_storage_note(det) -> str:
+    """Why fp16 asked of a CPU device without ``cl_khr_fp16`` is the slow choice there, or "": it
+    stores half and computes in float, so every load and store converts (yolov3-tiny 416 on a Zen 5
+    with PoCL: 46 ms against fp32's 13; README, "Precisions")."""
+    from .precision import half_math
+    rt = det.runtime
+    if not det.precision.half or not rt.is_cpu or det.mma or half_math(det.precision, rt.fp16):
+        return ""
+    return (f"fp16 on {rt.device_name} stores half and computes in float (no cl_khr_fp16): on a CPU that is "
+            f"slower than fp32, the faster choice here")
 
 
 def _detector_options(args) -> dict:

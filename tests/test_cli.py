@@ -77,6 +77,22 @@ def test_detect_prints_darknet_ext_output(dog_text):
     assert lefts == sorted(lefts)
 
 
+def test_fp16_on_a_cpu_without_half_arithmetic_gets_a_note(capsys):
+    """fp16 on PoCL without cl_khr_fp16 stores half and computes in float, slower than fp32 there:
+    the command says so once, on stderr (a CPU device with half arithmetic: no note); fp32 prints
+    no such note, and the detections still come."""
+    rc, out, err = run(capsys, "detect", DOG, "--size", "160", "--precision", "fp16")
+    assert rc == 0, err
+    notes = [l for l in err.splitlines() if "fp16 on " in l]
+    if runtime.Runtime().fp16:
+        assert notes == [], err
+    else:
+        assert len(notes) == 1 and notes[0].startswith("yolo-cl: note: ") and "slower than fp32" in notes[0], err
+    assert parse_lines(out)
+    rc, out, err = run(capsys, "detect", DOG, "--size", "160")
+    assert rc == 0 and "fp16 on " not in err, err
+
+
 def test_detect_out_writes_annotated_image(dog_text):
     rc, _, _, out_dir = dog_text
     assert rc == 0
