@@ -20,14 +20,23 @@ def emulate(emulate_hopper):
     """The wgmma reader of the end-to-end test: real where it runs, emulated elsewhere."""
 
 
+def narrow_convs(tmp_path) -> list:
+    """The gate tests' convs: 3x3 of 3 channels at strides 1 and 2, a 5x5 of 1 channel, a dilated 3x3
+    of 4, a 1x1 of 3 (K of 27, 27, 25, 36 and 3), with filters not a multiple of the filters per
+    work-item (20, 8, 6, 10, 5) and pixels not of the work-group."""
+    nets = [net_header(13, 11) + conv(20), net_header(11, 9) + conv(8, stride=2),
+            net_header(9, 10, 1) + conv(6, size=5), net_header(12, 7, 4) + conv(10, dilation=2, act="linear"),
+            net_header(10, 9) + conv(5, size=1)]
+    nodes = [n for i, t in enumerate(nets) for n in conv_nodes(tmp_path / f"n{i}.cfg", t)]
+    assert [n.attrs["in_c"] for n in nodes] == [3, 3, 1, 4, 3]
+    assert [n.attrs["stride_x"] for n in nodes] == [1, 2, 1, 1, 1]
+    return nodes
+
+
 @pytest.mark.parametrize("precision", [FP32, FP16], ids=["fp32", "fp16"])
 def test_every_config_passes_the_tuners_gate(rt, tmp_path, precision):
-    """3x3 convs of 3 channels (stride 1 and 2), a 5x5 of 1 channel, a dilated 3x3 of 4, a 1x1 of
-    3, with filters not a multiple of the filters per work-item and pixels not of the work-group."""
-    nets = [net_header(13, 11) + conv(20) + conv(8, stride=2), net_header(9, 10, 1) + conv(6, size=5),
-            net_header(12, 7, 4) + conv(10, dilation=2, act="linear"), net_header(10, 9) + conv(5, size=1)]
-    nodes = [n for i, t in enumerate(nets) for n in conv_nodes(tmp_path / f"n{i}.cfg", t) if n.attrs["in_c"] <= 4]
-    assert [n.attrs["in_c"] for n in nodes] == [3, 1, 4, 3]
+    """Every config of :func:`narrow_convs` through the tuner's gate."""
+    nodes = narrow_convs(tmp_path)
     tuner = tmod.Tuner(rt, precision, reps=1)
     checked = 0
     for node in nodes:
@@ -41,13 +50,10 @@ def test_every_config_passes_the_tuners_gate(rt, tmp_path, precision):
 
 
 def test_tensor_core_sums_pass_the_tuners_gate(rt, tmp_path):
-    """``TC``: the same convs (3x3 of 3 channels at strides 1 and 2, a 5x5 of 1, a dilated 3x3 of 4:
-    K of 27, 25 and 36, so 2 and 3 k-steps of 16; 20, 8, 6 and 10 filters, so partial M-tiles; maps
-    not a multiple of a warp's 8 x NB pixels) summed by f16 mma (emulated on PoCL), each config
-    through the tuner's gate."""
-    nets = [net_header(13, 11) + conv(20) + conv(8, stride=2), net_header(9, 10, 1) + conv(6, size=5),
-            net_header(12, 7, 4) + conv(10, dilation=2, act="linear")]
-    nodes = [n for i, t in enumerate(nets) for n in conv_nodes(tmp_path / f"n{i}.cfg", t) if n.attrs["in_c"] <= 4]
+    """``TC``: the same convs (:func:`narrow_convs`: K of 3 to 36, so 1 to 3 k-steps of 16; 5 to 20
+    filters, so partial M-tiles; maps not a multiple of a warp's 8 x NB pixels) summed by f16 mma
+    (emulated on PoCL), each config through the tuner's gate."""
+    nodes = narrow_convs(tmp_path)
     tuner = tmod.Tuner(rt, FP16, reps=1)
     checked = 0
     for node in nodes:
